@@ -1,0 +1,77 @@
+"""One exception hierarchy for pp1q, with machine-readable reasons.
+
+Two protocol classes, as in h11: ``LocalProtocolError`` is our own misuse (a bug
+on this side), ``RemoteProtocolError`` is something a peer sent. Every error
+carries a ``reason`` from the closed ``Reason`` enum; reasons become Prometheus
+label values, so the set is closed and never holds ids or free text.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(enum.StrEnum):
+    # -- building a q row from logits (local inputs) --
+    NAN_LOGIT = "nan_logit"
+    POSINF_LOGIT = "posinf_logit"
+    ZERO_MASS = "zero_mass"
+    BAD_TEMPERATURE = "bad_temperature"
+    BAD_TOP_K = "bad_top_k"
+    ALLOCATION_INCONSISTENT = "allocation_inconsistent"
+    DRAW_OUT_OF_RANGE = "draw_out_of_range"
+    RNG_KEY_OUT_OF_RANGE = "rng_key_out_of_range"
+    # -- q rows received (seed's validation list) --
+    MISSING_Q = "missing_q"
+    NON_FINITE = "non_finite"
+    NEGATIVE_VALUE = "negative_value"
+    NON_DYADIC = "non_dyadic"
+    WRONG_MASS = "wrong_mass"
+    DUPLICATE_ID = "duplicate_id"
+    UNSORTED_SUPPORT = "unsorted_support"
+    NON_CANONICAL = "non_canonical"
+    ID_OUT_OF_RANGE = "id_out_of_range"
+    PADDING_NONZERO = "padding_nonzero"
+    ZERO_Q_AT_TOKEN = "zero_q_at_token"
+    UNEXPECTED_SIZE = "unexpected_size"
+    # -- framing and messages --
+    BAD_MAGIC = "bad_magic"
+    BAD_VERSION = "bad_version"
+    UNKNOWN_MESSAGE_TYPE = "unknown_message_type"
+    FRAME_TOO_LARGE = "frame_too_large"
+    MALFORMED_CONTROL = "malformed_control"
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    SUPPORT_TOO_LARGE = "support_too_large"
+    DEPTH_TOO_LARGE = "depth_too_large"
+    SLOT_OUT_OF_RANGE = "slot_out_of_range"
+    WRONG_IDENTITY = "wrong_identity"
+    STALE_GENERATION = "stale_generation"
+    DUPLICATE_ROUND = "duplicate_round"
+    STATE_NOT_ALLOWED = "state_not_allowed"
+    UNSUPPORTED_FEATURE = "unsupported_feature"
+    PEER_REFUSED = "peer_refused"
+
+
+class Pp1qError(Exception):
+    """Base of every error pp1q raises on purpose."""
+
+    def __init__(self, reason: Reason, detail: str = "") -> None:
+        self.reason = Reason(reason)
+        self.detail = detail
+        super().__init__(f"{self.reason.value}: {detail}" if detail else self.reason.value)
+
+
+class DistributionError(Pp1qError):
+    """A q row cannot be built from these local inputs (bad logits, temperature...)."""
+
+
+class LocalProtocolError(Pp1qError):
+    """We tried to do something the protocol or the negotiated limits forbid."""
+
+
+class RemoteProtocolError(Pp1qError):
+    """The peer sent something invalid. Raised for every malformed input, and only that."""
+
+
+class RowValidationError(RemoteProtocolError):
+    """A received q row (dense or sparse wire form) is not a valid dyadic24 row."""

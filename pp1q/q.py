@@ -1,0 +1,294 @@
+"""dyadic24-standard-v1: the categorical q that samples a draft token, exactly.
+
+q(v) = c_v / MASS with integer counts c_v >= 0 summing to exactly MASS = 2^24.
+Every q(v) is exactly representable in FP32, so the wire carries FP32 values and
+the receiver recovers the integer counts without any renormalisation.
+
+Public, stable API: ``MASS``, ``SEMANTIC_ID``, ``DyadicRow``, ``build_row``,
+``sample``, ``parse_dense``, ``parse_sparse``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from .errors import DistributionError, Reason, RowValidationError
+
+MASS = 1 << 24
+SEMANTIC_ID = "dyadic24-standard-v1"
+
+_MASS_F32 = np.float32(MASS)
+_ONE_BITS = np.uint32(0x3F800000)  # FP32 1.0: the largest legal q value
+
+
+@dataclass(frozen=True, eq=False)
+class DyadicRow:
+    """A dyadic categorical row over a global vocabulary.
+
+    ``ids`` are strictly ascending int32 global ids of the support (count > 0 only),
+    ``counts`` the matching int64 counts, summing to exactly ``MASS``.
+    """
+
+    vocab: int
+    ids: np.ndarray
+    counts: np.ndarray
+
+    def __post_init__(self) -> None:
+        raw_ids = np.asarray(self.ids)
+        _check_support(raw_ids, self.vocab, RowValidationError)  # before any narrowing cast
+        ids = np.ascontiguousarray(raw_ids, dtype=np.int32)
+        counts = np.ascontiguousarray(self.counts, dtype=np.int64)
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "counts", counts)
+        if ids.shape != counts.shape:
+            raise RowValidationError(Reason.UNEXPECTED_SIZE, "ids and counts differ in length")
+        if counts.size == 0:
+            raise RowValidationError(Reason.WRONG_MASS, "empty support")
+        if int(counts.min()) <= 0:
+            raise RowValidationError(Reason.NON_CANONICAL, "support holds a zero count")
+        total = int(counts.astype(np.uint64).sum(dtype=np.uint64))
+        if total != MASS:
+            raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {MASS}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DyadicRow):
+            return NotImplemented
+        return (
+            self.vocab == other.vocab
+            and np.array_equal(self.ids, other.ids)
+            and np.array_equal(self.counts, other.counts)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def support_size(self) -> int:
+        return int(self.ids.size)
+
+    def count_of(self, token: int) -> int:
+        """Count of ``token`` (0 outside the support)."""
+        i = int(np.searchsorted(self.ids, token))
+        if i < self.ids.size and int(self.ids[i]) == token:
+            return int(self.counts[i])
+        return 0
+
+    def prob(self, token: int) -> Fraction:
+        """Exact q(token)."""
+        return Fraction(self.count_of(token), MASS)
+
+    def require_token(self, token: int) -> int:
+        """Count of a proposed token; a proposed token must have q > 0."""
+        if not 0 <= token < self.vocab:
+            raise RowValidationError(Reason.ID_OUT_OF_RANGE, f"token {token} outside vocab")
+        c = self.count_of(token)
+        if c == 0:
+            raise RowValidationError(Reason.ZERO_Q_AT_TOKEN, f"q({token}) = 0")
+        return c
+
+    def dense_counts(self) -> np.ndarray:
+        out = np.zeros(self.vocab, dtype=np.int64)
+        out[self.ids] = self.counts
+        return out
+
+    def to_dense(self) -> np.ndarray:
+        """Dense FP32 q of length ``vocab`` (exact: counts <= 2^24)."""
+        out = np.zeros(self.vocab, dtype=np.float32)
+        out[self.ids] = self.counts.astype(np.float32) / _MASS_F32
+        return out
+
+    def to_sparse(self) -> tuple[np.ndarray, np.ndarray]:
+        """(int32 ascending global ids, FP32 q) of the support."""
+        return self.ids.copy(), self.counts.astype(np.float32) / _MASS_F32
+
+
+# ---------------------------------------------------------------------------
+# construction
+
+
+def _weights(logits, temperature: float) -> np.ndarray:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise DistributionError(Reason.BAD_TEMPERATURE, f"temperature {temperature!r}")
+    if not math.isfinite(temperature) or temperature <= 0:
+        raise DistributionError(Reason.BAD_TEMPERATURE, f"temperature {temperature!r}")
+    if hasattr(logits, "detach"):  # a torch tensor, on any device
+        logits = logits.detach().to("cpu").double().numpy()
+    x = np.asarray(logits, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise DistributionError(Reason.UNEXPECTED_SIZE, f"logits shape {x.shape}")
+    if np.isnan(x).any():
+        raise DistributionError(Reason.NAN_LOGIT, "NaN logit")
+    if np.isposinf(x).any():
+        raise DistributionError(Reason.POSINF_LOGIT, "+inf logit")
+    x = x / float(temperature)
+    if np.isposinf(x).any():  # finite logit / tiny temperature overflowed
+        raise DistributionError(Reason.BAD_TEMPERATURE, "logits/temperature overflow")
+    top = x.max()
+    if not np.isfinite(top):
+        raise DistributionError(Reason.ZERO_MASS, "every logit is -inf")
+    w = np.exp(x - top)
+    total = w.sum()
+    if not (total > 0 and np.isfinite(total)):
+        raise DistributionError(Reason.ZERO_MASS, f"effective mass {total}")
+    return w / total
+
+
+def _top_k_ids(w: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest weights, ties by lowest id, ascending."""
+    if k >= w.size:
+        return np.arange(w.size, dtype=np.int64)
+    kth = np.partition(w, w.size - k)[w.size - k]
+    above = np.flatnonzero(w > kth)
+    tied = np.flatnonzero(w == kth)[: k - above.size]
+    return np.sort(np.concatenate([above, tied]))
+
+
+def _allocate(w: np.ndarray) -> np.ndarray:
+    """Floor plus largest remainders of w * MASS (w normalised, FP64), ties by lowest index."""
+    scaled = w * MASS
+    floor = np.floor(scaled)
+    counts = floor.astype(np.int64)
+    remaining = MASS - int(counts.sum())
+    if not 0 <= remaining < MASS:
+        raise DistributionError(
+            Reason.ALLOCATION_INCONSISTENT, f"remaining tickets {remaining} not in [0, {MASS})"
+        )
+    if remaining:
+        frac = scaled - floor
+        eligible = np.flatnonzero(w > 0)
+        if remaining > eligible.size:
+            raise DistributionError(
+                Reason.ALLOCATION_INCONSISTENT,
+                f"{remaining} tickets for {eligible.size} positive entries",
+            )
+        f = frac[eligible]
+        kth = np.partition(f, f.size - remaining)[f.size - remaining]
+        above = eligible[f > kth]
+        tied = eligible[f == kth][: remaining - above.size]
+        counts[above] += 1
+        counts[tied] += 1
+    if int(counts.sum()) != MASS or int(counts.min()) < 0:
+        raise DistributionError(Reason.ALLOCATION_INCONSISTENT, "final counts do not sum to MASS")
+    return counts
+
+
+def build_row(logits, *, temperature: float = 1.0, top_k: int | None = None) -> DyadicRow:
+    """Build the dyadic q row that the proposal will be sampled from.
+
+    ``logits`` covers the global vocabulary (the caller adds any Markov bias);
+    -inf entries are masked. FP64 softmax of logits/temperature, then (top_k)
+    the global support, then integer counts by floor plus largest remainders.
+    """
+    w = _weights(logits, temperature)
+    vocab = int(w.size)
+    if top_k is None:
+        support = np.arange(w.size, dtype=np.int64)
+    else:
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k <= 0:
+            raise DistributionError(Reason.BAD_TOP_K, f"top_k {top_k!r}")
+        support = _top_k_ids(w, int(top_k))
+        w = w[support]
+        w = w / w.sum()
+    counts = _allocate(w)
+    keep = counts > 0
+    return DyadicRow(vocab=vocab, ids=support[keep], counts=counts[keep])
+
+
+def sample(row: DyadicRow, u24: int) -> int:
+    """The first id whose cumulative count is strictly greater than ``u24``."""
+    if isinstance(u24, bool) or not 0 <= int(u24) < MASS or int(u24) != u24:
+        raise DistributionError(Reason.DRAW_OUT_OF_RANGE, f"u24 {u24!r} not in [0, 2^24)")
+    cum = np.cumsum(row.counts)
+    return int(row.ids[int(np.searchsorted(cum, int(u24), side="right"))])
+
+
+# ---------------------------------------------------------------------------
+# wire forms -> counts (the receiver's only way in; no renormalisation anywhere)
+
+
+def _as_f32(values, what: str) -> np.ndarray:
+    if isinstance(values, (bytes, bytearray, memoryview)):
+        if len(values) % 4:
+            raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: {len(values)} bytes")
+        return np.frombuffer(values, dtype="<f4")
+    arr = np.asarray(values)
+    if arr.dtype != np.float32 or arr.ndim != 1:
+        raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: need 1-D float32")
+    return arr
+
+
+def _as_i32(values, what: str) -> np.ndarray:
+    if isinstance(values, (bytes, bytearray, memoryview)):
+        if len(values) % 4:
+            raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: {len(values)} bytes")
+        return np.frombuffer(values, dtype="<i4")
+    arr = np.asarray(values)
+    if arr.dtype != np.int32 or arr.ndim != 1:
+        raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: need 1-D int32")
+    return arr
+
+
+def _counts_from_q(q: np.ndarray) -> np.ndarray:
+    """Recover integer counts from FP32 q values; refuse anything not c/2^24."""
+    bits = q.view(np.uint32)
+    # One unsigned compare covers sign, NaN/inf and q > 1: every legal value is a
+    # non-negative FP32 whose bit pattern is at most that of 1.0.
+    bad = bits > _ONE_BITS
+    if bad.any():
+        v = q[np.flatnonzero(bad)[0]]
+        if not np.isfinite(v):
+            raise RowValidationError(Reason.NON_FINITE, f"q value {v}")
+        if np.signbit(v):
+            raise RowValidationError(Reason.NEGATIVE_VALUE, f"q value {v}")
+        raise RowValidationError(Reason.WRONG_MASS, f"q value {v} > 1")
+    scaled = q * _MASS_F32  # exact: a power-of-two scale of a value <= 1
+    counts = scaled.astype(np.int64)
+    if not np.array_equal(counts, scaled):
+        raise RowValidationError(Reason.NON_DYADIC, "q value not a multiple of 2^-24")
+    total = int(counts.astype(np.uint64).sum(dtype=np.uint64))
+    if total != MASS:
+        raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {MASS}")
+    return counts
+
+
+def _check_support(ids: np.ndarray, vocab: int, err: type) -> None:
+    if ids.size == 0:
+        return
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise err(Reason.ID_OUT_OF_RANGE, f"support id outside [0, {vocab})")
+    if ids.size > 1:
+        step = np.diff(ids)
+        if (step == 0).any():
+            raise err(Reason.DUPLICATE_ID, "duplicate support id")
+        if (step < 0).any():
+            raise err(Reason.UNSORTED_SUPPORT, "support ids not ascending")
+
+
+def parse_dense(q, vocab: int) -> DyadicRow:
+    """Dense FP32 q (array or LE bytes). Length ``vocab``, or longer with zero padding."""
+    arr = _as_f32(q, "dense q")
+    if arr.size < vocab:
+        raise RowValidationError(Reason.UNEXPECTED_SIZE, f"dense q has {arr.size} < {vocab}")
+    counts = _counts_from_q(arr)
+    if arr.size > vocab and counts[vocab:].any():
+        raise RowValidationError(Reason.PADDING_NONZERO, "dense padding beyond vocab is not zero")
+    ids = np.flatnonzero(counts[:vocab])
+    return DyadicRow(vocab=vocab, ids=ids.astype(np.int32), counts=counts[ids])
+
+
+def parse_sparse(ids, q, vocab: int) -> DyadicRow:
+    """Sparse (int32 ids, FP32 q), each as array or LE bytes; canonical support only."""
+    id_arr = _as_i32(ids, "sparse ids")
+    q_arr = _as_f32(q, "sparse q")
+    if id_arr.size != q_arr.size:
+        raise RowValidationError(Reason.UNEXPECTED_SIZE, "sparse ids and q differ in length")
+    if id_arr.size == 0:
+        raise RowValidationError(Reason.MISSING_Q, "empty sparse row")
+    _check_support(id_arr, vocab, RowValidationError)
+    counts = _counts_from_q(q_arr)
+    if not counts.all():
+        raise RowValidationError(Reason.NON_CANONICAL, "sparse entry with zero q")
+    return DyadicRow(vocab=vocab, ids=id_arr, counts=counts)
