@@ -12,6 +12,7 @@ import sys
 
 COMMANDS = {
     "selfcheck": "pp1q.commands.selfcheck",
+    "bench": "pp1q.commands.bench",
 }
 
 
