@@ -1,0 +1,221 @@
+"""Draft and target model interfaces, and the embedded seeded toy pair.
+
+``DraftModel`` has the DSpark shape: a parallel backbone gives logits for every draft
+position from the committed prefix alone, and a serial low-rank Markov head adds a bias
+from the previously *sampled* token. Row i of a proposal is therefore
+``backbone(prefix)[i] + markov_bias(x_{i-1})`` (x_0 = last committed token), and the
+worker must sample x_{i-1} before it can build row i.
+
+``TargetModel.logits(prefix, draft)`` returns the target logits for positions
+1..len(draft)+1 in one call: row i is conditioned on the prefix and draft[:i]. The
+target's p is the FP64 softmax of those logits at T = 1 (``TargetModel.probs``).
+
+The toy pair is a rank-r bilinear model over hash-seeded embeddings, cheap at the
+DeepSeek vocabulary (about 1 ms per row at 129280):
+
+    target(next | ..., c2, c1) = bias + s * E_out . (E_in[c1] + a * E_in[c2])
+    drafter row i              = bias + s * E_out . (E_in[x_{i-1}] + a * E_in[c2 if known])
+
+The drafter's Markov head is exactly the target's bigram term, and its backbone knows
+the second-to-last token only while it is still in the committed prefix (positions 1
+and 2), so even the matched drafter drifts from the target from position 3 on. The
+``distance`` knob blends in an independent bigram model; ``adversarial`` negates the
+drafter's logits (the heavy-rejection regime that exposes shared-noise bugs).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_VOCAB = 129280  # the DeepSeek-V3 tokenizer
+MIN_VOCAB = 2  # a categorical needs at least two outcomes to be worth sampling
+MAX_VOCAB = 1 << 20  # toy embeddings are V x rank floats; bound the start-up memory
+TOY_RANK = 16  # low rank keeps a 129280-token row near 1 ms
+TOY_SECOND_ORDER = 0.35  # weight a of the second-to-last token in the toy context
+TOY_SHARPNESS = 0.9  # logit scale as a fraction of sqrt(2 ln V): entropy about 4 nats at V=129280
+
+# name -> (distance, adversarial)
+DRAFT_PRESETS = {
+    "matched": (0.0, False),
+    "close": (0.1, False),
+    "far": (0.4, False),
+    "independent": (1.0, False),
+    "adversarial": (0.0, True),
+}
+DEFAULT_DRAFT_PRESET = "close"
+
+
+def softmax64(logits: np.ndarray) -> np.ndarray:
+    """Row-wise FP64 softmax at T = 1 (-inf entries get probability 0)."""
+    x = np.asarray(logits, dtype=np.float64)
+    z = np.exp(x - x.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def vocab_map_id(vocab: int) -> str:
+    """Identity of the global id map: toy models use ids 0..vocab-1 verbatim."""
+    return f"identity-ids:{vocab}"
+
+
+class DraftModel(abc.ABC):
+    """A drafter: parallel backbone rows plus a serial Markov bias."""
+
+    vocab: int
+    identity: str  # this checkpoint, for HELLO
+    target_identity: str  # the target this drafter was built for; HELLO pairs the two
+
+    @abc.abstractmethod
+    def backbone(self, prefix: Sequence[int], depth: int) -> np.ndarray:
+        """FP64 logits [depth, vocab] for draft positions 1..depth, from the prefix only."""
+
+    @abc.abstractmethod
+    def markov_bias(self, prev_token: int) -> np.ndarray:
+        """FP64 logit bias [vocab] from the previously sampled (or last committed) token."""
+
+    def row_logits(self, backbone_row: np.ndarray, prev_token: int) -> np.ndarray:
+        return backbone_row + self.markov_bias(prev_token)
+
+
+class TargetModel(abc.ABC):
+    """A target: logits for positions 1..len(draft)+1 in one call."""
+
+    vocab: int
+    identity: str
+
+    @abc.abstractmethod
+    def logits(self, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+        """FP64 logits [len(draft) + 1, vocab]; row i sees prefix + draft[:i]."""
+
+    def probs(self, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+        """The target's p: FP64 softmax at T = 1 of ``logits``."""
+        return softmax64(self.logits(prefix, draft))
+
+
+@dataclass(frozen=True)
+class ToySpec:
+    """What identifies the toy pair: both ends must agree on vocab and seed."""
+
+    vocab: int = DEFAULT_VOCAB
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not MIN_VOCAB <= int(self.vocab) <= MAX_VOCAB:
+            raise ValueError(f"vocab {self.vocab} outside [{MIN_VOCAB}, {MAX_VOCAB}]")
+        if not 0 <= int(self.seed) < 1 << 63:
+            raise ValueError(f"model seed {self.seed} outside [0, 2^63)")
+
+    @property
+    def target_identity(self) -> str:
+        return f"toy-target-v1:vocab={self.vocab}:seed={self.seed}"
+
+
+class _ToyWeights:
+    """Hash-seeded embeddings shared by the toy target and drafter (one per spec/tag)."""
+
+    def __init__(self, spec: ToySpec, tag: int) -> None:
+        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, tag, spec.vocab]))
+        v, r = spec.vocab, TOY_RANK
+        self.e_in = (rng.standard_normal((v, r)) / math.sqrt(r)).astype(np.float32)
+        self.e_out = rng.standard_normal((v, r)).astype(np.float32)
+        # A mild Zipf-like unigram prior over a shuffled order of the ids.
+        rank = rng.permutation(v).astype(np.float64)
+        self.bias = -0.5 * np.log1p(rank)
+        self.scale = TOY_SHARPNESS * math.sqrt(2.0 * math.log(v))
+        self.zero = np.zeros(r, dtype=np.float32)
+
+    def embed(self, token: int | None) -> np.ndarray:
+        return self.zero if token is None else self.e_in[token]
+
+    def project(self, h: np.ndarray) -> np.ndarray:
+        """bias + s * E_out . h for h of shape [r] or [r, n] -> [vocab] or [n, vocab]."""
+        out = (self.e_out @ h).astype(np.float64).T * self.scale
+        return out + self.bias
+
+
+def _tail(prefix: Sequence[int], k: int) -> int | None:
+    return int(prefix[-k]) if len(prefix) >= k else None
+
+
+class ToyTarget(TargetModel):
+    def __init__(self, spec: ToySpec) -> None:
+        self.spec = spec
+        self.vocab = spec.vocab
+        self.identity = spec.target_identity
+        self._w = _ToyWeights(spec, tag=1)
+
+    def logits(self, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+        ctx = [int(t) for t in prefix[-2:]] + [int(t) for t in draft]
+        w = self._w
+        n0 = min(len(prefix), 2)
+        cols = []
+        for i in range(len(draft) + 1):
+            end = n0 + i
+            c1 = ctx[end - 1] if end >= 1 else None
+            c2 = ctx[end - 2] if end >= 2 else None
+            cols.append(w.embed(c1) + TOY_SECOND_ORDER * w.embed(c2))
+        return w.project(np.stack(cols, axis=1))
+
+
+class ToyDrafter(DraftModel):
+    """A seeded DSpark-like drafter for ``ToyTarget(spec)``.
+
+    ``distance`` in [0, 1] blends the ideal drafter with an independent seeded bigram
+    model (1 = independent); ``adversarial`` negates the blended logits.
+    """
+
+    def __init__(self, spec: ToySpec, distance: float = 0.25, adversarial: bool = False) -> None:
+        if not (0.0 <= float(distance) <= 1.0):
+            raise ValueError(f"draft distance {distance} outside [0, 1]")
+        self.spec = spec
+        self.vocab = spec.vocab
+        self.distance = float(distance)
+        self.adversarial = bool(adversarial)
+        self.target_identity = spec.target_identity
+        self.identity = (f"toy-dspark-v1:vocab={spec.vocab}:seed={spec.seed}"
+                         f":distance={self.distance:g}:adversarial={int(self.adversarial)}")
+        self._ideal = _ToyWeights(spec, tag=1)  # the target's own weights
+        self._noise = _ToyWeights(spec, tag=2)  # an unrelated bigram model
+        self._sign = -1.0 if self.adversarial else 1.0
+
+    @classmethod
+    def preset(cls, spec: ToySpec, name: str) -> ToyDrafter:
+        if name not in DRAFT_PRESETS:
+            raise ValueError(f"unknown draft preset {name!r}; known: {', '.join(DRAFT_PRESETS)}")
+        distance, adversarial = DRAFT_PRESETS[name]
+        return cls(spec, distance=distance, adversarial=adversarial)
+
+    def backbone(self, prefix: Sequence[int], depth: int) -> np.ndarray:
+        # Position i's second-to-last context token is x_{i-2}: known from the prefix
+        # only for i <= 2 (i = 1: prefix[-2], i = 2: prefix[-1]).
+        w = self._ideal
+        cols = []
+        for i in range(1, depth + 1):
+            c2 = _tail(prefix, 2 - i + 1) if i <= 2 else None
+            cols.append(TOY_SECOND_ORDER * w.embed(c2))
+        ideal = w.project(np.stack(cols, axis=1))
+        if self.distance:
+            ideal = (1.0 - self.distance) * ideal + self.distance * self._noise.bias
+        return self._sign * ideal
+
+    def markov_bias(self, prev_token: int | None) -> np.ndarray:
+        w, n = self._ideal, self._noise
+        ideal = w.scale * (w.e_out @ w.embed(prev_token)).astype(np.float64)
+        if self.distance:
+            other = n.scale * (n.e_out @ n.embed(prev_token)).astype(np.float64)
+            ideal = (1.0 - self.distance) * ideal + self.distance * other
+        return self._sign * ideal
+
+
+def toy_pair(vocab: int = DEFAULT_VOCAB, seed: int = 0, preset: str = DEFAULT_DRAFT_PRESET,
+             distance: float | None = None) -> tuple[ToyDrafter, ToyTarget]:
+    """The embedded default pair; ``distance`` overrides the preset's distance."""
+    spec = ToySpec(vocab=vocab, seed=seed)
+    drafter = ToyDrafter.preset(spec, preset)
+    if distance is not None:
+        drafter = ToyDrafter(spec, distance=distance, adversarial=drafter.adversarial)
+    return drafter, ToyTarget(spec)
