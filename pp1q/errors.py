@@ -50,6 +50,15 @@ class Reason(enum.StrEnum):
     STATE_NOT_ALLOWED = "state_not_allowed"
     UNSUPPORTED_FEATURE = "unsupported_feature"
     PEER_REFUSED = "peer_refused"
+    # -- wire v2 sessions and endpoints --
+    BAD_FLAGS = "bad_flags"
+    BAD_POSITION = "bad_position"
+    OUT_OF_ORDER = "out_of_order"
+    SAMPLED_ON_V1 = "sampled_on_v1"
+    TOO_MANY_INFLIGHT = "too_many_inflight"
+    STEP_TIMEOUT = "step_timeout"
+    WORKER_ABORTED = "worker_aborted"
+    CONNECTION_LOST = "connection_lost"
 
 
 class Pp1qError(Exception):
