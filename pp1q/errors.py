@@ -59,6 +59,7 @@ class Reason(enum.StrEnum):
     STEP_TIMEOUT = "step_timeout"
     WORKER_ABORTED = "worker_aborted"
     CONNECTION_LOST = "connection_lost"
+    CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
 
 
 class Pp1qError(Exception):
