@@ -36,8 +36,8 @@ DEFAULT_VOCAB = 129280  # the DeepSeek-V3 tokenizer
 MIN_VOCAB = 2  # a categorical needs at least two outcomes to be worth sampling
 MAX_VOCAB = 1 << 20  # toy embeddings are V x rank floats; bound the start-up memory
 TOY_RANK = 16  # low rank keeps a 129280-token row near 1 ms
-TOY_SECOND_ORDER = 0.35  # weight a of the second-to-last token in the toy context
-TOY_SHARPNESS = 0.9  # logit scale as a fraction of sqrt(2 ln V): entropy about 4 nats at V=129280
+TOY_SECOND_ORDER = 0.25  # weight a of the second-to-last token in the toy context
+TOY_SHARPNESS = 1.0  # logit scale as a fraction of sqrt(2 ln V): entropy about 3.5 nats at V=129280
 
 # name -> (distance, adversarial)
 DRAFT_PRESETS = {
