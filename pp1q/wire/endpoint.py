@@ -1,0 +1,158 @@
+"""What both sans-IO endpoints share: configuration, handshake state, decoding loop.
+
+No sockets, no clocks of their own: callers feed received bytes with ``now`` and
+write the bytes ``send()`` (and ``data_to_send()``) return. h11 and aioquic are the
+models: explicit state tables, two error classes, time passed in.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from ..errors import LocalProtocolError, Reason, RemoteProtocolError
+from .framing import Frame, FrameDecoder
+from .limits import Limits
+from .messages import KNOWN_VERSIONS, Identity, MsgType
+from .table import Conn, Dir, Role, SlotState, conn_next
+
+
+@dataclass(frozen=True)
+class WireConfig:
+    """One side's configuration. ``versions`` has no default on purpose: v2 (sampled
+    steps with q) is enabled only by listing it explicitly, never by default."""
+
+    identity: Identity
+    limits: Limits
+    versions: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        versions = tuple(self.versions)
+        if not versions or any(v not in KNOWN_VERSIONS for v in versions):
+            raise LocalProtocolError(Reason.BAD_VERSION, f"versions {versions!r}")
+        object.__setattr__(self, "versions", versions)
+        self.limits.check(self.identity.vocab, LocalProtocolError)
+
+
+@dataclass
+class SlotTrack:
+    """Per-slot bookkeeping (the slot machine's state plus what its checks need)."""
+
+    state: SlotState = SlotState.IDLE
+    generation: int = -1  # of the last STEP
+    round_id: int = -1  # of the last STEP
+    dead_upto: int = -1  # every generation <= this is invalidated
+    committed: int | None = None  # position of the last committed token (same generation)
+    step: object = None  # the outstanding Step
+    frames: list = field(default_factory=list)  # REPLY frames of the outstanding step
+    rows: list = field(default_factory=list)  # validated rows (verifier)
+    reply_bytes: int = 0
+    checksums: list = field(default_factory=list)  # payload checksums, in index order
+    deadline: float | None = None
+
+    def begin(self, step) -> None:
+        self.generation, self.round_id, self.step = step.generation, step.round_id, step
+        self.frames, self.rows, self.checksums = [], [], []
+        self.reply_bytes = 0
+        self.deadline = None
+
+    def invalidate(self, generation: int) -> None:
+        self.dead_upto = max(self.dead_upto, generation)
+        self.deadline = None
+        if self.generation <= self.dead_upto:
+            self.committed = None
+
+    def is_dead(self, generation: int) -> bool:
+        return generation <= self.dead_upto
+
+
+class Endpoint:
+    role: Role
+
+    def __init__(self, config: WireConfig) -> None:
+        self.config = config
+        self.state = Conn.IDLE
+        self.version: int | None = None
+        self.session: int | None = None
+        self.limits: Limits = config.limits  # becomes the negotiated limits
+        self.peer: Identity | None = None
+        self.slots: list[SlotTrack] = []
+        self.decoder = FrameDecoder(config.limits)
+        self.discarded: collections.Counter = collections.Counter()  # Reason -> frames
+        self.failures: collections.Counter = collections.Counter()  # Reason -> proposals
+        self._outbox: list[bytes] = []
+
+    # -- public -------------------------------------------------------------
+
+    @property
+    def vocab(self) -> int:
+        return self.config.identity.vocab
+
+    def data_to_send(self) -> bytes:
+        """Bytes the endpoint produced on its own (answers, refusals). Write them out."""
+        out, self._outbox = b"".join(self._outbox), []
+        return out
+
+    def receive_data(self, data, now: float) -> list:
+        """Feed received bytes; returns events. Raises RemoteProtocolError on a
+        violation that breaks the stream (the endpoint is then in state ERROR)."""
+        if self.state is Conn.ERROR:
+            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "endpoint is in state ERROR")
+        events: list = []
+        try:
+            for frame in self.decoder.feed_frames(data):
+                if self.state is Conn.CLOSED:
+                    raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "data after close")
+                self._on_frame(frame, now, events)
+        except RemoteProtocolError:
+            self.state = Conn.ERROR
+            raise
+        return events
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """asyncio.BufferedProtocol hook: where the next received bytes should go."""
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int, now: float) -> list:
+        """asyncio.BufferedProtocol hook: ``nbytes`` landed in ``get_buffer()``'s view."""
+        if self.state is Conn.ERROR:
+            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "endpoint is in state ERROR")
+        events: list = []
+        try:
+            for frame in self.decoder.buffer_updated(nbytes):
+                self._on_frame(frame, now, events)
+        except RemoteProtocolError:
+            self.state = Conn.ERROR
+            raise
+        return events
+
+    # -- shared internals ---------------------------------------------------
+
+    def _on_frame(self, frame: Frame, now: float, events: list) -> None:
+        raise NotImplementedError
+
+    def _conn(self, d: Dir, t: MsgType) -> None:
+        self.state = conn_next(self.role, self.state, d, t)
+
+    def _start_session(self, version: int, limits: Limits, peer: Identity) -> None:
+        self.version, self.limits, self.peer = version, limits, peer
+        self.decoder.limits = limits
+        self.slots = [SlotTrack() for _ in range(limits.max_slots)]
+
+    def _check_session(self, msg, err: type) -> None:
+        if msg.session != self.session:
+            raise err(Reason.WRONG_IDENTITY, f"session {msg.session} is not {self.session}")
+
+    def _slot(self, slot: int, err: type) -> SlotTrack:
+        if not 0 <= slot < len(self.slots):
+            raise err(Reason.SLOT_OUT_OF_RANGE, f"slot {slot} >= {len(self.slots)}")
+        return self.slots[slot]
+
+    def _require_ready(self) -> None:
+        if self.state is not Conn.READY:
+            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"connection is {self.state}")
+
+    @property
+    def inflight(self) -> int:
+        busy = (SlotState.STEPPING, SlotState.DRAFTING)
+        return sum(1 for s in self.slots if s.state in busy)

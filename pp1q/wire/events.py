@@ -1,0 +1,112 @@
+"""Events the sans-IO endpoints return (received bytes and clocks in, events out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import Reason
+from ..q import DyadicRow
+from .limits import Limits
+from .messages import Commit, Identity, MsgType, Reply, Step
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStarted:
+    """HELLO answered: the session's version and negotiated limits are fixed."""
+
+    session: int
+    version: int
+    limits: Limits
+    peer: Identity
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRefused:
+    """The handshake failed; ``by_peer``: the peer refused (else we refused its HELLO)."""
+
+    reason: Reason
+    detail: str
+    by_peer: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProposalReady:
+    """Verifier: every byte of a step validated, COMPLETION matched. Consumable now.
+
+    ``q_rows[i]`` is the exact q that sampled ``draft_ids[i]`` (empty for a greedy
+    step); ``replies`` are the decoded frames (zero-copy FP32/int32 views).
+    """
+
+    slot: int
+    generation: int
+    round_id: int
+    first_position: int
+    draft_ids: tuple[int, ...]
+    q_rows: tuple[DyadicRow, ...]
+    replies: tuple[Reply, ...]
+    greedy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProposalFailed:
+    """Verifier: the whole unverified proposal is discarded (generation invalidated).
+
+    The slot waits for a RESET; the request continues target-only from its prefix.
+    """
+
+    slot: int
+    generation: int
+    round_id: int
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Discarded:
+    """A frame for an invalidated generation (or an old round) dropped unread."""
+
+    slot: int
+    generation: int
+    round_id: int
+    msg_type: MsgType
+    reason: Reason
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequested:
+    """Worker: draft this step (send REPLY 1..depth, then COMPLETION)."""
+
+    step: Step
+
+
+@dataclass(frozen=True, slots=True)
+class StepRefused:
+    """Worker: a STEP was refused; a REFUSAL frame is queued in ``data_to_send()``."""
+
+    slot: int
+    generation: int
+    round_id: int
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """Worker: the verifier committed a round; advance the drafter state."""
+
+    commit: Commit
+
+
+@dataclass(frozen=True, slots=True)
+class SlotReset:
+    """Worker: drop every speculative state of ``slot`` for generations <= ``generation``."""
+
+    slot: int
+    generation: int
+    reason: Reason
+    was_drafting: bool
+
+
+Event = (SessionStarted | SessionRefused | ProposalReady | ProposalFailed | Discarded
+         | StepRequested | StepRefused | Committed | SlotReset)

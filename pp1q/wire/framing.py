@@ -1,0 +1,320 @@
+"""Frames: fixed 32-byte header, msgpack control part, raw payload arrays.
+
+    offset size  field
+    0      4     magic            b"PP1Q"
+    4      1     frame version    2
+    5      1     message type     MsgType
+    6      2     flags            0 (reserved; any other value is refused)
+    8      4     control_len      1..MAX_CONTROL_BYTES
+    12     4     payload_len      0, or for REPLY at most the negotiated row bytes
+    16     8     payload_xxh3     xxh3_64 of the payload bytes (REPLY: the probability checksum)
+    24     8     head_xxh3        xxh3_64 of bytes 0..23 followed by the control part
+
+All integers little-endian. Lengths are checked as soon as the header is complete,
+before any buffer is allocated; the payload gets its own buffer, which decoded arrays
+view without a further copy.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+import xxhash
+
+from ..errors import LocalProtocolError, Reason, RemoteProtocolError
+from .limits import (
+    DEFAULT_LIMITS,
+    ENTRY_BYTES_DENSE,
+    ENTRY_BYTES_SPARSE,
+    HEADER_BYTES,
+    MAX_CONTROL_BYTES,
+    MAX_PAYLOAD_CAP,
+    Limits,
+)
+from .messages import (
+    CONTROL_CLASSES,
+    REPLY_HEAD_FIELDS,
+    Form,
+    Message,
+    MsgType,
+    Reply,
+    type_of,
+)
+
+MAGIC = b"PP1Q"
+FRAME_VERSION = 2
+_HEAD = struct.Struct("<4sBBHIIQ")  # bytes 0..23; head_xxh3 follows
+_U64 = struct.Struct("<Q")
+_SCRATCH_BYTES = 64 * 1024  # BufferedProtocol receive size outside a payload (asyncio's default)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders = {t: msgspec.msgpack.Decoder(cls) for t, cls in CONTROL_CLASSES.items()}
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+def _control_bytes(msg) -> tuple[MsgType, bytes]:
+    t = type_of(msg)
+    fields = msgspec.structs.astuple(msg)[:REPLY_HEAD_FIELDS] if t is MsgType.REPLY else msg
+    try:  # our own message must satisfy the same schema the peer will enforce
+        control = _encoder.encode(fields)
+        _decoders[t].decode(control)
+    except (msgspec.MsgspecError, OverflowError, TypeError) as e:
+        raise LocalProtocolError(Reason.MALFORMED_CONTROL, f"{t.name}: {e}") from None
+    if len(control) > MAX_CONTROL_BYTES:
+        raise LocalProtocolError(Reason.FRAME_TOO_LARGE, f"control part {len(control)} bytes")
+    return t, control
+
+
+def encode(msg: Message) -> bytes:
+    """One complete frame (header, control and payload coalesced in one bytes object)."""
+    t, control = _control_bytes(msg)
+    parts = msg.payload_parts() if t is MsgType.REPLY else ()
+    payload_len = sum(len(p) for p in parts)
+    if payload_len > MAX_PAYLOAD_CAP:
+        raise LocalProtocolError(Reason.FRAME_TOO_LARGE, f"payload {payload_len} bytes")
+    h = xxhash.xxh3_64()
+    for p in parts:
+        h.update(p)
+    head = _HEAD.pack(MAGIC, FRAME_VERSION, t, 0, len(control), payload_len, h.intdigest())
+    head_sum = _U64.pack(_xxh3(head + control))
+    return b"".join((head, head_sum, control, *parts))
+
+
+def chain_checksum(payload_checksums) -> int:
+    """COMPLETION.reply_checksum: xxh3_64 of the REPLY payload checksums, each as 8 LE
+    bytes, in index order. Chaining covers every payload byte without hashing it twice."""
+    return _xxh3(b"".join(_U64.pack(c) for c in payload_checksums))
+
+
+def payload_checksum_of(frame: bytes) -> int:
+    """The payload_xxh3 field of an encoded frame (what COMPLETION's checksum chains)."""
+    return _U64.unpack_from(frame, 16)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A decoded frame: the message, its total size, its payload checksum field, and
+    ``error``: set (and the payload dropped) when header and control were intact but
+    the payload is not (sizes inconsistent with the control part, checksum mismatch).
+    Such a frame poisons only the proposal it belongs to, not the stream."""
+
+    message: Message
+    nbytes: int
+    payload_checksum: int
+    error: RemoteProtocolError | None = None
+
+
+class FrameDecoder:
+    """Incremental decoder: ``feed(data) -> [message, ...]``.
+
+    Raises ``RemoteProtocolError`` (and nothing else) for malformed input; after that
+    the stream is unusable and every later call raises the same error. ``limits`` may
+    be replaced after HELLO (the endpoints tighten them to the negotiated values).
+    For asyncio.BufferedProtocol: ``get_buffer()`` / ``buffer_updated(n)`` receive a
+    payload directly into the frame's own buffer.
+    """
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self._buf = bytearray()  # header + control of the frame being read
+        self._head: tuple | None = None  # parsed header fields
+        self._control = None  # decoded control struct
+        self._payload: np.ndarray | None = None
+        self._payload_mv: memoryview | None = None
+        self._filled = 0
+        self._skip = 0  # payload bytes to drop (frame already known corrupt)
+        self._pending_error: RemoteProtocolError | None = None
+        self._error: RemoteProtocolError | None = None
+        self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        self._handed_payload = False
+
+    # -- public -------------------------------------------------------------
+
+    def feed(self, data) -> list[Message]:
+        out = []
+        for f in self.feed_frames(data):
+            if f.error is not None:
+                self._error = f.error
+                raise f.error
+            out.append(f.message)
+        return out
+
+    def feed_frames(self, data) -> list[Frame]:
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._feed(memoryview(data).cast("B"))
+        except RemoteProtocolError as e:
+            self._error = e
+            raise
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame held (0 at a frame boundary)."""
+        return len(self._buf) + self._filled
+
+    @property
+    def at_boundary(self) -> bool:
+        return self._head is None and not self._buf
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        if self._payload_mv is not None:
+            self._handed_payload = True
+            return self._payload_mv[self._filled:]
+        self._handed_payload = False
+        return self._scratch
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        if self._error is not None:
+            raise self._error
+        if not self._handed_payload:
+            return self.feed_frames(self._scratch[:nbytes])
+        self._handed_payload = False
+        self._filled += nbytes
+        if self._filled < len(self._payload_mv):
+            return []
+        try:
+            return [self._finish_payload()]
+        except RemoteProtocolError as e:
+            self._error = e
+            raise
+
+    # -- internals ----------------------------------------------------------
+
+    def _feed(self, mv: memoryview) -> list[Frame]:
+        out: list[Frame] = []
+        pos, end = 0, len(mv)
+        while pos < end or self._frame_ready():
+            if self._skip or self._payload_mv is not None:
+                pos = self._take_payload(mv, pos, end)
+                if self._payload_remaining():
+                    break
+                out.append(self._finish_payload())
+                continue
+            need = HEADER_BYTES if self._head is None else HEADER_BYTES + self._head[4]
+            take = min(need - len(self._buf), end - pos)
+            self._buf += mv[pos:pos + take]
+            pos += take
+            if len(self._buf) < need:
+                break
+            if self._head is None:
+                self._parse_header()
+                continue
+            frame = self._parse_control()
+            if frame is not None:
+                out.append(frame)
+        return out
+
+    def _frame_ready(self) -> bool:
+        # a zero-length payload still has to be finished after its control part
+        return (self._skip or self._payload_mv is not None) and not self._payload_remaining()
+
+    def _payload_remaining(self) -> int:
+        if self._payload_mv is not None:
+            return len(self._payload_mv) - self._filled
+        return self._skip - self._filled
+
+    def _take_payload(self, mv: memoryview, pos: int, end: int) -> int:
+        take = min(self._payload_remaining(), end - pos)
+        if self._payload_mv is not None:
+            self._payload_mv[self._filled:self._filled + take] = mv[pos:pos + take]
+        self._filled += take
+        return pos + take
+
+    def _parse_header(self) -> None:
+        magic, version, mtype, flags, control_len, payload_len, _ = _HEAD.unpack_from(self._buf)
+        if magic != MAGIC:
+            raise RemoteProtocolError(Reason.BAD_MAGIC, f"magic {bytes(magic)!r}")
+        if version != FRAME_VERSION:
+            raise RemoteProtocolError(Reason.BAD_VERSION, f"frame version {version}")
+        if mtype not in _decoders:
+            raise RemoteProtocolError(Reason.UNKNOWN_MESSAGE_TYPE, f"type {mtype}")
+        if flags:
+            raise RemoteProtocolError(Reason.BAD_FLAGS, f"flags {flags:#06x}")
+        if not 0 < control_len <= MAX_CONTROL_BYTES:
+            raise RemoteProtocolError(Reason.FRAME_TOO_LARGE, f"control_len {control_len}")
+        cap = self.limits.max_payload if mtype == MsgType.REPLY else 0
+        if payload_len > cap:
+            raise RemoteProtocolError(
+                Reason.FRAME_TOO_LARGE, f"{MsgType(mtype).name} payload_len {payload_len} > {cap}"
+            )
+        self._head = (magic, version, MsgType(mtype), flags, control_len, payload_len)
+
+    def _parse_control(self) -> Frame | None:
+        _, _, mtype, _, control_len, payload_len = self._head
+        buf = self._buf
+        head_sum = _U64.unpack_from(buf, 24)[0]
+        if _xxh3(bytes(buf[:24]) + bytes(buf[HEADER_BYTES:])) != head_sum:
+            raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "header/control checksum")
+        try:
+            control = _decoders[mtype].decode(buf[HEADER_BYTES:])
+        except msgspec.MsgspecError as e:
+            raise RemoteProtocolError(Reason.MALFORMED_CONTROL, f"{mtype.name}: {e}") from None
+        self._control = control
+        self._filled = 0
+        if mtype is MsgType.REPLY:
+            self._pending_error = self._check_reply_sizes(control, payload_len)
+        if self._pending_error is not None or payload_len == 0:
+            self._skip = payload_len  # nothing to keep: drop without allocating
+            if payload_len == 0:
+                return self._finish_payload()
+            return None
+        # bounds were checked at the header and against the control part: allocate now
+        self._payload = np.empty(payload_len, dtype=np.uint8)
+        self._payload_mv = memoryview(self._payload)
+        return None
+
+    def _check_reply_sizes(self, head, payload_len: int) -> RemoteProtocolError | None:
+        try:
+            form = Form(head.form)
+        except ValueError:
+            raise RemoteProtocolError(Reason.MALFORMED_CONTROL, f"form {head.form}") from None
+        n, lim = head.entries, self.limits
+        if form is Form.TOKEN_ONLY:
+            expect = 0 if n == 0 else -1
+        elif form is Form.DENSE:
+            if n != lim.dense_len:
+                return RemoteProtocolError(
+                    Reason.UNEXPECTED_SIZE, f"dense entries {n} != {lim.dense_len}"
+                )
+            expect = n * ENTRY_BYTES_DENSE
+        else:
+            if n == 0:
+                return RemoteProtocolError(Reason.MISSING_Q, "sparse reply with no entries")
+            if n > lim.max_support:
+                return RemoteProtocolError(
+                    Reason.SUPPORT_TOO_LARGE, f"{n} entries > {lim.max_support}"
+                )
+            expect = n * ENTRY_BYTES_SPARSE
+        if payload_len != expect:
+            return RemoteProtocolError(
+                Reason.UNEXPECTED_SIZE, f"{form.name} payload {payload_len} for {n} entries"
+            )
+        return None
+
+    def _finish_payload(self) -> Frame:
+        _, _, mtype, _, control_len, payload_len = self._head
+        declared = _U64.unpack_from(self._buf, 16)[0]
+        control, payload, error = self._control, self._payload, self._pending_error
+        nbytes = HEADER_BYTES + control_len + payload_len
+        self._buf = bytearray()
+        self._head = self._control = self._payload = self._payload_mv = None
+        self._pending_error = None
+        self._filled = self._skip = 0
+        if error is None and _xxh3(payload if payload is not None else b"") != declared:
+            error = RemoteProtocolError(Reason.CHECKSUM_MISMATCH, f"{mtype.name} payload")
+        if mtype is not MsgType.REPLY:
+            return Frame(control, nbytes, declared, error)
+        fields = msgspec.structs.asdict(control)
+        if error is None and payload is not None:
+            payload.flags.writeable = False
+            n = control.entries
+            if control.form == Form.SPARSE:
+                fields["ids"] = np.frombuffer(payload, dtype="<i4", count=n)
+                fields["q"] = np.frombuffer(payload, dtype="<f4", count=n, offset=4 * n)
+            else:
+                fields["q"] = np.frombuffer(payload, dtype="<f4", count=n)
+        return Frame(Reply(**fields), nbytes, declared, error)

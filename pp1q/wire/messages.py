@@ -1,0 +1,288 @@
+"""Wire v2 messages: typed msgspec Structs for the control part of every frame.
+
+Each control Struct is ``array_like`` (encoded as a msgpack array in field order, so
+the field order below IS the wire layout, see docs/wire.md) and refuses unknown
+(extra) fields. Only REPLY has a payload: raw little-endian arrays after the control
+part, exposed on ``Reply`` as numpy arrays (``ids`` int32 for sparse rows, ``q`` FP32).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import msgspec
+import numpy as np
+
+from ..errors import LocalProtocolError, Reason
+from ..q import MASS, DyadicRow
+from .limits import (
+    I32,
+    MAX_DETAIL_CHARS,
+    MAX_ID_CHARS,
+    MAX_VERSIONS_OFFERED,
+    U8,
+    U16,
+    U24,
+    U32,
+    U64,
+    Limits,
+)
+
+IdStr = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
+DetailStr = Annotated[str, msgspec.Meta(max_length=MAX_DETAIL_CHARS)]
+
+WIRE_V1 = 1  # greedy: token ids only, no q
+WIRE_V2 = 2  # sampled: every drafted token travels with the exact q that sampled it
+KNOWN_VERSIONS = (WIRE_V1, WIRE_V2)
+CONNECTION_SLOT = -1  # Refusal.slot for a refusal about the whole connection (e.g. HELLO)
+
+
+class MsgType(enum.IntEnum):
+    """Frame header ``type`` byte."""
+
+    HELLO = 1
+    HELLO_ANSWER = 2
+    STEP = 3
+    REPLY = 4
+    COMPLETION = 5
+    COMMIT = 6
+    RESET = 7
+    REFUSAL = 8
+
+
+class Form(enum.IntEnum):
+    """Representation of the q row in a REPLY."""
+
+    TOKEN_ONLY = 0  # v1 / greedy step: the token id, no q (never legal for a sampled step)
+    DENSE = 1  # FP32 q for every entry of the dense row (dense_len >= vocab, padding zero)
+    SPARSE = 2  # int32 ascending global ids, then FP32 q of each (positive q only)
+
+
+class Status(enum.IntEnum):
+    """COMPLETION status."""
+
+    OK = 0
+    ABORTED = 1  # the worker gave up on this step (``reason`` says why); nothing to consume
+
+
+class _Control(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    pass
+
+
+class Identity(_Control):
+    """What both ends must agree on exactly (compared field by field at HELLO)."""
+
+    q_semantic_id: IdStr  # pp1q.q.SEMANTIC_ID
+    verifier_id: IdStr  # the standard-verifier algorithm id
+    vocab: U32  # global vocabulary size (129280 by default)
+    id_map_hash: IdStr  # hash of the global token id map (tokenizer)
+    draft_id: IdStr  # draft checkpoint identity
+    draft_adapted: bool  # False: native drafter for this target; True: adapted
+    target_id: IdStr  # target model identity
+    rng_abi: IdStr  # pp1q.rng.RNG_ABI_ID
+    precision: IdStr  # "fp32-le": q values are little-endian IEEE-754 binary32
+
+
+class Hello(_Control):
+    """Verifier -> worker, first frame of a connection."""
+
+    session: U64  # fresh per connection: reconnecting invalidates every older key
+    versions: Annotated[list[U8], msgspec.Meta(min_length=1, max_length=MAX_VERSIONS_OFFERED)]
+    identity: Identity
+    limits: Limits  # the verifier's capacity
+
+
+class HelloAnswer(_Control):
+    """Worker -> verifier: the chosen version and the negotiated (minimum) limits."""
+
+    session: U64
+    version: U8
+    identity: Identity  # the worker's own view, for the verifier to compare
+    limits: Limits
+
+
+class Step(_Control):
+    """Verifier -> worker: draft ``depth`` tokens after the committed prefix."""
+
+    session: U64
+    slot: U16
+    generation: U24  # request generation; a RESET moves the slot to a higher one
+    round_id: U32  # strictly increasing within a generation
+    anchor: U32  # absolute position of the last committed token
+    first_position: U32  # absolute position of x_1; always anchor + 1
+    prefix_digest: U64  # digest of the committed prefix / drafter state
+    depth: U8  # fixed before sampling; never adapted from the draws
+    temperature: float  # proposal temperature; 0 = greedy (token ids only)
+    top_k: U32  # support policy: 0 = dense, k > 0 = sparse top-k
+    context_version: U32  # target processor / grammar / stop context version
+    seed: U64  # request seed: the RNG key of every draw of this request
+
+
+class _ReplyHead(_Control):
+    """The control part of a REPLY; ``Reply`` adds the payload arrays."""
+
+    session: U64
+    slot: U16
+    generation: U24
+    round_id: U32
+    index: U8  # 1..depth, in order
+    position: U32  # absolute position of this token: first_position + index - 1
+    token: I32  # sampled global id
+    form: U8  # Form
+    entries: U32  # dense: dense_len; sparse: support size; token-only: 0
+
+
+REPLY_HEAD_FIELDS = len(_ReplyHead.__struct_fields__)
+
+
+class Reply(_ReplyHead, eq=False):
+    """One drafted position: token plus the q row it was sampled from.
+
+    ``q``: FP32 array (dense: ``entries`` values; sparse: one per id), ``ids``: int32
+    ascending global ids (sparse only). Arrays decoded from the wire are read-only
+    views of the frame's own buffer (no copy).
+    """
+
+    ids: object = None
+    q: object = None
+
+    def payload_parts(self) -> tuple[bytes, ...]:
+        """The payload as LE bytes: (), (q,) or (ids, q); checked against the head."""
+        form = Form(self.form)
+        if form is Form.TOKEN_ONLY:
+            if self.entries or self.ids is not None or self.q is not None:
+                raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "token-only reply with q")
+            return ()
+        q = _le_array(self.q, "<f4", self.entries, "q")
+        if form is Form.DENSE:
+            if self.ids is not None:
+                raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "dense reply with ids")
+            return (q,)
+        return (_le_array(self.ids, "<i4", self.entries, "ids"), q)
+
+
+def _le_array(arr, dtype: str, n: int, what: str) -> bytes:
+    if arr is None:
+        raise LocalProtocolError(Reason.MISSING_Q, f"reply without {what}")
+    a = np.asarray(arr)
+    if a.ndim != 1 or a.size != n:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"{what} shape {a.shape} != ({n},)")
+    if a.dtype != np.dtype(dtype):
+        if a.dtype.kind != np.dtype(dtype).kind or a.dtype.itemsize != 4:
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"{what} dtype {a.dtype}")
+        a = a.astype(dtype)
+    return a.tobytes()
+
+
+def reply_from_row(
+    *,
+    session: int,
+    slot: int,
+    generation: int,
+    round_id: int,
+    index: int,
+    position: int,
+    token: int,
+    row: DyadicRow | None,
+    form: Form,
+    dense_len: int | None = None,
+) -> Reply:
+    """Build a REPLY carrying ``row`` exactly (dense padded with zeros to ``dense_len``)."""
+    form = Form(form)
+    head = dict(session=session, slot=slot, generation=generation, round_id=round_id,
+                index=index, position=position, token=token, form=int(form))
+    if form is Form.TOKEN_ONLY:
+        if row is not None:
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "token-only reply given a q row")
+        return Reply(**head, entries=0)
+    if row is None:
+        raise LocalProtocolError(Reason.MISSING_Q, "sampled reply without its q row")
+    row.require_token(token)  # never ship a token its own q could not have drawn
+    if form is Form.DENSE:
+        n = row.vocab if dense_len is None else dense_len
+        if n < row.vocab:
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"dense_len {n} < vocab")
+        q = np.zeros(n, dtype="<f4")
+        q[row.ids] = row.counts.astype(np.float32) / np.float32(MASS)
+        return Reply(**head, entries=n, q=q)
+    ids, q = row.to_sparse()
+    return Reply(**head, entries=int(ids.size), ids=ids.astype("<i4"), q=q.astype("<f4"))
+
+
+class Completion(_Control):
+    """Worker -> verifier after the last REPLY of a step: the exact totals to check."""
+
+    session: U64
+    slot: U16
+    generation: U24
+    round_id: U32
+    first_position: U32
+    context_version: U32
+    rows: U8  # REPLY frames sent for this step (= depth when OK)
+    reply_bytes: U64  # total bytes of those REPLY frames (header + control + payload)
+    reply_checksum: U64  # xxh3_64 of their 8-byte LE payload checksums, in index order
+    status: U8  # Status
+    reason: Annotated[str, msgspec.Meta(max_length=64)]  # "" when OK, else a Reason value
+
+
+class Commit(_Control):
+    """Verifier -> worker: the verification outcome of one round."""
+
+    session: U64
+    slot: U16
+    generation: U24
+    round_id: U32
+    accepted: U8  # accepted draft tokens (0..depth)
+    token: I32  # the correction (accepted < depth) or bonus (accepted = depth) id
+    committed: U32  # new absolute position of the last committed token (anchor+accepted+1)
+
+
+class Reset(_Control):
+    """Verifier -> worker: cancel. Generations <= ``generation`` of the slot are dead:
+    probability slots, speculative Markov/KV/grammar state and RNG keys under them."""
+
+    session: U64
+    slot: U16
+    generation: U24
+    reason: Reason  # CANCELLED when nothing went wrong
+
+
+class Refusal(_Control):
+    """Either direction: a request refused, with a closed-set reason.
+
+    ``slot`` is CONNECTION_SLOT (-1) for a refusal of the connection itself (HELLO).
+    """
+
+    session: U64
+    slot: Annotated[int, msgspec.Meta(ge=CONNECTION_SLOT, le=0xFFFF)]
+    generation: U24
+    round_id: U32
+    reason: Reason
+    detail: DetailStr
+
+
+MESSAGE_CLASSES: dict[MsgType, type] = {
+    MsgType.HELLO: Hello,
+    MsgType.HELLO_ANSWER: HelloAnswer,
+    MsgType.STEP: Step,
+    MsgType.REPLY: Reply,
+    MsgType.COMPLETION: Completion,
+    MsgType.COMMIT: Commit,
+    MsgType.RESET: Reset,
+    MsgType.REFUSAL: Refusal,
+}
+TYPE_OF: dict[type, MsgType] = {cls: t for t, cls in MESSAGE_CLASSES.items()}
+
+
+def type_of(msg) -> MsgType:
+    """The MsgType of a message object; LocalProtocolError for anything else."""
+    t = TYPE_OF.get(type(msg))
+    if t is None:
+        raise LocalProtocolError(Reason.UNKNOWN_MESSAGE_TYPE, f"not a wire message: {msg!r}")
+    return t
+
+
+CONTROL_CLASSES: dict[MsgType, type] = {**MESSAGE_CLASSES, MsgType.REPLY: _ReplyHead}
+
+Message = Hello | HelloAnswer | Step | Reply | Completion | Commit | Reset | Refusal

@@ -1,0 +1,163 @@
+"""Strict validators for decoded messages, each failure a closed-set ``Reason``.
+
+The same checks serve both directions: a peer's message fails with
+``RemoteProtocolError``, our own (about to be sent) with ``LocalProtocolError``;
+callers pass the class as ``err``. Row checks call pp1q.q's parsers, which raise
+``RowValidationError`` (a ``RemoteProtocolError``); nothing here renormalises.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import Reason, RemoteProtocolError
+from ..q import DyadicRow, parse_dense, parse_sparse
+from .limits import Limits
+from .messages import (
+    KNOWN_VERSIONS,
+    WIRE_V1,
+    Commit,
+    Completion,
+    Form,
+    Identity,
+    Reply,
+    Status,
+    Step,
+)
+
+
+def choose_version(offered, ours) -> int:
+    """Highest version both sides enabled; v2 only if both configured it explicitly."""
+    common = set(offered) & set(ours) & set(KNOWN_VERSIONS)
+    if not common:
+        raise RemoteProtocolError(
+            Reason.BAD_VERSION, f"no common wire version: offered {sorted(set(offered))}"
+        )
+    return max(common)
+
+
+def check_identity(ours: Identity, theirs: Identity, err: type = RemoteProtocolError) -> None:
+    """Every identity field must match exactly (no partial compatibility)."""
+    wrong = [f for f in Identity.__struct_fields__ if getattr(ours, f) != getattr(theirs, f)]
+    if wrong:
+        raise err(Reason.WRONG_IDENTITY, "mismatched " + ", ".join(wrong))
+
+
+def check_answer_limits(offered: Limits, answered: Limits, vocab: int) -> None:
+    """The negotiated limits may only shrink what we offered."""
+    answered.check(vocab)
+    for f in Limits.__struct_fields__:
+        if f == "dense_len" or f == "dense_row_bytes":
+            ok = getattr(answered, f) == getattr(offered, f)
+        else:
+            ok = getattr(answered, f) <= getattr(offered, f)
+        if not ok:
+            raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"answered {f} exceeds our offer")
+
+
+def step_form(step: Step) -> Form:
+    """The q representation a step's replies must carry."""
+    if step.temperature == 0:
+        return Form.TOKEN_ONLY
+    return Form.DENSE if step.top_k == 0 else Form.SPARSE
+
+
+def check_step(step: Step, version: int, limits: Limits, err: type = RemoteProtocolError) -> None:
+    """Static checks of a STEP against the session (state checks live in the endpoints)."""
+    if step.slot >= limits.max_slots:
+        raise err(Reason.SLOT_OUT_OF_RANGE, f"slot {step.slot} >= {limits.max_slots}")
+    if not 0 < step.depth <= limits.max_depth:
+        raise err(Reason.DEPTH_TOO_LARGE, f"depth {step.depth} not in 1..{limits.max_depth}")
+    if step.first_position != step.anchor + 1:
+        raise err(Reason.BAD_POSITION, f"first_position {step.first_position} != anchor + 1")
+    if step.first_position + step.depth > 0xFFFFFFFF:
+        raise err(Reason.BAD_POSITION, "positions overflow 32 bits")
+    t = step.temperature
+    if not (math.isfinite(t) and t >= 0):
+        raise err(Reason.BAD_TEMPERATURE, f"temperature {t!r}")
+    if version == WIRE_V1 and (t != 0 or step.top_k != 0):
+        raise err(Reason.SAMPLED_ON_V1, "a v1 session carries greedy steps only")
+    if t == 0 and step.top_k != 0:
+        raise err(Reason.BAD_TOP_K, "greedy step with a top-k support policy")
+    if step.top_k > limits.max_support:
+        raise err(Reason.SUPPORT_TOO_LARGE, f"top_k {step.top_k} > {limits.max_support}")
+
+
+def check_reply(
+    reply: Reply, step: Step, vocab: int, err: type = RemoteProtocolError
+) -> DyadicRow | None:
+    """One REPLY of ``step`` (already matched on slot/generation/round/index).
+
+    Returns the validated ``DyadicRow`` (None for a token-only reply of a greedy step).
+    """
+    position = step.first_position + reply.index - 1
+    if reply.position != position:
+        raise err(Reason.BAD_POSITION, f"reply position {reply.position} != {position}")
+    if not 0 <= reply.token < vocab:
+        raise err(Reason.ID_OUT_OF_RANGE, f"token {reply.token} outside [0, {vocab})")
+    want = step_form(step)
+    got = Form(reply.form)
+    if got is not want:
+        if want is not Form.TOKEN_ONLY and got is Form.TOKEN_ONLY:
+            raise err(Reason.MISSING_Q, "sampled step answered without q")
+        raise err(Reason.UNEXPECTED_SIZE, f"{got.name} reply for a {want.name} step")
+    if want is Form.TOKEN_ONLY:
+        return None
+    if reply.q is None:
+        raise err(Reason.MISSING_Q, "reply without q values")
+    if want is Form.SPARSE:
+        if reply.entries > step.top_k:
+            raise err(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries > top_k {step.top_k}")
+        row = parse_sparse(reply.ids, reply.q, vocab)
+    else:
+        row = parse_dense(reply.q, vocab)
+    row.require_token(reply.token)
+    return row
+
+
+def check_completion(
+    c: Completion, step: Step, rows: int, reply_bytes: int, reply_checksum: int
+) -> None:
+    """COMPLETION of an OK step must match every total the receiver counted itself."""
+    if c.first_position != step.first_position:
+        raise RemoteProtocolError(Reason.BAD_POSITION, "completion first_position differs")
+    if c.context_version != step.context_version:
+        raise RemoteProtocolError(Reason.WRONG_IDENTITY, "completion context_version differs")
+    if c.status != Status.OK:
+        raise RemoteProtocolError(Reason.WORKER_ABORTED, f"worker aborted: {c.reason}")
+    if c.reason:
+        raise RemoteProtocolError(Reason.MALFORMED_CONTROL, "OK completion with a reason")
+    if c.rows != step.depth or rows != step.depth:
+        raise RemoteProtocolError(
+            Reason.UNEXPECTED_SIZE, f"{rows} rows received, {c.rows} declared, depth {step.depth}"
+        )
+    if c.reply_bytes != reply_bytes:
+        raise RemoteProtocolError(
+            Reason.UNEXPECTED_SIZE, f"reply bytes {reply_bytes} != declared {c.reply_bytes}"
+        )
+    if c.reply_checksum != reply_checksum:
+        raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "completion reply checksum")
+
+
+def check_abort_reason(c: Completion) -> None:
+    """An ABORTED completion names its cause from the closed set; nothing else is legal."""
+    if c.status not in (Status.OK, Status.ABORTED):
+        raise RemoteProtocolError(Reason.MALFORMED_CONTROL, f"completion status {c.status}")
+    if c.status == Status.ABORTED and c.reason not in Reason._value2member_map_:
+        raise RemoteProtocolError(Reason.MALFORMED_CONTROL, "abort reason outside the enum")
+
+
+def check_commit(commit: Commit, step: Step, vocab: int, err: type = RemoteProtocolError) -> None:
+    if commit.accepted > step.depth:
+        raise err(Reason.DEPTH_TOO_LARGE, f"accepted {commit.accepted} > depth {step.depth}")
+    if commit.committed != step.anchor + commit.accepted + 1:
+        raise err(Reason.BAD_POSITION, f"committed {commit.committed} != anchor+accepted+1")
+    if not 0 <= commit.token < vocab:
+        raise err(Reason.ID_OUT_OF_RANGE, f"token {commit.token} outside [0, {vocab})")
+
+
+__all__ = [
+    "check_abort_reason", "check_answer_limits", "check_commit",
+    "check_completion", "check_identity", "check_reply", "check_step", "choose_version",
+    "step_form",
+]

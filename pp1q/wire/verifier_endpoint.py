@@ -1,0 +1,244 @@
+"""VerifierEndpoint: the sans-IO verifier side of one connection to a worker.
+
+Sends HELLO, STEP, COMMIT, RESET; receives REPLY and COMPLETION. A proposal is
+handed out (``ProposalReady``) only after its COMPLETION matched every byte; any
+failure before that (``ProposalFailed``) invalidates the generation at once, so
+late frames of it are discarded and counted, never consumed.
+"""
+
+from __future__ import annotations
+
+from ..errors import LocalProtocolError, Reason, RemoteProtocolError, RowValidationError
+from .endpoint import Endpoint, SlotTrack, WireConfig
+from .events import Discarded, ProposalFailed, ProposalReady, SessionRefused, SessionStarted
+from .framing import Frame, chain_checksum, encode
+from .limits import DEFAULT_STEP_TIMEOUT_S
+from .messages import (
+    CONNECTION_SLOT,
+    Completion,
+    Form,
+    Hello,
+    HelloAnswer,
+    Message,
+    MsgType,
+    Reply,
+    Step,
+    type_of,
+)
+from .table import Conn, Dir, Pseudo, Role, SlotState, conn_next, slot_next
+from .validate import (
+    check_abort_reason,
+    check_answer_limits,
+    check_commit,
+    check_completion,
+    check_identity,
+    check_reply,
+    check_step,
+    step_form,
+)
+
+_ROW_ERRORS = (RowValidationError, RemoteProtocolError)
+
+
+class VerifierEndpoint(Endpoint):
+    role = Role.VERIFIER
+
+    def __init__(
+        self, config: WireConfig, *, session: int, step_timeout: float = DEFAULT_STEP_TIMEOUT_S
+    ) -> None:
+        super().__init__(config)
+        if not 0 <= session < 1 << 64:
+            raise LocalProtocolError(Reason.WRONG_IDENTITY, "session id must be a u64")
+        self.session = session
+        self.step_timeout = float(step_timeout)
+
+    # -- sending ------------------------------------------------------------
+
+    def hello(self) -> bytes:
+        """The first frame of the connection."""
+        c = self.config
+        return self.send(Hello(session=self.session, versions=list(c.versions),
+                               identity=c.identity, limits=c.limits))
+
+    def send(self, msg: Message, now: float | None = None) -> bytes:
+        """Validate ``msg`` against the state tables and session, return its frame.
+
+        A STEP needs ``now``: its deadline is ``now + step_timeout``.
+        """
+        t = type_of(msg)
+        if t is MsgType.HELLO:
+            self._conn(Dir.SEND, t)
+            return encode(msg)
+        self._require_ready()
+        self._check_session(msg, LocalProtocolError)
+        if t is MsgType.REFUSAL:
+            return encode(msg)
+        if t not in (MsgType.STEP, MsgType.COMMIT, MsgType.RESET):
+            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"verifier cannot send {t.name}")
+        s = self._slot(msg.slot, LocalProtocolError)
+        new_state = slot_next(self.role, s.state, Dir.SEND, t)
+        if t is MsgType.STEP:
+            self._check_new_step(msg, s, now)
+            s.begin(msg)
+            s.deadline = now + self.step_timeout
+        elif t is MsgType.COMMIT:
+            if (msg.generation, msg.round_id) != (s.generation, s.round_id):
+                raise LocalProtocolError(Reason.STALE_GENERATION, "commit of another round")
+            check_commit(msg, s.step, self.vocab, LocalProtocolError)
+            s.committed = msg.committed
+        else:  # RESET: every generation <= msg.generation of this slot dies now
+            s.invalidate(msg.generation)
+        s.state = new_state
+        return encode(msg)
+
+    def check_timeouts(self, now: float) -> list[ProposalFailed]:
+        """STEPs past their deadline fail now (watchdog); RESET them next."""
+        out = []
+        for i, s in enumerate(self.slots):
+            if s.state is SlotState.STEPPING and s.deadline is not None and now >= s.deadline:
+                out.append(self._fail(i, s, Pseudo.TIMEOUT, Reason.STEP_TIMEOUT, "deadline"))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """Earliest STEP deadline (for the caller's timer), or None."""
+        ds = [s.deadline for s in self.slots if s.state is SlotState.STEPPING and s.deadline]
+        return min(ds) if ds else None
+
+    def close(self, reason: Reason = Reason.CONNECTION_LOST) -> list[ProposalFailed]:
+        """The connection is gone: every outstanding step fails. Proposals already
+        handed out stay valid; nothing more can be sent on this endpoint."""
+        out = [self._fail(i, s, Pseudo.LOST, reason, "connection closed")
+               for i, s in enumerate(self.slots) if s.state is SlotState.STEPPING]
+        if self.state is not Conn.ERROR:
+            self.state = Conn.CLOSED
+        return out
+
+    def _check_new_step(self, step: Step, s: SlotTrack, now: float | None) -> None:
+        if now is None:
+            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "send(STEP) needs now")
+        check_step(step, self.version, self.limits, LocalProtocolError)
+        if s.is_dead(step.generation) or step.generation < s.generation:
+            raise LocalProtocolError(Reason.STALE_GENERATION, f"generation {step.generation}")
+        if step.generation == s.generation:
+            if step.round_id <= s.round_id:
+                raise LocalProtocolError(Reason.DUPLICATE_ROUND, f"round {step.round_id}")
+            if s.committed is not None and step.anchor != s.committed:
+                raise LocalProtocolError(Reason.BAD_POSITION, "anchor is not the commit")
+        if self.inflight >= self.limits.max_inflight:
+            raise LocalProtocolError(Reason.TOO_MANY_INFLIGHT, f"{self.inflight} in flight")
+
+    # -- receiving ----------------------------------------------------------
+
+    def _on_frame(self, frame: Frame, now: float, events: list) -> None:
+        msg = frame.message
+        t = type_of(msg)
+        if self.state is Conn.HELLO_SENT:
+            self._on_handshake(msg, t, events)
+            return
+        self._conn(Dir.RECV, t)
+        self._check_session(msg, RemoteProtocolError)
+        if t is MsgType.REFUSAL and msg.slot == CONNECTION_SLOT:
+            events.extend(self.close(Reason.PEER_REFUSED))
+            events.append(SessionRefused(Reason(msg.reason), msg.detail, by_peer=True))
+            return
+        s = self._slot(msg.slot, RemoteProtocolError)
+        live = (s.state is SlotState.STEPPING
+                and (msg.generation, msg.round_id) == (s.generation, s.round_id))
+        if not live:
+            self._discard_or_raise(frame, s, t, events)
+            return
+        slot_next(self.role, s.state, Dir.RECV, t)  # every live type is in the table
+        if t is MsgType.REPLY:
+            self._on_reply(frame, s, events)
+        elif t is MsgType.COMPLETION:
+            self._on_completion(msg, s, events)
+        else:
+            self._fail_into(events, msg.slot, s, Reason(msg.reason), f"peer: {msg.detail}")
+
+    def _on_handshake(self, msg, t: MsgType, events: list) -> None:
+        new = self._next_conn(t)
+        if t is MsgType.REFUSAL:
+            self.state = new
+            events.append(SessionRefused(Reason(msg.reason), msg.detail, by_peer=True))
+            return
+        ans: HelloAnswer = msg
+        self._check_session(ans, RemoteProtocolError)
+        if ans.version not in self.config.versions:
+            raise RemoteProtocolError(Reason.BAD_VERSION, f"answered version {ans.version}")
+        check_identity(self.config.identity, ans.identity)
+        check_answer_limits(self.config.limits, ans.limits, self.vocab)
+        self.state = new
+        self._start_session(ans.version, ans.limits, ans.identity)
+        events.append(SessionStarted(self.session, ans.version, ans.limits, ans.identity))
+
+    def _next_conn(self, t: MsgType) -> Conn:
+        return conn_next(self.role, self.state, Dir.RECV, t)
+
+    def _discard_or_raise(self, frame: Frame, s: SlotTrack, t: MsgType, events: list) -> None:
+        msg = frame.message
+        if s.is_dead(msg.generation):
+            reason = Reason.STALE_GENERATION
+        elif msg.generation == s.generation and msg.round_id <= s.round_id:
+            reason = Reason.DUPLICATE_ROUND  # an older round, or one already handed out
+        else:
+            raise RemoteProtocolError(
+                Reason.STATE_NOT_ALLOWED,
+                f"{t.name} for slot {msg.slot} gen {msg.generation} round {msg.round_id}"
+                f" (slot {s.state})",
+            )
+        self.discarded[reason] += 1
+        events.append(Discarded(msg.slot, msg.generation, msg.round_id, t, reason, frame.nbytes))
+
+    def _on_reply(self, frame: Frame, s: SlotTrack, events: list) -> None:
+        reply: Reply = frame.message
+        slot = reply.slot
+        expected = len(s.frames) + 1
+        if reply.index != expected:
+            reason = Reason.DUPLICATE_ROUND if reply.index < expected else Reason.OUT_OF_ORDER
+            if reply.index > s.step.depth:
+                reason = Reason.DEPTH_TOO_LARGE
+            self._fail_into(events, slot, s, reason, f"reply {reply.index}, want {expected}")
+            return
+        if frame.error is not None:
+            self._fail_into(events, slot, s, frame.error.reason, frame.error.detail)
+            return
+        try:
+            row = check_reply(reply, s.step, self.vocab)
+        except _ROW_ERRORS as e:
+            self._fail_into(events, slot, s, e.reason, e.detail)
+            return
+        s.frames.append(reply)
+        s.rows.append(row)
+        s.reply_bytes += frame.nbytes
+        s.checksums.append(frame.payload_checksum)
+
+    def _on_completion(self, c: Completion, s: SlotTrack, events: list) -> None:
+        check_abort_reason(c)
+        try:
+            check_completion(c, s.step, len(s.frames), s.reply_bytes, chain_checksum(s.checksums))
+        except RemoteProtocolError as e:
+            detail = e.detail if c.status == 0 else c.reason
+            self._fail_into(events, c.slot, s, e.reason, detail)
+            return
+        s.state = SlotState.READY
+        s.deadline = None
+        greedy = step_form(s.step) is Form.TOKEN_ONLY
+        events.append(ProposalReady(
+            slot=c.slot, generation=c.generation, round_id=c.round_id,
+            first_position=s.step.first_position,
+            draft_ids=tuple(int(r.token) for r in s.frames),
+            q_rows=() if greedy else tuple(s.rows),
+            replies=tuple(s.frames), greedy=greedy,
+        ))
+        s.frames, s.rows = [], []
+
+    def _fail_into(self, events: list, slot: int, s: SlotTrack, reason: Reason, detail: str):
+        events.append(self._fail(slot, s, Pseudo.FAIL, reason, detail))
+
+    def _fail(self, slot: int, s: SlotTrack, how: Pseudo, reason: Reason, detail: str):
+        s.state = slot_next(self.role, s.state, how)
+        s.invalidate(s.generation)
+        s.frames, s.rows = [], []
+        self.failures[reason] += 1
+        return ProposalFailed(slot, s.generation, s.round_id, Reason(reason), detail)
+

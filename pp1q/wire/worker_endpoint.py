@@ -1,0 +1,207 @@
+"""WorkerEndpoint: the sans-IO worker (drafter) side of one connection.
+
+Answers HELLO, receives STEP / COMMIT / RESET, sends REPLY per position and one
+COMPLETION per step. Answers and refusals the endpoint decides itself are queued:
+write ``data_to_send()`` after every ``receive_data()``.
+"""
+
+from __future__ import annotations
+
+from ..errors import LocalProtocolError, Reason, RemoteProtocolError
+from .endpoint import Endpoint, SlotTrack, WireConfig
+from .events import Committed, SessionRefused, SessionStarted, SlotReset, StepRefused, StepRequested
+from .framing import Frame, chain_checksum, encode, payload_checksum_of
+from .limits import Limits
+from .messages import (
+    CONNECTION_SLOT,
+    Commit,
+    Completion,
+    Form,
+    Hello,
+    HelloAnswer,
+    Message,
+    MsgType,
+    Refusal,
+    Reply,
+    Reset,
+    Status,
+    Step,
+    type_of,
+)
+from .table import Conn, Dir, Role, SlotState, conn_next, slot_next
+from .validate import check_commit, check_identity, check_reply, check_step, choose_version
+
+
+class WorkerEndpoint(Endpoint):
+    role = Role.WORKER
+
+    def __init__(self, config: WireConfig, *, check_outgoing: bool = True) -> None:
+        """``check_outgoing``: run the verifier's row checks on every REPLY we send
+        (a bug here then fails locally, before the peer sees it)."""
+        super().__init__(config)
+        self.check_outgoing = check_outgoing
+
+    # -- receiving ----------------------------------------------------------
+
+    def _on_frame(self, frame: Frame, now: float, events: list) -> None:
+        msg = frame.message
+        t = type_of(msg)
+        if self.state is Conn.IDLE and t is MsgType.HELLO:
+            self._on_hello(msg, events)
+            return
+        self._conn(Dir.RECV, t)
+        self._check_session(msg, RemoteProtocolError)
+        if t is MsgType.STEP:
+            self._on_step(msg, events)
+        elif t is MsgType.COMMIT:
+            self._on_commit(msg, events)
+        elif t is MsgType.RESET:
+            self._on_reset(msg, events)
+        else:  # REFUSAL from the verifier: the connection is over
+            self.state = Conn.CLOSED
+            events.append(SessionRefused(Reason(msg.reason), msg.detail, by_peer=True))
+
+    def _on_hello(self, hello: Hello, events: list) -> None:
+        self.session = hello.session
+        ours = self.config
+        try:
+            version = choose_version(hello.versions, ours.versions)
+            check_identity(ours.identity, hello.identity)
+            hello.limits.check(hello.identity.vocab)
+            limits = ours.limits.meet(hello.limits)
+        except RemoteProtocolError as e:
+            self.state = Conn.CLOSED
+            self._outbox.append(encode(Refusal(
+                session=hello.session, slot=CONNECTION_SLOT, generation=0, round_id=0,
+                reason=e.reason, detail=e.detail[:200])))
+            events.append(SessionRefused(e.reason, e.detail, by_peer=False))
+            return
+        self.state = conn_next(self.role, self.state, Dir.RECV, MsgType.HELLO)
+        self._start_session(version, limits, hello.identity)
+        self._outbox.append(encode(HelloAnswer(
+            session=hello.session, version=version, identity=ours.identity, limits=limits)))
+        events.append(SessionStarted(hello.session, version, limits, hello.identity))
+
+    def _on_step(self, step: Step, events: list) -> None:
+        try:
+            s = self._slot(step.slot, RemoteProtocolError)
+            check_step(step, self.version, self.limits)
+            self._check_step_keys(step, s)
+            s.state = slot_next(self.role, s.state, Dir.RECV, MsgType.STEP)
+        except RemoteProtocolError as e:
+            self._refuse(step, e.reason, e.detail, events)
+            return
+        s.begin(step)
+        events.append(StepRequested(step))
+
+    def _check_step_keys(self, step: Step, s: SlotTrack) -> None:
+        # RNG keys are (seed, generation, round, position): a key is never drawn twice
+        if s.is_dead(step.generation) or step.generation < s.generation:
+            raise RemoteProtocolError(Reason.STALE_GENERATION, f"generation {step.generation}")
+        if step.generation == s.generation:
+            if step.round_id <= s.round_id:
+                raise RemoteProtocolError(Reason.DUPLICATE_ROUND, f"round {step.round_id}")
+            if s.committed is not None and step.anchor != s.committed:
+                raise RemoteProtocolError(Reason.BAD_POSITION, "anchor is not the last commit")
+        if s.state is SlotState.IDLE and self.inflight >= self.limits.max_inflight:
+            raise RemoteProtocolError(Reason.TOO_MANY_INFLIGHT, f"{self.inflight} in flight")
+
+    def _refuse(self, step: Step, reason: Reason, detail: str, events: list) -> None:
+        slot = step.slot if step.slot <= 0xFFFF else CONNECTION_SLOT
+        self._outbox.append(encode(Refusal(
+            session=self.session, slot=slot, generation=step.generation,
+            round_id=step.round_id, reason=reason, detail=detail[:200])))
+        events.append(StepRefused(step.slot, step.generation, step.round_id, reason, detail))
+
+    def _on_commit(self, commit: Commit, events: list) -> None:
+        s = self._slot(commit.slot, RemoteProtocolError)
+        if (commit.generation, commit.round_id) != (s.generation, s.round_id):
+            raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "commit of another round")
+        new = slot_next(self.role, s.state, Dir.RECV, MsgType.COMMIT)
+        check_commit(commit, s.step, self.vocab)
+        s.state, s.committed = new, commit.committed
+        events.append(Committed(commit))
+
+    def _on_reset(self, reset: Reset, events: list) -> None:
+        s = self._slot(reset.slot, RemoteProtocolError)
+        was_drafting = s.state is SlotState.DRAFTING and s.generation <= reset.generation
+        if s.generation <= reset.generation:
+            s.state = slot_next(self.role, s.state, Dir.RECV, MsgType.RESET)
+        s.invalidate(reset.generation)
+        events.append(SlotReset(reset.slot, reset.generation, Reason(reset.reason), was_drafting))
+
+    # -- sending ------------------------------------------------------------
+
+    def is_live(self, slot: int, generation: int, round_id: int) -> bool:
+        """Whether replies for this step may still be sent (not reset, not completed)."""
+        if self.state is not Conn.READY or not 0 <= slot < len(self.slots):
+            return False
+        s = self.slots[slot]
+        return (s.state is SlotState.DRAFTING and not s.is_dead(generation)
+                and (generation, round_id) == (s.generation, s.round_id))
+
+    def completion(self, slot: int, status: Status = Status.OK,
+                   reason: Reason | str = "") -> Completion:
+        """The COMPLETION of the slot's outstanding step, totals filled in."""
+        s = self._slot(slot, LocalProtocolError)
+        step = s.step
+        if step is None:
+            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"slot {slot} has no step")
+        return Completion(
+            session=self.session, slot=slot, generation=step.generation, round_id=step.round_id,
+            first_position=step.first_position, context_version=step.context_version,
+            rows=len(s.checksums), reply_bytes=s.reply_bytes,
+            reply_checksum=chain_checksum(s.checksums), status=int(status), reason=str(reason))
+
+    def send(self, msg: Message) -> bytes:
+        """Validate ``msg`` against the tables and the step it answers; return its frame."""
+        t = type_of(msg)
+        self._require_ready()
+        self._check_session(msg, LocalProtocolError)
+        if t is MsgType.REFUSAL:
+            return encode(msg)
+        if t not in (MsgType.REPLY, MsgType.COMPLETION):
+            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"worker cannot send {t.name}")
+        s = self._slot(msg.slot, LocalProtocolError)
+        if not self.is_live(msg.slot, msg.generation, msg.round_id):
+            raise LocalProtocolError(Reason.STALE_GENERATION, "step reset, completed or unknown")
+        new_state = slot_next(self.role, s.state, Dir.SEND, t)
+        if t is MsgType.REPLY:
+            data = self._reply_frame(msg, s)
+        else:
+            self._check_own_completion(msg, s)
+            data = encode(msg)
+        s.state = new_state
+        return data
+
+    def _reply_frame(self, reply: Reply, s: SlotTrack) -> bytes:
+        if reply.index != len(s.checksums) + 1 or reply.index > s.step.depth:
+            raise LocalProtocolError(Reason.OUT_OF_ORDER, f"reply {reply.index} out of order")
+        if self.check_outgoing:
+            _check_own_reply(reply, s.step, self.limits, self.vocab)
+        data = encode(reply)
+        s.reply_bytes += len(data)
+        s.checksums.append(payload_checksum_of(data))
+        return data
+
+    def _check_own_completion(self, c: Completion, s: SlotTrack) -> None:
+        if c != self.completion(c.slot, Status(c.status), c.reason):
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "completion totals differ")
+        if c.status == Status.OK and len(s.checksums) != s.step.depth:
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "OK completion before every row")
+        if c.status == Status.ABORTED and c.reason not in Reason._value2member_map_:
+            raise LocalProtocolError(Reason.MALFORMED_CONTROL, "abort needs a Reason")
+
+
+def _check_own_reply(reply: Reply, step: Step, limits: Limits, vocab: int) -> None:
+    """Our reply must pass the verifier's checks: fail here, not on the peer."""
+    if reply.entries > max(limits.max_support, limits.dense_len):
+        raise LocalProtocolError(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries")
+    if reply.form == Form.DENSE and reply.entries != limits.dense_len:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"dense entries {reply.entries}")
+    if reply.form == Form.SPARSE and reply.entries > limits.max_support:
+        raise LocalProtocolError(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries")
+    try:
+        check_reply(reply, step, vocab, LocalProtocolError)
+    except RemoteProtocolError as e:  # pp1q.q's parsers speak for received rows
+        raise LocalProtocolError(e.reason, e.detail) from None
