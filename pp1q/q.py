@@ -54,6 +54,16 @@ class DyadicRow:
         if total != MASS:
             raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {MASS}")
 
+    @classmethod
+    def _proven(cls, vocab: int, ids: np.ndarray, counts: np.ndarray) -> DyadicRow:
+        """A row whose parser has already proven every invariant of ``__post_init__``
+        (ascending in-range int32 ids, positive int64 counts summing to MASS)."""
+        row = object.__new__(cls)
+        object.__setattr__(row, "vocab", vocab)
+        object.__setattr__(row, "ids", ids)
+        object.__setattr__(row, "counts", counts)
+        return row
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DyadicRow):
             return NotImplemented
@@ -110,6 +120,12 @@ class DyadicRow:
 
 
 def _weights(logits, temperature: float) -> np.ndarray:
+    """FP64 softmax of logits / temperature, in as few full passes as numpy allows.
+
+    The arithmetic is exactly x / T, minus max(x / T), exp, divided by the sum: the
+    refusal checks ride on the max (NaN propagates through it, +inf is the max) instead
+    of separate scans, and every temporary is reused in place.
+    """
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise DistributionError(Reason.BAD_TEMPERATURE, f"temperature {temperature!r}")
     if not math.isfinite(temperature) or temperature <= 0:
@@ -119,21 +135,30 @@ def _weights(logits, temperature: float) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     if x.ndim != 1 or x.size == 0:
         raise DistributionError(Reason.UNEXPECTED_SIZE, f"logits shape {x.shape}")
-    if np.isnan(x).any():
+    top = float(x.max())
+    if math.isnan(top):
         raise DistributionError(Reason.NAN_LOGIT, "NaN logit")
-    if np.isposinf(x).any():
+    if top == math.inf:
         raise DistributionError(Reason.POSINF_LOGIT, "+inf logit")
-    x = x / float(temperature)
-    if np.isposinf(x).any():  # finite logit / tiny temperature overflowed
+    # max(x / T) == max(x) / T: correctly rounded division by T > 0 is monotone
+    with np.errstate(over="ignore"):  # overflow is checked right below
+        top = float(np.float64(top) / float(temperature))
+    if top == math.inf:  # finite logit / tiny temperature overflowed
         raise DistributionError(Reason.BAD_TEMPERATURE, "logits/temperature overflow")
-    top = x.max()
-    if not np.isfinite(top):
+    if top == -math.inf:
         raise DistributionError(Reason.ZERO_MASS, "every logit is -inf")
-    w = np.exp(x - top)
+    if temperature == 1:
+        w = np.subtract(x, top)  # x / 1.0 is x exactly
+    else:
+        with np.errstate(over="ignore"):  # only towards -inf here: weight 0, as masked
+            w = np.divide(x, float(temperature))
+        w -= top
+    np.exp(w, out=w)
     total = w.sum()
     if not (total > 0 and np.isfinite(total)):
         raise DistributionError(Reason.ZERO_MASS, f"effective mass {total}")
-    return w / total
+    w /= total
+    return w
 
 
 def _top_k_ids(w: np.ndarray, k: int) -> np.ndarray:
@@ -147,28 +172,38 @@ def _top_k_ids(w: np.ndarray, k: int) -> np.ndarray:
 
 
 def _allocate(w: np.ndarray) -> np.ndarray:
-    """Floor plus largest remainders of w * MASS (w normalised, FP64), ties by lowest index."""
-    scaled = w * MASS
-    floor = np.floor(scaled)
-    counts = floor.astype(np.int64)
+    """Floor plus largest remainders of w * MASS (w normalised, FP64), ties by lowest index.
+
+    Consumes ``w``: it is scaled in place into the remainders (one buffer, no temporaries).
+    """
+    frac = np.multiply(w, MASS, out=w)  # exact: a power-of-two scale
+    counts = frac.astype(np.int64)  # truncation is floor: frac >= 0
     remaining = MASS - int(counts.sum())
     if not 0 <= remaining < MASS:
         raise DistributionError(
             Reason.ALLOCATION_INCONSISTENT, f"remaining tickets {remaining} not in [0, {MASS})"
         )
     if remaining:
-        frac = scaled - floor
-        eligible = np.flatnonzero(w > 0)
-        if remaining > eligible.size:
-            raise DistributionError(
-                Reason.ALLOCATION_INCONSISTENT,
-                f"{remaining} tickets for {eligible.size} positive entries",
-            )
-        f = frac[eligible]
-        kth = np.partition(f, f.size - remaining)[f.size - remaining]
-        above = eligible[f > kth]
-        tied = eligible[f == kth][: remaining - above.size]
-        counts[above] += 1
+        frac -= counts  # the fractional remainders, exactly (counts <= 2^24)
+        # The remaining-th largest remainder over every entry: entries with w = 0 have
+        # remainder 0, so when it is positive it is also the one among w > 0 entries.
+        kth = np.partition(frac, frac.size - remaining)[frac.size - remaining]
+        if kth > 0:
+            above = frac > kth
+            counts += above
+            tied = np.flatnonzero(frac == kth)[: remaining - int(np.count_nonzero(above))]
+        else:  # fewer positive remainders than tickets: zero remainders of w > 0 qualify
+            eligible = np.flatnonzero((counts > 0) | (frac > 0))  # w > 0, before scaling
+            if remaining > eligible.size:
+                raise DistributionError(
+                    Reason.ALLOCATION_INCONSISTENT,
+                    f"{remaining} tickets for {eligible.size} positive entries",
+                )
+            f = frac[eligible]
+            kth = np.partition(f, f.size - remaining)[f.size - remaining]
+            above = eligible[f > kth]
+            counts[above] += 1
+            tied = eligible[f == kth][: remaining - above.size]
         counts[tied] += 1
     if int(counts.sum()) != MASS or int(counts.min()) < 0:
         raise DistributionError(Reason.ALLOCATION_INCONSISTENT, "final counts do not sum to MASS")
@@ -184,17 +219,16 @@ def build_row(logits, *, temperature: float = 1.0, top_k: int | None = None) -> 
     """
     w = _weights(logits, temperature)
     vocab = int(w.size)
-    if top_k is None:
-        support = np.arange(w.size, dtype=np.int64)
-    else:
+    if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k <= 0:
             raise DistributionError(Reason.BAD_TOP_K, f"top_k {top_k!r}")
         support = _top_k_ids(w, int(top_k))
         w = w[support]
         w = w / w.sum()
     counts = _allocate(w)
-    keep = counts > 0
-    return DyadicRow(vocab=vocab, ids=support[keep], counts=counts[keep])
+    keep = np.flatnonzero(counts)
+    ids = keep if top_k is None else support[keep]
+    return DyadicRow(vocab=vocab, ids=ids, counts=counts[keep])
 
 
 def sample(row: DyadicRow, u24: int) -> int:
@@ -268,15 +302,29 @@ def _check_support(ids: np.ndarray, vocab: int, err: type) -> None:
 
 
 def parse_dense(q, vocab: int) -> DyadicRow:
-    """Dense FP32 q (array or LE bytes). Length ``vocab``, or longer with zero padding."""
+    """Dense FP32 q (array or LE bytes). Length ``vocab``, or longer with zero padding.
+
+    Same checks as ``_counts_from_q`` on every entry, ordered for speed (a dense row
+    is 129280 values): one max over the bit patterns, then the dyadic and mass checks
+    on the support only (a zero entry is trivially dyadic).
+    """
     arr = _as_f32(q, "dense q")
     if arr.size < vocab:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, f"dense q has {arr.size} < {vocab}")
-    counts = _counts_from_q(arr)
-    if arr.size > vocab and counts[vocab:].any():
+    bits = arr.view(np.uint32)
+    if bits.size and bits.max() > _ONE_BITS:
+        _counts_from_q(arr)  # raises with the precise reason (non-finite, negative, > 1)
+    if arr.size > vocab and bits[vocab:].any():
         raise RowValidationError(Reason.PADDING_NONZERO, "dense padding beyond vocab is not zero")
-    ids = np.flatnonzero(counts[:vocab])
-    return DyadicRow(vocab=vocab, ids=ids.astype(np.int32), counts=counts[ids])
+    ids = np.flatnonzero(bits[:vocab] != 0)  # bool nonzero: several times faster than on u32
+    scaled = arr[ids] * _MASS_F32  # exact: a power-of-two scale of values in (0, 1]
+    counts = scaled.astype(np.int32)  # <= 2^24: fits, and converts back to FP32 exactly
+    if not np.array_equal(counts.astype(np.float32), scaled):  # a value < 2^-24 gives 0 here
+        raise RowValidationError(Reason.NON_DYADIC, "q value not a multiple of 2^-24")
+    total = int(counts.sum(dtype=np.int64))
+    if total != MASS:
+        raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {MASS}")
+    return DyadicRow._proven(vocab, ids.astype(np.int32), counts.astype(np.int64))
 
 
 def parse_sparse(ids, q, vocab: int) -> DyadicRow:
