@@ -234,7 +234,9 @@ class FrameDecoder:
             raise RemoteProtocolError(Reason.UNKNOWN_MESSAGE_TYPE, f"type {mtype}")
         if flags:
             raise RemoteProtocolError(Reason.BAD_FLAGS, f"flags {flags:#06x}")
-        if not 0 < control_len <= MAX_CONTROL_BYTES:
+        if control_len == 0:  # every control part is a non-empty msgpack array
+            raise RemoteProtocolError(Reason.MALFORMED_CONTROL, "empty control part")
+        if control_len > MAX_CONTROL_BYTES:
             raise RemoteProtocolError(Reason.FRAME_TOO_LARGE, f"control_len {control_len}")
         cap = self.limits.max_payload if mtype == MsgType.REPLY else 0
         if payload_len > cap:
