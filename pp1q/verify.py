@@ -72,14 +72,14 @@ def round_draws(keys: Sequence[RoundKeys], depth: int):
     rnd = np.array([k.round_id for k in keys], dtype=np.int64)[:, None]
     pos = np.array([k.anchor for k in keys], dtype=np.int64)[:, None] + np.arange(depth + 1)
 
-    def draws(domain: Domain, positions):
-        return u53_from_words(philox4x32_10(pack_counter(gen, rnd, positions, domain), seeds))
-
-    return (
-        draws(Domain.ACCEPTANCE, pos[:, :depth]),
-        draws(Domain.CORRECTION, pos[:, :depth]),
-        draws(Domain.BONUS, pos[:, depth:])[:, 0],
-    )
+    # one Philox call for all three domains: [B, 2D+1] counters side by side
+    counters = np.concatenate([
+        pack_counter(gen, rnd, pos[:, :depth], Domain.ACCEPTANCE),
+        pack_counter(gen, rnd, pos[:, :depth], Domain.CORRECTION),
+        pack_counter(gen, rnd, pos[:, depth:], Domain.BONUS),
+    ], axis=1)
+    u = u53_from_words(philox4x32_10(counters, seeds))
+    return u[:, :depth], u[:, depth: 2 * depth], u[:, 2 * depth]
 
 
 # ---------------------------------------------------------------------------
