@@ -193,10 +193,15 @@ class VerifierEndpoint(Endpoint):
         reply: Reply = frame.message
         slot = reply.slot
         expected = len(s.frames) + 1
-        if reply.index != expected:
-            reason = Reason.DUPLICATE_ROUND if reply.index < expected else Reason.OUT_OF_ORDER
-            if reply.index > s.step.depth:
-                reason = Reason.DEPTH_TOO_LARGE
+        if reply.index > s.step.depth:
+            reason = Reason.DEPTH_TOO_LARGE
+        elif reply.index < expected:
+            reason = Reason.DUPLICATE_ROUND
+        elif reply.index > expected:
+            reason = Reason.OUT_OF_ORDER
+        else:
+            reason = None
+        if reason is not None:
             self._fail_into(events, slot, s, reason, f"reply {reply.index}, want {expected}")
             return
         if frame.error is not None:
