@@ -4,6 +4,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pp1q.errors import DistributionError, LocalProtocolError, Reason, RowValidationError
 from pp1q.q import MASS, DyadicRow, build_row, sample
@@ -264,3 +266,43 @@ def test_shapes_checked():
         verify_round(p, q, [0, 99], RoundKeys(1, 1, 1, 1))
     with pytest.raises(LocalProtocolError):
         RowListQ([[build_row(np.zeros(9))]], 8)
+
+
+# ---------------------------------------------------------------------------
+# hypothesis: edge draws and dyadic rows, where the float path must be exact
+
+edge_draws = st.one_of(st.sampled_from([0, 1, HALF - 1, HALF, HALF + 1, U53_TOP]),
+                       st.integers(0, U53_TOP))
+
+
+@st.composite
+def dyadic_rounds(draw):
+    """Rows whose values have few bits (so float64 sums are exact): ties are reachable."""
+    vocab = draw(st.integers(2, 12))
+    depth = draw(st.integers(1, 3))
+
+    def weights():
+        w = draw(st.lists(st.integers(0, 8), min_size=vocab, max_size=vocab))
+        if sum(w) == 0:
+            w[draw(st.integers(0, vocab - 1))] = 1
+        return np.array(w, dtype=np.float64)
+
+    p = np.stack([weights() for _ in range(depth + 1)])
+    p = p / (1 << int(np.ceil(np.log2(p.sum(axis=1).max()))))  # dyadic, totals <= 1
+    rows = []
+    for _ in range(depth):
+        w = weights()
+        with np.errstate(divide="ignore"):  # zero weights: -inf logits, masked
+            rows.append(build_row(np.log(w / w.sum())))
+    drafts = [draw(st.sampled_from(r.ids.tolist())) for r in rows]
+    acc = [draw(edge_draws) for _ in range(depth)]
+    corr = [draw(edge_draws) for _ in range(depth)]
+    return p, rows, drafts, acc, corr, draw(edge_draws)
+
+
+@settings(max_examples=300, deadline=None)
+@given(dyadic_rounds())
+def test_fast_path_equals_oracle_on_edge_draws(case):
+    p, rows, drafts, acc, corr, bonus = case
+    fast, exact = _both(p, rows, drafts, acc, corr, bonus)
+    assert fast == exact
