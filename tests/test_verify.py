@@ -306,3 +306,12 @@ def test_fast_path_equals_oracle_on_edge_draws(case):
     p, rows, drafts, acc, corr, bonus = case
     fast, exact = _both(p, rows, drafts, acc, corr, bonus)
     assert fast == exact
+
+
+def test_selfcheck_runs_oracle_checked_rounds(capsys):
+    from pp1q.cli import main
+
+    assert main(["selfcheck", "--vocab", "3000", "--rows", "2", "--rounds", "30",
+                 "--full-rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "rounds ok: 30 at vocab 64" in out and "rounds ok: 1 at vocab 3000" in out
