@@ -57,3 +57,13 @@ def test_kth_largest_is_exact_including_unlucky_subsamples():
     assert _kth_largest(v, 100) == 1.0 and _kth_largest(v, 600) == 0.0
     v = np.full(10000, 0.25)
     assert _kth_largest(v, 9999) == 0.25
+
+
+def test_bench_q_suite_runs():
+    from pp1q.bench import q as bench_q
+
+    lines = bench_q.run(quick=True)
+    assert "x softmax" in lines[0]
+    names = [line.split("  ")[0] for line in lines[1:]]
+    assert any(n.startswith("build_row dense") for n in names)
+    assert any(n.startswith("verify_batch") for n in names)
