@@ -208,7 +208,7 @@ def oracle_round(
     Rows are converted lazily: only those the round reaches are touched.
     """
     depth = len(q_rows)
-    if len(p_rows) != depth + 1 or len(draft_ids) != depth:
+    if depth < 1 or len(p_rows) != depth + 1 or len(draft_ids) != depth:
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "need D q rows, D drafts, D+1 p rows")
     if len(draws.acceptance) < depth or len(draws.correction) < depth:
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "fewer draws than positions")

@@ -172,6 +172,8 @@ def decide(p, q, draft_ids, u_acc, u_corr, u_bonus):
     """
     p = np.asarray(p, dtype=np.float64)
     draft_ids = np.asarray(draft_ids, dtype=np.int64)
+    if p.ndim != 3 or p.shape[1] < 2:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "p must be [B, D+1, V] with D >= 1")
     B, D1, V = p.shape
     D = D1 - 1
     if draft_ids.shape != (B, D) or q.vocab != V:
@@ -211,13 +213,19 @@ def decide(p, q, draft_ids, u_acc, u_corr, u_bonus):
 
 
 def verify_batch(p_rows, q_rows, draft_ids, keys: Sequence[RoundKeys]) -> list[RoundDecision]:
-    """Standard verification of B rounds (same depth), each with its own keys."""
+    """Standard verification of B rounds (same depth >= 1), each with its own keys."""
+    if len(keys) == 0 and len(q_rows) == 0 and len(draft_ids) == 0:
+        return []
     p = np.asarray(p_rows, dtype=np.float64)
     if p.ndim != 3 or len(q_rows) != p.shape[0] or len(keys) != p.shape[0]:
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "batch sizes disagree")
     depth = p.shape[1] - 1
-    if any(len(chain) != depth for chain in q_rows):
-        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "need one q row per draft position")
+    if depth < 1:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "a round drafts at least one token")
+    if any(len(chain) != depth for chain in q_rows) or len(draft_ids) != p.shape[0] or any(
+        len(chain) != depth for chain in draft_ids
+    ):
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "need one q row and draft per position")
     u_acc, u_corr, u_bonus = round_draws(keys, depth)
     drafts = np.asarray(draft_ids, dtype=np.int64).reshape(p.shape[0], depth)
     accepted, token, under = decide(

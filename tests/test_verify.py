@@ -266,6 +266,13 @@ def test_shapes_checked():
         verify_round(p, q, [0, 99], RoundKeys(1, 1, 1, 1))
     with pytest.raises(LocalProtocolError):
         RowListQ([[build_row(np.zeros(9))]], 8)
+    with pytest.raises(LocalProtocolError):  # ragged drafts
+        verify_batch(np.stack([p, p]), [q, q], [[0, 0], [0]], [RoundKeys(1, 1, 1, 1)] * 2)
+    with pytest.raises(LocalProtocolError):  # depth 0 is not a round
+        verify_batch(p[None, :1], [[]], [[]], [RoundKeys(1, 1, 1, 1)])
+    with pytest.raises(LocalProtocolError):
+        oracle_round([p[0]], [], [], RoundDraws((), (), 0))
+    assert verify_batch(np.zeros((0, 3, 8)), [], [], []) == []
 
 
 # ---------------------------------------------------------------------------
