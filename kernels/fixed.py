@@ -1,0 +1,163 @@
+"""Exact integer arithmetic shared by every kernel (torch, any device).
+
+Why integers: a float sum depends on its association order, and torch on CPU, torch on
+CUDA, Triton tiles and vocabulary shards all associate differently. A float CDF therefore
+gives implementation-dependent ids near boundaries. Integer sums are exact in any order,
+so every backend and every sharding returns bit-identical ids and counts.
+
+Fixed-point target rows: P_v = floor(p_v * 2^61) (int64). For float32 p every entry
+>= 2^-38 is exact; smaller ones lose under 2^-61 each. S = sum(P) is the row's exact
+normaliser (the rounds use p / S, as pp1q.verify and the oracle normalise p).
+
+Wide products: values below 2^62 are split into 31-bit halves, so a full 124-bit product
+is held as (hi, lo) with lo < 2^62 and no intermediate ever exceeds 2^63 in int64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pp1q.errors import DistributionError, LocalProtocolError, Reason
+from pp1q.q import MASS
+
+FIXED_BITS = 61  # p <= 1 keeps every P_v <= 2^61; a row total <= 2 keeps S < 2^62
+FIXED_ONE = float(1 << FIXED_BITS)
+MASS_BITS = 24  # q = c / 2^24 (dyadic24-standard-v1)
+U53_BITS = 53  # acceptance / correction / bonus draws are 53-bit integers
+WIDE_LIMB = 62  # radix of (hi, lo) products: lo < 2^62
+S_LIMIT = 1 << 62  # exclusive bound on S so that every wide product operand is < 2^62
+HALF = (1 << 31) - 1  # 31-bit halves: half * half < 2^62, a sum of two < 2^63
+LO_MASK = (1 << WIDE_LIMB) - 1
+
+SUM_LIMB_BITS = 45  # exact float sums: limbs of 45 bits, 2^17 entries sum below 2^62
+SUM_MAX_ENTRIES = 1 << 17  # the DeepSeek vocabulary (129280) fits; larger rows are refused
+_SUM_SCALE = float(1 << SUM_LIMB_BITS)
+_SUM_MASK = (1 << SUM_LIMB_BITS) - 1
+
+assert MASS == 1 << MASS_BITS
+
+
+# ---------------------------------------------------------------------------
+# wide products
+
+
+def mul_wide(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a * b = hi * 2^62 + lo exactly, for int64 0 <= a, b < 2^62 (broadcast)."""
+    a1, a0 = a >> 31, a & HALF
+    b1, b0 = b >> 31, b & HALF
+    mid = a1 * b0 + a0 * b1  # < 2^63
+    lo = a0 * b0 + ((mid & HALF) << 31)  # < 2^63
+    hi = a1 * b1 + (mid >> 31) + (lo >> WIDE_LIMB)
+    return hi, lo & LO_MASK
+
+
+def shift_wide(hi: torch.Tensor, lo: torch.Tensor, s: int) -> torch.Tensor:
+    """floor((hi * 2^62 + lo) / 2^s) for 0 < s <= 62; the result must fit in int64."""
+    return (hi << (WIDE_LIMB - s)) | (lo >> s)
+
+
+def floor_mul_shift(a: torch.Tensor, b: torch.Tensor, s: int) -> torch.Tensor:
+    """floor(a * b / 2^s) exactly (0 <= a, b < 2^62, result < 2^63)."""
+    return shift_wide(*mul_wide(a, b), s)
+
+
+def draw_threshold(u53: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """T = floor(u53 * W / 2^53): for integer C, C > (u53 / 2^53) * W iff C > T.
+
+    u53 < 2^53 makes T < W, so the last positive weight always satisfies C > T.
+    """
+    return floor_mul_shift(u53, total, U53_BITS)
+
+
+def q_units(counts: torch.Tensor, s_total: torch.Tensor) -> torch.Tensor:
+    """floor(c * S / 2^24): q in the fixed-point units of a target row with total S.
+
+    With S = Sh * 2^24 + Sl: c * Sh < 2^62 and c * Sl < 2^48 for c <= 2^24, so two
+    int64 products give the exact floor (cheaper than a wide product on full rows).
+    """
+    return counts * (s_total >> MASS_BITS) + ((counts * (s_total & (MASS - 1))) >> MASS_BITS)
+
+
+def accepts_exact(u53, counts, p_x, s_total) -> torch.Tensor:
+    """u53 / 2^53 < (P_x / S) / (c / 2^24), decided exactly (strict; c >= 1).
+
+    Equivalent to c * (T1 + r1 / 2^53) < P_x * 2^24 with u * S = T1 * 2^53 + r1; the
+    right side is an integer, so the fractional part of c * r1 / 2^53 never decides.
+    """
+    hi_us, lo_us = mul_wide(u53, s_total)
+    t1 = shift_wide(hi_us, lo_us, U53_BITS)  # < S < 2^62
+    r1 = lo_us & ((1 << U53_BITS) - 1)
+    e_hi, e_lo = mul_wide(counts, t1)
+    e_lo = e_lo + floor_mul_shift(counts, r1, U53_BITS)  # + (< 2^24)
+    e_hi = e_hi + (e_lo >> WIDE_LIMB)
+    e_lo = e_lo & LO_MASK
+    shift = WIDE_LIMB - MASS_BITS  # P_x * 2^24 = (P_x >> 38) * 2^62 + (low 38 bits) << 24
+    r_hi = p_x >> shift
+    r_lo = (p_x & ((1 << shift) - 1)) << MASS_BITS
+    return (e_hi < r_hi) | ((e_hi == r_hi) & (e_lo < r_lo))
+
+
+# ---------------------------------------------------------------------------
+# fixed-point target rows
+
+
+def to_fixed(p: torch.Tensor) -> torch.Tensor:
+    """P = floor(p * 2^61) as int64 (p float32/float64 in [0, 1]; the scaling is exact)."""
+    if p.dtype in (torch.float16, torch.bfloat16):
+        p = p.float()  # 2^61 overflows the half formats; the widening is exact
+    return (p * FIXED_ONE).to(torch.int64)
+
+
+def check_target(p: torch.Tensor) -> None:
+    """Refuse a target row that is not a probability row (before any fixed-point use)."""
+    if not p.is_floating_point():
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"target rows are {p.dtype}")
+    if not bool(torch.isfinite(p).all()):
+        raise DistributionError(Reason.NON_FINITE, "target row is not finite")
+    if p.numel() and not bool((p >= 0).all()):
+        raise DistributionError(Reason.NEGATIVE_VALUE, "negative target probability")
+    if p.numel() and not bool((p <= 1).all()):
+        raise DistributionError(Reason.WRONG_MASS, "target probability above 1")
+
+
+def check_totals(s_total: torch.Tensor) -> None:
+    """S must be positive (some mass at 2^-61 resolution) and below 2^62 (row sum < 2)."""
+    if s_total.numel() and not bool((s_total > 0).all()):
+        raise DistributionError(Reason.ZERO_MASS, "target row has no mass at 2^-61")
+    if s_total.numel() and not bool((s_total < S_LIMIT).all()):
+        raise DistributionError(Reason.WRONG_MASS, "target row sums to 2 or more")
+
+
+# ---------------------------------------------------------------------------
+# order-independent float64 sums
+
+
+def exact_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum of float64 values in [0, 1] along the last dim, independent of order.
+
+    Each value is cut into two 45-bit fixed-point limbs (resolution 2^-90; the part
+    below is dropped, under n * 2^-90 in all); limb sums are exact int64 sums, so any
+    split into shards or tiles gives the same limbs, and one fixed conversion rounds
+    them to float64 (within half an ulp plus 2^-80 relative).
+    """
+    if x.shape[-1] > SUM_MAX_ENTRIES:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"{x.shape[-1]} > {SUM_MAX_ENTRIES}")
+    return limbs_to_float(*sum_limbs(x))
+
+
+def sum_limbs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two int64 limb sums of ``exact_sum`` (add them across shards, then convert)."""
+    a = x * _SUM_SCALE
+    hi = a.to(torch.int64)
+    lo = ((a - hi.to(a.dtype)) * _SUM_SCALE).to(torch.int64)
+    return hi.sum(-1), lo.sum(-1)
+
+
+def limbs_to_float(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """(hi + lo * 2^-45) * 2^-45 as float64, by one fixed sequence of roundings."""
+    hi = hi + (lo >> SUM_LIMB_BITS)
+    lo = lo & _SUM_MASK
+    head = hi.to(torch.float64)
+    err = hi - head.to(torch.int64)  # exact: |err| <= 2^9 when hi < 2^62
+    tail = err.to(torch.float64) + lo.to(torch.float64) / _SUM_SCALE
+    return (head + tail) / _SUM_SCALE

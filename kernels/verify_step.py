@@ -1,0 +1,115 @@
+"""The batched standard-verification step over [requests, depth] (kernel 6).
+
+docs/distribution.md, for B requests at once, each with its own keys (seed, generation,
+round, anchor): acceptance draws for every (request, position), exact ratio tests
+(``fixed.accepts_exact`` on the normalised fixed-point p), the first rejection, then one
+residual pick (correction) or target pick (bonus) per request (``residual.py``).
+Decisions equal the rational oracle's for the same draws whenever the fixed-point rows
+are exact (every float32 p entry >= 2^-38 or 0), and differ at most at boundaries
+within about K * 2^-61 of a row's mass otherwise (docs/kernels.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pp1q.errors import LocalProtocolError, Reason
+from pp1q.rng import Domain
+from pp1q.verify import RoundDecision, RoundKeys
+
+from .fixed import accepts_exact, check_target, check_totals, to_fixed
+from .lookup import SparseCounts, count_at
+from .philox import keyed_u53, seed_tensor
+from .residual import sample_fixed
+
+
+@dataclass(frozen=True)
+class StepKeys:
+    """Per-request keys as int64 tensors [B] (seeds two's-complement)."""
+
+    seeds: torch.Tensor
+    generation: torch.Tensor
+    round_id: torch.Tensor
+    anchor: torch.Tensor
+
+    @classmethod
+    def from_keys(cls, keys: Sequence[RoundKeys], device=None) -> StepKeys:
+        def col(name):
+            return torch.tensor([getattr(k, name) for k in keys], dtype=torch.int64, device=device)
+
+        return cls(seed_tensor([k.seed for k in keys], device), col("generation"),
+                   col("round_id"), col("anchor"))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    accepted: torch.Tensor  # [B] drafts accepted (== depth: the token is the bonus)
+    token: torch.Tensor  # [B] correction or bonus id, always < vocab
+    underflow: torch.Tensor  # [B] residual had no mass: picked from p (counted by callers)
+
+    def decisions(self, depth: int) -> list[RoundDecision]:
+        return [
+            RoundDecision(a, t, "bonus" if a == depth else "correction", u)
+            for a, t, u in zip(self.accepted.tolist(), self.token.tolist(),
+                               self.underflow.tolist(), strict=True)
+        ]
+
+
+def step_draws(keys: StepKeys, depth: int):
+    """(acceptance [B, D], correction [B, D], bonus [B]) 53-bit draws, per-request keys."""
+    key = (keys.seeds.unsqueeze(-1), keys.generation.unsqueeze(-1), keys.round_id.unsqueeze(-1))
+    pos = keys.anchor.unsqueeze(-1) + torch.arange(depth, device=keys.anchor.device)
+    return (
+        keyed_u53(*key, pos, Domain.ACCEPTANCE),
+        keyed_u53(*key, pos, Domain.CORRECTION),
+        keyed_u53(keys.seeds, keys.generation, keys.round_id, keys.anchor + depth, Domain.BONUS),
+    )
+
+
+def _check_shapes(p, q, draft) -> None:
+    B, D1, V = p.shape
+    q_lead = q.ids.shape[:-1] if isinstance(q, SparseCounts) else q.shape[:-1]
+    q_vocab = q.vocab if isinstance(q, SparseCounts) else q.shape[-1]
+    shape_ok = D1 >= 2 and tuple(draft.shape) == (B, D1 - 1) == tuple(q_lead)
+    if not shape_ok or q_vocab != V:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "p, q and draft shapes disagree")
+    if draft.numel() and (int(draft.min()) < 0 or int(draft.max()) >= V):
+        raise LocalProtocolError(Reason.ID_OUT_OF_RANGE, "draft id outside vocab")
+
+
+def decide(p, q, draft, u_acc, u_corr, u_bonus, *, validate=True) -> StepResult:
+    """The step with explicit draws. p [B, D+1, V] float; q dense [B, D, V] or sparse."""
+    draft = draft.to(torch.int64)
+    _check_shapes(p, q, draft)
+    B, D1, V = p.shape
+    D = D1 - 1
+    if validate:
+        check_target(p)
+    P = to_fixed(p)
+    s_total = P.sum(-1)  # [B, D+1]
+    if validate:
+        check_totals(s_total)
+    c_x = count_at(q, draft)
+    if c_x.numel() and int(c_x.min()) <= 0:
+        raise LocalProtocolError(Reason.ZERO_Q_AT_TOKEN, "a drafted token has q = 0")
+    p_x = P[:, :D].gather(-1, draft.unsqueeze(-1)).squeeze(-1)
+    ok = accepts_exact(u_acc.to(torch.int64), c_x, p_x, s_total[:, :D])
+    rejected = ~ok
+    accepted = torch.where(rejected.any(-1), rejected.to(torch.int64).argmax(-1), D)
+    b = torch.arange(B, device=p.device)
+    use_q = accepted < D
+    qi = accepted.clamp(max=D - 1)
+    q_rows = q.index(b, qi) if isinstance(q, SparseCounts) else q[b, qi]
+    u = torch.where(use_q, u_corr.gather(-1, qi.unsqueeze(-1)).squeeze(-1), u_bonus)
+    token, under = sample_fixed(P[b, accepted], s_total[b, accepted], q_rows, u, use_q=use_q,
+                                fresh=lambda rows: P[rows, accepted[rows]])
+    return StepResult(accepted, token, under)
+
+
+def verify_step(p, q, draft, keys: StepKeys, *, validate=True) -> StepResult:
+    """One fixed-depth round for every request, draws keyed per request."""
+    u_acc, u_corr, u_bonus = step_draws(keys, p.shape[1] - 1)
+    return decide(p, q, draft, u_acc, u_corr, u_bonus, validate=validate)
