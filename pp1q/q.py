@@ -5,7 +5,7 @@ Every q(v) is exactly representable in FP32, so the wire carries FP32 values and
 the receiver recovers the integer counts without any renormalisation.
 
 Public, stable API: ``MASS``, ``SEMANTIC_ID``, ``DyadicRow``, ``build_row``,
-``sample``, ``parse_dense``, ``parse_sparse``.
+``sample``, ``parse_dense``, ``parse_sparse``, ``validate_dense``.
 """
 
 from __future__ import annotations
@@ -329,12 +329,17 @@ def _check_support(ids: np.ndarray, vocab: int, err: type) -> None:
             raise err(Reason.UNSORTED_SUPPORT, "support ids not ascending")
 
 
-def parse_dense(q, vocab: int) -> DyadicRow:
-    """Dense FP32 q (array or LE bytes). Length ``vocab``, or longer with zero padding.
+# entries per validation chunk: few numpy calls per row, yet each scratch buffer stays
+# under glibc's 128 KiB mmap threshold, so it is recycled instead of page-faulted in
+_CHUNK = 32000
 
-    Same checks as ``_counts_from_q`` on every entry, ordered for speed (a dense row
-    is 129280 values): one max over the bit patterns, then the dyadic and mass checks
-    on the support only (a zero entry is trivially dyadic).
+
+def validate_dense(q, vocab: int) -> np.ndarray:
+    """Every check of ``parse_dense`` without building the row; returns the FP32 view.
+
+    A dense row is 129280 values: whole-row temporaries would cost more than the
+    checks (allocation and page faults), so the dyadic and mass checks stream through
+    small scratch buffers after one max over the bit patterns.
     """
     arr = _as_f32(q, "dense q")
     if arr.size < vocab:
@@ -344,15 +349,30 @@ def parse_dense(q, vocab: int) -> DyadicRow:
         _counts_from_q(arr)  # raises with the precise reason (non-finite, negative, > 1)
     if arr.size > vocab and bits[vocab:].any():
         raise RowValidationError(Reason.PADDING_NONZERO, "dense padding beyond vocab is not zero")
-    ids = np.flatnonzero(bits[:vocab] != 0)  # bool nonzero: several times faster than on u32
-    scaled = arr[ids] * _MASS_F32  # exact: a power-of-two scale of values in (0, 1]
-    counts = scaled.astype(np.int32)  # <= 2^24: fits, and converts back to FP32 exactly
-    if not np.array_equal(counts.astype(np.float32), scaled):  # a value < 2^-24 gives 0 here
-        raise RowValidationError(Reason.NON_DYADIC, "q value not a multiple of 2^-24")
-    total = int(counts.sum(dtype=np.int64))
+    n = min(_CHUNK, vocab)
+    scaled, back = np.empty(n, np.float32), np.empty(n, np.float32)
+    counts = np.empty(n, np.int32)
+    total = 0
+    for lo in range(0, vocab, _CHUNK):
+        x = arr[lo:min(lo + _CHUNK, vocab)]
+        s, c, b = scaled[:x.size], counts[:x.size], back[:x.size]
+        np.multiply(x, _MASS_F32, out=s)  # exact: a power-of-two scale of values in [0, 1]
+        np.copyto(c, s, casting="unsafe")  # truncation; <= 2^24 fits and converts back
+        np.copyto(b, c, casting="unsafe")
+        if not np.array_equal(b, s):  # a value < 2^-24 truncates to 0 and differs too
+            raise RowValidationError(Reason.NON_DYADIC, "q value not a multiple of 2^-24")
+        total += int(c.sum(dtype=np.int64))
     if total != MASS:
         raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {MASS}")
-    return DyadicRow._proven(vocab, ids.astype(np.int32), counts.astype(np.int64))
+    return arr
+
+
+def parse_dense(q, vocab: int) -> DyadicRow:
+    """Dense FP32 q (array or LE bytes). Length ``vocab``, or longer with zero padding."""
+    arr = validate_dense(q, vocab)
+    ids = np.flatnonzero(arr.view(np.uint32)[:vocab] != 0)  # bool nonzero: fast path
+    counts = (arr[ids] * _MASS_F32).astype(np.int64)  # exact integers, proven above
+    return DyadicRow._proven(vocab, ids.astype(np.int32), counts)
 
 
 def parse_sparse(ids, q, vocab: int) -> DyadicRow:
