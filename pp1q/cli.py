@@ -13,6 +13,9 @@ import sys
 COMMANDS = {
     "selfcheck": "pp1q.commands.selfcheck",
     "bench": "pp1q.commands.bench",
+    "worker": "pp1q.commands.worker",
+    "verifier": "pp1q.commands.verifier",
+    "generate": "pp1q.commands.generate",
 }
 
 
