@@ -50,11 +50,14 @@ DRAFT_PRESETS = {
 DEFAULT_DRAFT_PRESET = "close"
 
 
-def softmax64(logits: np.ndarray) -> np.ndarray:
-    """Row-wise FP64 softmax at T = 1 (-inf entries get probability 0)."""
+def softmax64(logits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Row-wise FP64 softmax at T = 1 (-inf entries get probability 0); ``out`` may be a
+    preallocated float64 buffer of the same shape (the verifier's slot buffers)."""
     x = np.asarray(logits, dtype=np.float64)
-    z = np.exp(x - x.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
+    z = np.subtract(x, x.max(axis=-1, keepdims=True), out=out)
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z
 
 
 def vocab_map_id(vocab: int) -> str:
@@ -68,6 +71,7 @@ class DraftModel(abc.ABC):
     vocab: int
     identity: str  # this checkpoint, for HELLO
     target_identity: str  # the target this drafter was built for; HELLO pairs the two
+    variant: str = ""  # run-time knobs that change q but not the checkpoint (metrics only)
 
     @abc.abstractmethod
     def backbone(self, prefix: Sequence[int], depth: int) -> np.ndarray:
@@ -91,9 +95,10 @@ class TargetModel(abc.ABC):
     def logits(self, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
         """FP64 logits [len(draft) + 1, vocab]; row i sees prefix + draft[:i]."""
 
-    def probs(self, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
-        """The target's p: FP64 softmax at T = 1 of ``logits``."""
-        return softmax64(self.logits(prefix, draft))
+    def probs(self, prefix: Sequence[int], draft: Sequence[int],
+              out: np.ndarray | None = None) -> np.ndarray:
+        """The target's p: FP64 softmax at T = 1 of ``logits`` (into ``out`` if given)."""
+        return softmax64(self.logits(prefix, draft), out)
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,11 @@ class ToySpec:
     @property
     def target_identity(self) -> str:
         return f"toy-target-v1:vocab={self.vocab}:seed={self.seed}"
+
+    @property
+    def draft_identity(self) -> str:
+        """The drafter checkpoint (its distance knob is a variant, see ToyDrafter.variant)."""
+        return f"toy-dspark-v1:vocab={self.vocab}:seed={self.seed}"
 
 
 class _ToyWeights:
@@ -176,8 +186,8 @@ class ToyDrafter(DraftModel):
         self.distance = float(distance)
         self.adversarial = bool(adversarial)
         self.target_identity = spec.target_identity
-        self.identity = (f"toy-dspark-v1:vocab={spec.vocab}:seed={spec.seed}"
-                         f":distance={self.distance:g}:adversarial={int(self.adversarial)}")
+        self.identity = spec.draft_identity
+        self.variant = f"distance={self.distance:g}:adversarial={int(self.adversarial)}"
         self._ideal = _ToyWeights(spec, tag=1)  # the target's own weights
         self._noise = _ToyWeights(spec, tag=2)  # an unrelated bigram model
         self._sign = -1.0 if self.adversarial else 1.0

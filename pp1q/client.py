@@ -1,0 +1,59 @@
+"""A blocking client of the verifier's HTTP API (stdlib only)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from urllib.parse import urlsplit
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class ApiError(Exception):
+    """The server answered with an error body, or could not be reached."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+class Client:
+    """One keep-alive connection to a verifier (not thread-safe: one per thread)."""
+
+    def __init__(self, url: str = DEFAULT_URL, timeout: float = 300.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"url {url!r}: need http://HOST:PORT")
+        self._conn = http.client.HTTPConnection(parts.hostname, parts.port or 80,
+                                                timeout=timeout)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        payload = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        try:
+            self._conn.request(method, path, body=payload, headers=headers)
+            resp = self._conn.getresponse()
+            raw = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            self._conn.close()
+            raise ApiError(0, "unreachable", str(e)) from None
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise ApiError(resp.status, "bad_response", raw[:200].decode("latin-1")) from None
+        if resp.status != 200:
+            err = answer.get("error", {}) if isinstance(answer, dict) else {}
+            raise ApiError(resp.status, err.get("code", "error"), err.get("message", ""))
+        return answer
+
+    def generate(self, prompt: list[int], max_tokens: int, **options) -> dict:
+        """POST /v1/generate; ``options``: seed, speculative, temperature, top_k..."""
+        return self._call("POST", "/v1/generate",
+                          {"prompt_token_ids": list(prompt), "max_tokens": max_tokens,
+                           **options})
+
+    def health(self) -> dict:
+        return self._call("GET", "/healthz")

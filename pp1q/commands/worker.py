@@ -1,0 +1,56 @@
+"""``pp1q worker``: the drafter worker daemon (wire v2 server)."""
+
+from __future__ import annotations
+
+from pp1q.config import add_config_option, hostport
+
+HELP = "run the drafter worker daemon (drafts tokens and ships the exact q of each)"
+
+SETTINGS = {  # key: (type, default); also the TOML keys
+    "listen": (str, "127.0.0.1:7070"),
+    "metrics_host": (str, "127.0.0.1"),
+    "metrics_port": (int, None),
+    "vocab": (int, 129280),
+    "model_seed": (int, 0),
+    "draft_preset": (str, "close"),
+    "draft_distance": (float, None),
+    "wire_versions": (str, "2,1"),
+    "max_support": (int, 256),
+    "log_level": (str, "info"),
+}
+
+
+def add_arguments(p) -> None:
+    from pp1q.models import DRAFT_PRESETS
+
+    p.add_argument("--listen", type=hostport, metavar="HOST:PORT",
+                   help="address to serve verifiers on (default 127.0.0.1:7070)")
+    add_common_arguments(p)
+    p.add_argument("--draft-preset", choices=sorted(DRAFT_PRESETS),
+                   help="toy drafter's distance from the target (default close)")
+    p.add_argument("--draft-distance", type=float, metavar="D",
+                   help="override the preset's distance, 0 (matched) .. 1 (independent)")
+    p.add_argument("--wire-versions", metavar="LIST",
+                   help="wire versions this worker accepts, e.g. 2,1 (default) or 1")
+    p.add_argument("--max-support", type=int, metavar="K",
+                   help="largest sparse top-k support offered at HELLO (default 256)")
+
+
+def add_common_arguments(p) -> None:
+    """Options both daemons share (model identity, metrics, config, logging)."""
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus /metrics on this port (0: any free port; "
+                        "default: not served)")
+    p.add_argument("--metrics-host", metavar="HOST", help="metrics bind address (127.0.0.1)")
+    p.add_argument("--vocab", type=int, metavar="N", help="toy model vocabulary (129280)")
+    p.add_argument("--model-seed", type=int, metavar="S",
+                   help="toy model seed; worker and verifier must agree (default 0)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    add_config_option(p)
+
+
+def run(args) -> int:
+    from pp1q.commands._daemon import run_daemon
+    from pp1q.worker.daemon import serve
+
+    return run_daemon(args, "worker", SETTINGS, serve)

@@ -1,0 +1,89 @@
+"""Verifier side of the context channel (see pp1q.context_channel): hands the worker a
+slot's committed prefix for a new generation and waits for the acknowledgement."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from .. import context_channel as cc
+from ..errors import Reason, RemoteProtocolError
+from ..metrics import FallbackCause, Metrics
+from ..prefix import Prefix
+
+log = logging.getLogger("pp1q.verifier")
+
+_READ_BYTES = 64 * 1024  # answers are ~40 bytes; one read usually holds several
+
+
+class ContextClient:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._waiters: dict[tuple[int, int], asyncio.Future] = {}
+        self._timeout = 1.0
+        self.closed: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def connect(self, host: str, port: int, timeout: float) -> None:
+        self._timeout = timeout
+        reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                      timeout)
+        self._writer.write(cc.PREAMBLE)
+        self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        decoder = cc.ContextDecoder()
+        try:
+            while data := await reader.read(_READ_BYTES):
+                for msg in decoder.feed(data):
+                    fut = self._waiters.pop((msg.slot, msg.generation), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+        except RemoteProtocolError as e:
+            log.warning("context channel: invalid answer (%s)", e)
+            self.metrics.validation_failure(e.reason)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
+            self._reader_task.cancel()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_result(None)  # None: the channel closed before an answer
+        self._waiters.clear()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def set_context(self, session: int, slot: int, generation: int, prefix: Prefix):
+        """None when acknowledged, else a ``link.Fallback`` saying why not."""
+        from .link import Fallback
+
+        if self.closed.done():
+            return Fallback(FallbackCause.CONNECTION_LOST, Reason.CONNECTION_LOST)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[(slot, generation)] = fut
+        self._writer.write(cc.encode(cc.SetContext(session, slot, generation, prefix.tokens,
+                                                   prefix.digest)))
+        try:
+            answer = await asyncio.wait_for(fut, self._timeout)
+        except TimeoutError:
+            self._waiters.pop((slot, generation), None)
+            self.metrics.watchdog_timeouts.inc()
+            return Fallback(FallbackCause.WATCHDOG_TIMEOUT, Reason.STEP_TIMEOUT, "context ack")
+        if answer is None:
+            return Fallback(FallbackCause.CONNECTION_LOST, Reason.CONNECTION_LOST)
+        if isinstance(answer, cc.ContextRefused):
+            with contextlib.suppress(ValueError):
+                self.metrics.validation_failure(Reason(answer.reason))
+            return Fallback(FallbackCause.WORKER_REFUSED, Reason.PEER_REFUSED, answer.reason)
+        if answer.length != len(prefix) or answer.digest != prefix.digest:
+            self.metrics.validation_failure(Reason.CHECKSUM_MISMATCH)
+            return Fallback(FallbackCause.INVALID_REPLY, Reason.CHECKSUM_MISMATCH, "context ack")
+        return None

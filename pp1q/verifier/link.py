@@ -1,0 +1,322 @@
+"""The verifier's transport adapter: one wire v2 session to the worker, kept alive.
+
+``WorkerLink.run`` connects, says HELLO, opens the context channel and, when the
+connection ends, fails every open proposal and reconnects with exponential backoff;
+each new connection is a new session id, so every key of the old one is dead. Bytes
+are received straight into the endpoint's buffers (asyncio.BufferedProtocol).
+
+Proposals: ``propose(step)`` returns a future that resolves to the endpoint's
+``ProposalReady`` or to a ``Fallback`` (cause + reason). STEPs submitted in the same
+loop tick leave in one write (a batch); at most ``MAX_BATCHES_IN_FLIGHT`` batches are
+outstanding, later STEPs wait for one to resolve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from dataclasses import dataclass
+
+from ..errors import LocalProtocolError, Reason, RemoteProtocolError
+from ..metrics import FallbackCause, Metrics
+from ..prefix import Prefix
+from ..wire import Commit, Reset, Step, VerifierEndpoint, WireConfig
+from ..wire.events import Discarded, ProposalFailed, ProposalReady, SessionRefused, SessionStarted
+from .context import ContextClient
+from .watchdog import Watchdog
+
+log = logging.getLogger("pp1q.verifier")
+
+MAX_BATCHES_IN_FLIGHT = 2  # the design's two in-flight STEP batches
+HELLO_TIMEOUT_S = 5.0  # a worker that does not answer HELLO by then is treated as down
+FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_s
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Why a proposal produced nothing consumable."""
+
+    cause: FallbackCause
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the scheduler needs from the negotiated limits (else HELLO is refused)."""
+
+    slots: int
+    depth: int
+    support: int
+
+
+def classify(ev: ProposalFailed) -> FallbackCause:
+    if ev.reason is Reason.STEP_TIMEOUT:
+        return FallbackCause.WATCHDOG_TIMEOUT
+    if ev.reason is Reason.CONNECTION_LOST:
+        return FallbackCause.CONNECTION_LOST
+    if ev.reason is Reason.WORKER_ABORTED or ev.detail.startswith("peer:"):
+        return FallbackCause.WORKER_REFUSED  # a REFUSAL or an ABORTED completion
+    return FallbackCause.INVALID_REPLY
+
+
+class _WireProtocol(asyncio.BufferedProtocol):
+    def __init__(self, link: WorkerLink, endpoint: VerifierEndpoint) -> None:
+        self.link, self.endpoint = link, endpoint
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.endpoint.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.link.metrics.reply_bytes.inc(nbytes)
+        now = asyncio.get_running_loop().time()
+        try:
+            events = self.endpoint.buffer_updated(nbytes, now)
+        except RemoteProtocolError as e:  # the stream is unusable: fail open steps, drop it
+            log.warning("worker sent invalid data (%s); dropping the connection", e)
+            self.link.metrics.validation_failure(e.reason)
+            self.link.on_events(self.endpoint.close(e.reason), stream_error=True)
+            self.transport.close()
+            return
+        self.link.on_events(events)
+
+    def connection_lost(self, exc) -> None:
+        if not self.closed.done():
+            self.closed.set_result(exc)
+
+
+class WorkerLink:
+    def __init__(self, host: str, port: int, config: WireConfig, needs: Needs, metrics: Metrics,
+                 step_timeout: float, reconnect_max_s: float) -> None:
+        self.host, self.port, self.config, self.needs = host, port, config, needs
+        self.metrics = metrics
+        self.step_timeout = step_timeout
+        self.reconnect_max_s = reconnect_max_s
+        self.endpoint: VerifierEndpoint | None = None
+        self.version: int | None = None
+        self._proto: _WireProtocol | None = None
+        self._context: ContextClient | None = None
+        self._ready = False
+        self._ready_event = asyncio.Event()
+        self._started: asyncio.Future | None = None
+        self._waiters: dict[int, asyncio.Future] = {}  # slot -> outcome of its open STEP
+        self._queued: list[tuple[Step, asyncio.Future]] = []
+        self._batches: list[set[int]] = []
+        self._flush_scheduled = False
+        self._watchdog = Watchdog(self._on_timeouts)
+        self.sessions_started = 0
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def session(self) -> int | None:
+        return self.endpoint.session if self._ready else None
+
+    async def wait_ready(self, timeout: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready_event.wait(), timeout)
+        return self._ready
+
+    # -- connection loop ---------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = FIRST_BACKOFF_S
+        while not stop.is_set():
+            ok = await self._connect_once(stop)
+            backoff = FIRST_BACKOFF_S if ok else min(backoff * 2, self.reconnect_max_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+
+    async def _connect_once(self, stop: asyncio.Event) -> bool:
+        """One connection's lifetime; True if a session was established."""
+        loop = asyncio.get_running_loop()
+        endpoint = VerifierEndpoint(self.config, session=secrets.randbits(64),
+                                    step_timeout=self.step_timeout)
+        try:
+            _, proto = await loop.create_connection(
+                lambda: _WireProtocol(self, endpoint), self.host, self.port)
+        except OSError as e:
+            log.debug("worker %s:%d unreachable: %s", self.host, self.port, e)
+            return False
+        self.endpoint, self._proto = endpoint, proto
+        self._started = loop.create_future()
+        proto.transport.write(endpoint.hello())
+        established = False
+        try:
+            done, _ = await asyncio.wait({self._started, proto.closed}, timeout=HELLO_TIMEOUT_S,
+                                        return_when=asyncio.FIRST_COMPLETED)
+            if self._started not in done or not self._started.result():
+                return False
+            self._context = ContextClient(self.metrics)
+            await self._context.connect(self.host, self.port, self.step_timeout)
+            established = True
+            self._go_ready()
+            stopping = loop.create_task(stop.wait())
+            try:
+                await asyncio.wait({proto.closed, self._context.closed, stopping},
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            return True
+        except OSError as e:
+            log.warning("context channel to %s:%d failed: %s", self.host, self.port, e)
+            return established
+        finally:
+            self._go_down()
+
+    def _go_ready(self) -> None:
+        self.sessions_started += 1
+        if self.sessions_started > 1:
+            self.metrics.reconnects.inc()
+        self.version = self.endpoint.version
+        self._ready = True
+        self._ready_event.set()
+        self._watchdog.attach(self.endpoint)
+        log.info("session %016x with worker %s:%d: wire v%d", self.endpoint.session,
+                 self.host, self.port, self.version)
+
+    def _go_down(self) -> None:
+        was_ready = self._ready
+        self._ready = False
+        self._ready_event.clear()
+        self._watchdog.attach(None)
+        if self._proto is not None and self._proto.transport is not None:
+            self._proto.transport.close()
+        if self._context is not None:
+            self._context.close()
+            self._context = None
+        if self.endpoint is not None:
+            self.on_events(self.endpoint.close())
+        for _step, fut in self._queued:  # never sent: the worker never drew for them
+            if not fut.done():
+                fut.set_result(Fallback(FallbackCause.CONNECTION_LOST, Reason.CONNECTION_LOST,
+                                        "connection lost before the STEP left"))
+        self._queued.clear()
+        self._batches.clear()
+        if was_ready:
+            log.warning("lost the worker session; reconnecting")
+
+    # -- events ------------------------------------------------------------------
+
+    def on_events(self, events, stream_error: bool = False) -> None:
+        for ev in events:
+            if isinstance(ev, ProposalReady):
+                self._resolve(ev.slot, ev)
+            elif isinstance(ev, ProposalFailed):
+                cause = FallbackCause.INVALID_REPLY if stream_error else classify(ev)
+                if cause is FallbackCause.INVALID_REPLY and not stream_error:
+                    self.metrics.validation_failure(ev.reason)
+                self._resolve(ev.slot, Fallback(cause, ev.reason, ev.detail))
+            elif isinstance(ev, Discarded):
+                self.metrics.late_replies.inc()
+            elif isinstance(ev, SessionStarted):
+                self._check_session(ev)
+            elif isinstance(ev, SessionRefused):
+                log.error("worker refused the session (%s): %s", ev.reason.value, ev.detail)
+                self.metrics.validation_failure(ev.reason)
+                if self._started is not None and not self._started.done():
+                    self._started.set_result(False)
+        self._watchdog.arm()
+
+    def _check_session(self, ev: SessionStarted) -> None:
+        lim, need = ev.limits, self.needs
+        short = [name for name, have, want in (("slots", lim.max_slots, need.slots),
+                                               ("depth", lim.max_depth, need.depth),
+                                               ("support", lim.max_support, need.support))
+                 if have < want]
+        ok = not short
+        if short:
+            log.error("worker's limits too small for this verifier (%s); refusing the session",
+                      ", ".join(short))
+            self.metrics.validation_failure(Reason.UNEXPECTED_SIZE)
+            self._proto.transport.close()
+        if self._started is not None and not self._started.done():
+            self._started.set_result(ok)
+
+    def _on_timeouts(self, failed: list[ProposalFailed]) -> None:
+        self.metrics.watchdog_timeouts.inc(len(failed))
+        self.on_events(failed)
+
+    def _resolve(self, slot: int, outcome) -> None:
+        fut = self._waiters.pop(slot, None)
+        if fut is not None and not fut.done():
+            fut.set_result(outcome)
+        for batch in self._batches:
+            batch.discard(slot)
+        if any(not b for b in self._batches):
+            self._batches = [b for b in self._batches if b]
+            self._schedule_flush()
+
+    # -- operations ----------------------------------------------------------------
+
+    async def set_context(self, slot: int, generation: int, prefix: Prefix) -> Fallback | None:
+        if not self._ready or self._context is None:
+            return Fallback(FallbackCause.WORKER_UNAVAILABLE, Reason.CONNECTION_LOST)
+        return await self._context.set_context(self.endpoint.session, slot, generation, prefix)
+
+    def propose(self, step: Step) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        if not self._ready:
+            fut.set_result(Fallback(FallbackCause.WORKER_UNAVAILABLE, Reason.CONNECTION_LOST))
+            return fut
+        self._queued.append((step, fut))
+        self._schedule_flush()
+        return fut
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and self._queued:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._queued or len(self._batches) >= MAX_BATCHES_IN_FLIGHT or not self._ready:
+            return
+        now = asyncio.get_running_loop().time()
+        frames, batch = [], set()
+        for step, fut in self._queued:
+            try:
+                frames.append(self.endpoint.send(step, now))
+            except LocalProtocolError as e:  # a scheduler bug: fail closed, never send
+                log.error("STEP not sent: %s", e)
+                fut.set_result(Fallback(FallbackCause.WORKER_UNAVAILABLE, e.reason, e.detail))
+                continue
+            self._waiters[step.slot] = fut
+            batch.add(step.slot)
+        self._queued.clear()
+        if batch:
+            self._batches.append(batch)
+            self._proto.transport.write(b"".join(frames))
+        self._watchdog.arm()
+
+    def commit(self, commit: Commit) -> None:
+        self._send_control(commit)
+
+    def reset(self, slot: int, generation: int, reason: Reason) -> bool:
+        """Invalidate ``generation`` (and older) of ``slot`` on the worker; False if down."""
+        if not self._ready:
+            return False
+        return self._send_control(Reset(session=self.endpoint.session, slot=slot,
+                                        generation=generation, reason=Reason(reason).value))
+
+    def _send_control(self, msg) -> bool:
+        if not self._ready or msg.session != self.endpoint.session:
+            return False  # a message of a dead session: the new session knows nothing of it
+        try:
+            frame = self.endpoint.send(msg, asyncio.get_running_loop().time())
+        except LocalProtocolError as e:
+            log.error("%s not sent: %s", type(msg).__name__, e)
+            return False
+        self._proto.transport.write(frame)
+        return True

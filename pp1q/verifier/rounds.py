@@ -1,0 +1,47 @@
+"""Decisions of one scheduling step, given target rows: pure functions, no I/O.
+
+Sampled rounds follow docs/distribution.md through ``pp1q.verify``; greedy (v1) rounds
+accept the longest prefix of drafts equal to the target's argmax; target-only steps
+draw in the TARGET_ONLY domain at the position they produce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..q import DyadicRow
+from ..verify import RoundKeys, target_only_token, verify_round
+
+
+@dataclass(frozen=True)
+class Outcome:
+    accepted: int  # drafts accepted (0 for a target-only step)
+    token: int  # correction, bonus or target-only token
+
+
+def sampled(p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: Sequence[int],
+            keys: RoundKeys) -> Outcome:
+    """Standard verification; ``keys.anchor`` is the absolute position of x_1."""
+    d = verify_round(p, q_rows, drafts, keys)
+    return Outcome(d.accepted, d.token)
+
+
+def greedy(target_rows: np.ndarray, drafts: Sequence[int]) -> Outcome:
+    """v1 greedy: accept while draft == argmax (ties: lowest id), then the target's argmax."""
+    best = np.argmax(target_rows, axis=-1)
+    accepted = 0
+    while accepted < len(drafts) and int(drafts[accepted]) == int(best[accepted]):
+        accepted += 1
+    return Outcome(accepted, int(best[accepted]))
+
+
+def target_only(p_row: np.ndarray, seed: int, generation: int, round_id: int,
+                position: int, is_greedy: bool) -> Outcome:
+    """One token at absolute ``position`` from the target alone."""
+    if is_greedy:
+        return Outcome(0, int(np.argmax(p_row)))
+    keys = RoundKeys(seed, generation, round_id, position)
+    return Outcome(0, target_only_token(p_row, keys, position))

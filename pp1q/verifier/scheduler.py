@@ -1,0 +1,240 @@
+"""The verifier's scheduler: request slots, rounds, fail-closed fallback.
+
+Each request holds one of ``slots`` slots for its lifetime and runs rounds of fixed
+depth. A round sends a STEP (the link batches STEPs and bounds batches in flight),
+waits for a validated proposal, computes the target rows into the slot's preallocated
+buffer and decides. When the proposal fails (timeout, corruption, missing q, refusal,
+lost connection, no worker) the generation is invalidated first (RESET), the whole
+proposal is discarded and exactly one target-only token is drawn from the committed
+prefix; the next round starts a new generation with a fresh context on the worker.
+Nothing of a proposal is committed unless every row of it validated.
+
+Keys: a speculative round and its fallback use (seed, slot generation, round id);
+generations grow per slot for the daemon's life, so a key is never reused across
+sessions. A ``speculative: false`` request uses generation 0 and round = step index,
+so its output is a pure function of (prompt, seed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+
+import numpy as np
+
+from ..errors import Reason
+from ..metrics import FallbackCause, Metrics, StepKind
+from ..models import TargetModel
+from ..prefix import Prefix
+from ..verify import RoundKeys
+from ..wire import Commit, Step
+from ..wire.events import ProposalReady
+from . import rounds
+from .api import GenerateRequest, RequestStats
+from .http import HttpError
+from .link import Fallback, WorkerLink
+
+MAX_GENERATION = (1 << 24) - 1  # the wire's generation field and the RNG counter are 24-bit
+TARGET_ONLY_GENERATION = 0  # speculative rounds use generations >= 1 on every slot
+MAX_QUEUED_REQUESTS = 256  # requests waiting for a slot before new ones get 503
+
+
+class SlotPool:
+    """Free slot ids; waiting requests are served first come, first served."""
+
+    def __init__(self, n: int, metrics: Metrics) -> None:
+        self._free = collections.deque(range(n))
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.metrics = metrics
+        self.size = n
+
+    async def acquire(self) -> int:
+        if self._free and not self._waiters:
+            slot = self._free.popleft()
+        else:
+            if len(self._waiters) >= MAX_QUEUED_REQUESTS:
+                raise HttpError(503, "busy", f"{MAX_QUEUED_REQUESTS} requests already queued")
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                slot = await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self.release(fut.result())
+                raise
+        self.metrics.slots_in_use.set(self.size - len(self._free))
+        return slot
+
+    def release(self, slot: int) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(slot)
+                return
+        self._free.append(slot)
+        self.metrics.slots_in_use.set(self.size - len(self._free))
+
+
+class Job:
+    """One request's state while it holds a slot."""
+
+    def __init__(self, req: GenerateRequest, slot: int) -> None:
+        self.req, self.slot = req, slot
+        self.prefix = Prefix(req.prompt)
+        self.produced = 0
+        self.stats = RequestStats()
+        self.generation = TARGET_ONLY_GENERATION
+        self.round_id = 0
+        self.context_session: int | None = None  # session whose worker holds our context
+
+    def next_round(self) -> int:
+        self.round_id += 1
+        return self.round_id
+
+
+class Scheduler:
+    def __init__(self, link: WorkerLink, target: TargetModel, metrics: Metrics, *, slots: int,
+                 depth: int, target_delay_s: float = 0.0) -> None:
+        self.link, self.target, self.metrics = link, target, metrics
+        self.depth = depth
+        self.pool = SlotPool(slots, metrics)
+        self.target_delay_s = target_delay_s
+        self._generation = [TARGET_ONLY_GENERATION] * slots
+        # slot buffers, sized once: target rows for depth + 1 positions per slot
+        self._p = np.empty((slots, depth + 1, target.vocab), dtype=np.float64)
+
+    # -- requests ----------------------------------------------------------------
+
+    async def generate(self, req: GenerateRequest) -> dict:
+        t0 = time.perf_counter()
+        slot = await self.pool.acquire()
+        job = Job(req, slot)
+        try:
+            while job.produced < req.max_tokens:
+                if req.speculative:
+                    await self._speculative_step(job)
+                else:
+                    await self._target_only_step(job, job.generation, job.next_round(), None)
+        except BaseException:
+            self.metrics.requests.labels(outcome="error").inc()
+            raise
+        finally:
+            self._release(job)
+        self.metrics.requests.labels(outcome="ok").inc()
+        tokens = job.prefix.tokens[len(req.prompt):][: req.max_tokens]
+        return {"token_ids": tokens, "seed": req.seed, "finish_reason": "length",
+                "prompt_tokens": len(req.prompt), "stats": job.stats.as_json(),
+                "elapsed_s": round(time.perf_counter() - t0, 6)}
+
+    def _release(self, job: Job) -> None:
+        if job.generation != TARGET_ONLY_GENERATION and job.context_session is not None:
+            self.link.reset(job.slot, job.generation, Reason.CANCELLED)  # drop worker state
+        self.pool.release(job.slot)
+
+    def _new_generation(self, job: Job) -> None:
+        g = self._generation[job.slot] + 1
+        if g > MAX_GENERATION:
+            raise RuntimeError(f"slot {job.slot} exhausted its 24-bit generations")
+        self._generation[job.slot] = job.generation = g
+        job.context_session = None
+
+    # -- one step of a speculative request -----------------------------------------
+
+    async def _speculative_step(self, job: Job) -> None:
+        link = self.link
+        if job.generation == TARGET_ONLY_GENERATION:
+            self._new_generation(job)
+        if not link.ready:
+            await self._fallback(job, Fallback(FallbackCause.WORKER_UNAVAILABLE,
+                                               Reason.CONNECTION_LOST), job.next_round())
+            return
+        if job.context_session != link.session:
+            session = link.session
+            failed = await link.set_context(job.slot, job.generation, job.prefix)
+            if failed is not None:
+                await self._fallback(job, failed, job.next_round())
+                return
+            job.context_session = session
+        round_id = job.next_round()
+        req = job.req
+        anchor = job.prefix.last_position
+        step = Step(session=job.context_session, slot=job.slot, generation=job.generation,
+                    round_id=round_id, anchor=anchor, first_position=anchor + 1,
+                    prefix_digest=job.prefix.digest, depth=self.depth,
+                    temperature=0.0 if req.greedy else req.draft_temperature,
+                    top_k=0 if req.greedy or req.top_k is None else req.top_k,
+                    context_version=0, seed=req.seed)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        outcome = await link.propose(step)
+        if isinstance(outcome, Fallback):
+            await self._fallback(job, outcome, round_id)
+            return
+        await self._verify(job, step, outcome)
+        self.metrics.round_latency.observe(loop.time() - t0)
+
+    async def _verify(self, job: Job, step: Step, ready: ProposalReady) -> None:
+        drafts = list(ready.draft_ids)
+        p = await self._target_rows(job, drafts)
+        if ready.greedy:
+            out = rounds.greedy(p, drafts)
+            kind = StepKind.GREEDY
+        else:
+            keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
+            out = self.decide_sampled(p, ready.q_rows, drafts, keys)
+            kind = StepKind.SPECULATIVE
+        committed = step.anchor + out.accepted + 1
+        self.link.commit(Commit(session=step.session, slot=step.slot,
+                                generation=step.generation, round_id=step.round_id,
+                                accepted=out.accepted, token=out.token, committed=committed))
+        self._append(job, drafts[: out.accepted] + [out.token])
+        s, m = job.stats, self.metrics
+        s.rounds += 1
+        s.drafted += len(drafts)
+        s.accepted += out.accepted
+        m.rounds.labels(kind=kind.value).inc()
+        m.drafted_tokens.inc(len(drafts))
+        m.accepted_tokens.inc(out.accepted)
+        m.accepted_length.observe(out.accepted)
+
+    def decide_sampled(self, p, q_rows, drafts, keys: RoundKeys) -> rounds.Outcome:
+        """Standard verification (a planted-bug test overrides this, nothing else does)."""
+        return rounds.sampled(p, q_rows, drafts, keys)
+
+    async def _fallback(self, job: Job, why: Fallback, round_id: int) -> None:
+        """Invalidate first, discard everything proposed, one target-only token."""
+        old_generation = job.generation
+        if job.context_session is not None and self.link.reset(job.slot, old_generation,
+                                                               why.reason):
+            self.metrics.generation_invalidations.inc()
+        self._new_generation(job)
+        job.stats.fallbacks[why.cause.value] += 1
+        self.metrics.fallback(why.cause)
+        await self._target_only_step(job, old_generation, round_id, StepKind.FALLBACK)
+
+    async def _target_only_step(self, job: Job, generation: int, round_id: int,
+                                kind: StepKind | None) -> None:
+        p = await self._target_rows(job, [])
+        position = job.prefix.last_position + 1
+        out = rounds.target_only(p[0], job.req.seed, generation, round_id, position,
+                                 job.req.greedy)
+        self._append(job, [out.token])
+        job.stats.target_only_steps += 1
+        self.metrics.rounds.labels(kind=(kind or StepKind.TARGET_ONLY).value).inc()
+
+    # -- shared ------------------------------------------------------------------
+
+    async def _target_rows(self, job: Job, drafts: list[int]) -> np.ndarray:
+        if self.target_delay_s:
+            await asyncio.sleep(self.target_delay_s)  # simulated forward-pass latency
+        out = self._p[job.slot, : len(drafts) + 1]
+        if job.req.greedy:
+            out[:] = self.target.logits(job.prefix.tokens, drafts)  # argmax needs no softmax
+            return out
+        return self.target.probs(job.prefix.tokens, drafts, out=out)
+
+    def _append(self, job: Job, tokens: list[int]) -> None:
+        job.prefix.extend(tokens)
+        job.produced += len(tokens)
+        self.metrics.generated_tokens.inc(len(tokens))

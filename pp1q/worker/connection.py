@@ -1,0 +1,177 @@
+"""The worker's asyncio adapter: one BufferedProtocol per accepted TCP connection.
+
+The first 8 bytes tell the two kinds of connection apart: ``context_channel.PREAMBLE``
+opens a context channel, anything else is a wire v2 connection whose bytes go to a
+sans-IO ``WorkerEndpoint``. Wire bytes are received straight into the endpoint's own
+buffers (``get_buffer``/``buffer_updated``: a dense payload lands without a copy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .. import context_channel as cc
+from ..errors import Reason, RemoteProtocolError
+from ..metrics import Metrics
+from ..models import DraftModel
+from ..wire import WireConfig, WorkerEndpoint
+from ..wire.events import (
+    Committed,
+    SessionRefused,
+    SessionStarted,
+    SlotReset,
+    StepRefused,
+    StepRequested,
+)
+from .drafting import StepDrafter
+from .state import StateRefusedError, WorkerState
+
+log = logging.getLogger("pp1q.worker")
+
+_SNIFF = len(cc.PREAMBLE)
+_SCRATCH_BYTES = 64 * 1024  # context-channel receive size (asyncio's default read size)
+
+
+class WorkerConnection(asyncio.BufferedProtocol):
+    def __init__(self, config: WireConfig, state: WorkerState, model: DraftModel,
+                 metrics: Metrics) -> None:
+        self.config, self.state, self.model, self.metrics = config, state, model, metrics
+        self.transport: asyncio.Transport | None = None
+        self._sniff = bytearray(_SNIFF)
+        self._sniffed = 0
+        self._mode: str | None = None  # None until sniffed, then "wire" or "context"
+        self.endpoint: WorkerEndpoint | None = None
+        self.drafter: StepDrafter | None = None
+        self._ctx: cc.ContextDecoder | None = None
+        self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        self._drain: asyncio.Future | None = None
+        self._session: int | None = None
+
+    # -- asyncio.BufferedProtocol ------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._mode is None:
+            return memoryview(self._sniff)[self._sniffed:]
+        if self._mode == "wire":
+            return self.endpoint.get_buffer(sizehint)
+        return self._scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        now = asyncio.get_running_loop().time()
+        try:
+            if self._mode is None:
+                self._sniffed += nbytes
+                if self._sniffed == _SNIFF:
+                    self._choose_mode(now)
+            elif self._mode == "wire":
+                self._on_wire_events(self.endpoint.buffer_updated(nbytes, now))
+            else:
+                for msg in self._ctx.feed(self._scratch[:nbytes]):
+                    self._on_context(msg)
+        except RemoteProtocolError as e:
+            log.warning("closing connection: %s", e)
+            self.metrics.validation_failure(e.reason)
+            self._close()
+
+    def pause_writing(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self._drain = None
+
+    def connection_lost(self, exc) -> None:
+        if self.drafter is not None:
+            self.drafter.cancel_all()
+        if self._session is not None:
+            self.state.close_session(self._session)
+            self.metrics.slots_in_use.set(self.state.slots_held())
+        self.resume_writing()
+
+    # -- wire ----------------------------------------------------------------
+
+    def _choose_mode(self, now: float) -> None:
+        head = bytes(self._sniff)
+        if head == cc.PREAMBLE:
+            self._mode, self._ctx = "context", cc.ContextDecoder()
+            return
+        self._mode = "wire"
+        self.endpoint = WorkerEndpoint(self.config)
+        self.drafter = StepDrafter(self.endpoint, self.state, self.model, self.metrics,
+                                   self._write, lambda: self._drain)
+        self._on_wire_events(self.endpoint.receive_data(head, now))
+
+    def _on_wire_events(self, events) -> None:
+        ep = self.endpoint
+        for ev in events:
+            if isinstance(ev, StepRequested):
+                self.drafter.start(ev.step)
+            elif isinstance(ev, Committed):
+                c = ev.commit
+                try:
+                    self.state.commit(ep.session, c.slot, c.generation, c.round_id, c.accepted,
+                                      c.token, c.committed)
+                except StateRefusedError as e:  # the next STEP's digest check will refuse it
+                    log.warning("commit not applied: %s", e)
+            elif isinstance(ev, SlotReset):
+                self.drafter.cancel(ev.slot)
+                self.state.reset(ep.session, ev.slot, ev.generation)
+                self.metrics.generation_invalidations.inc()
+                self.metrics.slots_in_use.set(self.state.slots_held())
+            elif isinstance(ev, StepRefused):
+                self.metrics.validation_failure(ev.reason)
+            elif isinstance(ev, SessionStarted):
+                self._open_session(ev)
+            elif isinstance(ev, SessionRefused):
+                log.warning("HELLO refused (%s): %s", ev.reason.value, ev.detail)
+                self.metrics.validation_failure(ev.reason)
+        out = ep.data_to_send()
+        if out:
+            self._write(out)
+        if isinstance(events, list) and any(isinstance(e, SessionRefused) for e in events):
+            self._close()
+
+    def _open_session(self, ev: SessionStarted) -> None:
+        try:
+            self.state.open_session(ev.session)
+        except StateRefusedError as e:
+            log.warning("session refused: %s", e)
+            self._close()
+            return
+        self._session = ev.session
+        log.info("session %016x started: wire v%d, %d slots, depth <= %d, support <= %d",
+                 ev.session, ev.version, ev.limits.max_slots, ev.limits.max_depth,
+                 ev.limits.max_support)
+
+    # -- context channel -------------------------------------------------------
+
+    def _on_context(self, msg) -> None:
+        if not isinstance(msg, cc.SetContext):
+            raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "only SetContext goes to a worker")
+        try:
+            prefix = self.state.set_context(msg.session, msg.slot, msg.generation, msg.tokens,
+                                            msg.digest)
+        except StateRefusedError as e:
+            answer = cc.ContextRefused(msg.session, msg.slot, msg.generation, e.reason.value)
+        else:
+            answer = cc.ContextAck(msg.session, msg.slot, msg.generation, len(prefix),
+                                   prefix.digest)
+        self.metrics.slots_in_use.set(self.state.slots_held())
+        self._write(cc.encode(answer))
+
+    # -- output ------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+

@@ -1,0 +1,114 @@
+"""One STEP on the worker: draft rows in order, send each REPLY at once, COMPLETION last.
+
+Runs as a task per STEP on the event loop. Between rows it yields, so a RESET that
+arrives mid-proposal is processed before the next row is drafted; after a RESET the
+endpoint refuses further sends for that step and drafting stops. The proposal draw of
+row i is keyed by the STEP's (seed, generation, round, first_position + i - 1): a
+retried STEP under the same keys would draw identical rows, but the endpoint refuses a
+reused round outright, so a key is never drawn twice on one session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from ..errors import Pp1qError, Reason
+from ..metrics import Metrics
+from ..models import DraftModel
+from ..wire import Form, Status, Step, WorkerEndpoint, reply_from_row
+from ..wire.validate import step_form
+from .proposer import ProposalSpec, propose, propose_greedy
+from .state import StateRefusedError, WorkerState
+
+log = logging.getLogger("pp1q.worker")
+
+
+class StepDrafter:
+    """Drafts the STEPs of one wire connection."""
+
+    def __init__(self, endpoint: WorkerEndpoint, state: WorkerState, model: DraftModel,
+                 metrics: Metrics, write: Callable[[bytes], None],
+                 writable: Callable[[], asyncio.Future | None]) -> None:
+        self.endpoint, self.state, self.model, self.metrics = endpoint, state, model, metrics
+        self._write = write
+        self._writable = writable  # None when the transport accepts more, else a future
+        self.tasks: dict[int, asyncio.Task] = {}
+
+    def start(self, step: Step) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(step))
+        self.tasks[step.slot] = task
+        task.add_done_callback(lambda t, slot=step.slot: self._done(slot, t))
+
+    def cancel(self, slot: int) -> None:
+        task = self.tasks.pop(slot, None)
+        if task is not None:
+            task.cancel()
+
+    def cancel_all(self) -> None:
+        for slot in list(self.tasks):
+            self.cancel(slot)
+
+    def _done(self, slot: int, task: asyncio.Task) -> None:
+        if self.tasks.get(slot) is task:
+            del self.tasks[slot]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("drafting task failed", exc_info=task.exception())
+
+    async def _run(self, step: Step) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        ep = self.endpoint
+        self.metrics.steps.inc()
+        try:
+            prefix = self.state.prefix_for_step(ep.session, step.slot, step.generation,
+                                                step.anchor, step.prefix_digest)
+        except StateRefusedError as e:
+            log.info("step slot %d gen %d refused: %s", step.slot, step.generation, e)
+            self._abort(step, e.reason)
+            return
+        drafts: list[int] = []
+        try:
+            for index, (token, row) in enumerate(self._rows(step, prefix.tokens), start=1):
+                if not ep.is_live(step.slot, step.generation, step.round_id):
+                    return  # reset (or connection gone) while drafting: send nothing more
+                frame = ep.send(reply_from_row(
+                    session=ep.session, slot=step.slot, generation=step.generation,
+                    round_id=step.round_id, index=index,
+                    position=step.first_position + index - 1, token=token, row=row,
+                    form=step_form(step), dense_len=ep.limits.dense_len))
+                self._send(frame)
+                drafts.append(token)
+                waiter = self._writable()
+                if waiter is not None:
+                    await waiter  # the peer reads slower than we draft: back-pressure
+                await asyncio.sleep(0)  # let a RESET for this slot in before the next row
+        except Pp1qError as e:
+            log.warning("drafting slot %d failed: %s", step.slot, e)
+            self._abort(step, e.reason)
+            return
+        if not ep.is_live(step.slot, step.generation, step.round_id):
+            return
+        self.state.drafted(ep.session, step.slot, step.generation, step.round_id, drafts)
+        self._send(ep.send(ep.completion(step.slot)))
+        self.metrics.round_latency.observe(loop.time() - t0)
+
+    def _rows(self, step: Step, prefix: list[int]):
+        if step_form(step) is Form.TOKEN_ONLY:
+            for token in propose_greedy(self.model, prefix, step.depth):
+                yield token, None
+            return
+        spec = ProposalSpec(seed=step.seed, generation=step.generation, round_id=step.round_id,
+                            anchor=step.first_position, depth=step.depth,
+                            temperature=step.temperature, top_k=step.top_k or None)
+        yield from propose(self.model, prefix, spec)
+
+    def _abort(self, step: Step, reason: Reason) -> None:
+        ep = self.endpoint
+        if ep.is_live(step.slot, step.generation, step.round_id):
+            self._send(ep.send(ep.completion(step.slot, Status.ABORTED, Reason(reason))))
+
+    def _send(self, frame: bytes) -> None:
+        self.metrics.reply_bytes.inc(len(frame))
+        self._write(frame)
