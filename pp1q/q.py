@@ -387,4 +387,6 @@ def parse_sparse(ids, q, vocab: int) -> DyadicRow:
     counts = _counts_from_q(q_arr)
     if not counts.all():
         raise RowValidationError(Reason.NON_CANONICAL, "sparse entry with zero q")
-    return DyadicRow(vocab=vocab, ids=id_arr, counts=counts)
+    # every invariant of DyadicRow is proven above: skip re-checking it
+    return DyadicRow._proven(vocab, np.ascontiguousarray(id_arr, dtype=np.int32),
+                             np.ascontiguousarray(counts, dtype=np.int64))
