@@ -108,7 +108,7 @@ def test_qualification_10k_rounds_identical_to_oracle():
 
 @pytest.mark.slow
 def test_qualification_long():
-    _qualify(200_000, seed=7)
+    _qualify(100_000, seed=7)
 
 
 # ---------------------------------------------------------------------------
