@@ -100,7 +100,7 @@ class Endpoint:
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "endpoint is in state ERROR")
         events: list = []
         try:
-            for frame in self.decoder.feed_frames(data):
+            for frame in self.decoder.iter_frames(data):
                 if self.state is Conn.CLOSED:
                     raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "data after close")
                 self._on_frame(frame, now, events)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import Reason
@@ -34,7 +35,9 @@ class ProposalReady:
     """Verifier: every byte of a step validated, COMPLETION matched. Consumable now.
 
     ``q_rows[i]`` is the exact q that sampled ``draft_ids[i]`` (empty for a greedy
-    step); ``replies`` are the decoded frames (zero-copy FP32/int32 views).
+    step; dense rows become DyadicRows on first access, see validate.Rows);
+    ``replies`` are the decoded frames: ``replies[i].q`` (FP32) and ``.ids`` (int32,
+    sparse) are read-only zero-copy views, already validated.
     """
 
     slot: int
@@ -42,7 +45,7 @@ class ProposalReady:
     round_id: int
     first_position: int
     draft_ids: tuple[int, ...]
-    q_rows: tuple[DyadicRow, ...]
+    q_rows: Sequence[DyadicRow]
     replies: tuple[Reply, ...]
     greedy: bool
 

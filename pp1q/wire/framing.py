@@ -18,6 +18,7 @@ view without a further copy.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgspec
@@ -43,6 +44,7 @@ from .messages import (
     Reply,
     type_of,
 )
+from .pool import PayloadPool
 
 MAGIC = b"PP1Q"
 FRAME_VERSION = 2
@@ -113,12 +115,17 @@ class FrameDecoder:
     Raises ``RemoteProtocolError`` (and nothing else) for malformed input; after that
     the stream is unusable and every later call raises the same error. ``limits`` may
     be replaced after HELLO (the endpoints tighten them to the negotiated values).
+    Large payloads land in buffers recycled by ``pool`` once no decoded view of them
+    is alive (see pool.py).
     For asyncio.BufferedProtocol: ``get_buffer()`` / ``buffer_updated(n)`` receive a
     payload directly into the frame's own buffer.
     """
 
-    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, pool: PayloadPool | None = None) -> None:
         self.limits = limits
+        # two generations of every in-flight row: the one being consumed, the next arriving
+        self.pool = pool or PayloadPool(2 * limits.max_inflight * limits.max_depth
+                                        * limits.max_payload)
         self._buf = bytearray()  # header + control of the frame being read
         self._head: tuple | None = None  # parsed header fields
         self._control = None  # decoded control struct
@@ -143,10 +150,15 @@ class FrameDecoder:
         return out
 
     def feed_frames(self, data) -> list[Frame]:
+        return list(self.iter_frames(data))
+
+    def iter_frames(self, data) -> Iterator[Frame]:
+        """Frames as they complete, so a consumer can validate each payload while it is
+        still in cache. Consume it fully: unconsumed input stays unread."""
         if self._error is not None:
             raise self._error
         try:
-            return self._feed(memoryview(data).cast("B"))
+            yield from self._frames(memoryview(data).cast("B"))
         except RemoteProtocolError as e:
             self._error = e
             raise
@@ -184,15 +196,14 @@ class FrameDecoder:
 
     # -- internals ----------------------------------------------------------
 
-    def _feed(self, mv: memoryview) -> list[Frame]:
-        out: list[Frame] = []
+    def _frames(self, mv: memoryview) -> Iterator[Frame]:
         pos, end = 0, len(mv)
         while pos < end or self._frame_ready():
             if self._skip or self._payload_mv is not None:
                 pos = self._take_payload(mv, pos, end)
                 if self._payload_remaining():
                     break
-                out.append(self._finish_payload())
+                yield self._finish_payload()
                 continue
             need = HEADER_BYTES if self._head is None else HEADER_BYTES + self._head[4]
             take = min(need - len(self._buf), end - pos)
@@ -205,8 +216,7 @@ class FrameDecoder:
                 continue
             frame = self._parse_control()
             if frame is not None:
-                out.append(frame)
-        return out
+                yield frame
 
     def _frame_ready(self) -> bool:
         # a zero-length payload still has to be finished after its control part
@@ -265,7 +275,7 @@ class FrameDecoder:
                 return self._finish_payload()
             return None
         # bounds were checked at the header and against the control part: allocate now
-        self._payload = np.empty(payload_len, dtype=np.uint8)
+        self._payload = self.pool.take(payload_len)
         self._payload_mv = memoryview(self._payload)
         return None
 

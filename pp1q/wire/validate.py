@@ -9,9 +9,10 @@ callers pass the class as ``err``. Row checks call pp1q.q's parsers, which raise
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-from ..errors import Reason, RemoteProtocolError
-from ..q import DyadicRow, parse_dense, parse_sparse
+from ..errors import Reason, RemoteProtocolError, RowValidationError
+from ..q import DyadicRow, parse_dense, parse_sparse, validate_dense
 from .limits import Limits
 from .messages import (
     KNOWN_VERSIONS,
@@ -88,7 +89,8 @@ def check_reply(
 ) -> DyadicRow | None:
     """One REPLY of ``step`` (already matched on slot/generation/round/index).
 
-    Returns the validated ``DyadicRow`` (None for a token-only reply of a greedy step).
+    Returns the validated sparse ``DyadicRow``; None for a dense row (validated in
+    place, see ``Rows``) and for a token-only reply of a greedy step.
     """
     position = step.first_position + reply.index - 1
     if reply.position != position:
@@ -105,14 +107,39 @@ def check_reply(
         return None
     if reply.q is None:
         raise err(Reason.MISSING_Q, "reply without q values")
-    if want is Form.SPARSE:
-        if reply.entries > step.top_k:
-            raise err(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries > top_k {step.top_k}")
-        row = parse_sparse(reply.ids, reply.q, vocab)
-    else:
-        row = parse_dense(reply.q, vocab)
+    if want is Form.DENSE:  # validated in place; the DyadicRow is built only on demand
+        q = validate_dense(reply.q, vocab)
+        if not q[reply.token] > 0:
+            raise RowValidationError(Reason.ZERO_Q_AT_TOKEN, f"q({reply.token}) = 0")
+        return None
+    if reply.entries > step.top_k:
+        raise err(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries > top_k {step.top_k}")
+    row = parse_sparse(reply.ids, reply.q, vocab)
     row.require_token(reply.token)
     return row
+
+
+class Rows(Sequence):
+    """The q rows of a validated proposal. Sparse rows are parsed during validation;
+    a dense row (already fully validated in place) becomes a ``DyadicRow`` on first
+    access only, since most consumers read the FP32 view (``replies[i].q``) directly."""
+
+    def __init__(self, replies, rows, vocab: int) -> None:
+        self._replies, self._rows, self._vocab = replies, list(rows), vocab
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        row = self._rows[i]
+        if row is None:
+            row = self._rows[i] = parse_dense(self._replies[i].q, self._vocab)
+        return row
+
+    def __repr__(self) -> str:
+        return f"Rows({len(self)} rows)"
 
 
 def check_completion(
@@ -159,5 +186,5 @@ def check_commit(commit: Commit, step: Step, vocab: int, err: type = RemoteProto
 __all__ = [
     "check_abort_reason", "check_answer_limits", "check_commit",
     "check_completion", "check_identity", "check_reply", "check_step", "choose_version",
-    "step_form",
+    "step_form", "Rows",
 ]

@@ -27,6 +27,7 @@ from .messages import (
 )
 from .table import Conn, Dir, Pseudo, Role, SlotState, conn_next, slot_next
 from .validate import (
+    Rows,
     check_abort_reason,
     check_answer_limits,
     check_commit,
@@ -232,7 +233,7 @@ class VerifierEndpoint(Endpoint):
             slot=c.slot, generation=c.generation, round_id=c.round_id,
             first_position=s.step.first_position,
             draft_ids=tuple(int(r.token) for r in s.frames),
-            q_rows=() if greedy else tuple(s.rows),
+            q_rows=() if greedy else Rows(s.frames, s.rows, self.vocab),
             replies=tuple(s.frames), greedy=greedy,
         ))
         s.frames, s.rows = [], []
