@@ -97,3 +97,13 @@ def test_decoded_rows_are_read_only_views_of_one_payload_buffer():
     [r] = decoder().feed(VECTORS["reply_sparse"])
     assert not r.q.flags.writeable and not r.ids.flags.writeable
     assert np.shares_memory(r.ids, r.q) or r.ids.base is r.q.base
+
+
+def test_docs_show_every_vector_byte_for_byte():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "wire.md").read_text()
+    for name, data in VECTORS.items():
+        assert wire_vectors.hexdump(data) in doc, f"docs/wire.md is stale for {name}"
+    commit = VECTORS["commit"]
+    assert commit[:8].hex(" ") in doc and commit[24:32].hex(" ") in doc

@@ -1,6 +1,7 @@
 """Golden wire v2 frames: build them, and (run as a script) write tests/vectors/*.bin.
 
     python tests/wire_vectors.py        # regenerate after a deliberate wire change
+    python tests/wire_vectors.py --doc  # the hex blocks of docs/wire.md
 
 Small shapes (vocabulary 16, dense rows padded to 20 entries, sparse support <= 4) keep
 every vector short enough to print in docs/wire.md. A change to any of these bytes is a
@@ -94,7 +95,23 @@ def load() -> dict[str, bytes]:
     return {p.stem: p.read_bytes() for p in sorted(VECTOR_DIR.glob("*.bin"))}
 
 
+def hexdump(data: bytes) -> str:
+    """16 bytes per line with offsets: the form docs/wire.md shows (and a test checks)."""
+    return "\n".join(f"{i:04x}: {data[i:i + 16].hex(' ')}" for i in range(0, len(data), 16))
+
+
+def doc_blocks() -> str:
+    """The vectors section of docs/wire.md (``python tests/wire_vectors.py --doc``)."""
+    out = []
+    for name, data in build().items():
+        out.append(f"`{name}.bin` ({len(data)} bytes)\n\n```\n{hexdump(data)}\n```\n")
+    return "\n".join(out)
+
+
 def main() -> int:
+    if "--doc" in sys.argv:
+        print(doc_blocks())
+        return 0
     VECTOR_DIR.mkdir(exist_ok=True)
     for name, data in build().items():
         (VECTOR_DIR / f"{name}.bin").write_bytes(data)

@@ -61,7 +61,8 @@ CONN_TABLE: dict[tuple, Conn] = {
     (W, Conn.CLOSED, S, T.REFUSAL): Conn.CLOSED,
     **{(V, Conn.READY, S, t): Conn.READY for t in (T.STEP, T.COMMIT, T.RESET, T.REFUSAL)},
     **{(V, Conn.READY, R, t): Conn.READY for t in (T.REPLY, T.COMPLETION, T.REFUSAL)},
-    **{(W, Conn.READY, R, t): Conn.READY for t in (T.STEP, T.COMMIT, T.RESET, T.REFUSAL)},
+    **{(W, Conn.READY, R, t): Conn.READY for t in (T.STEP, T.COMMIT, T.RESET)},
+    (W, Conn.READY, R, T.REFUSAL): Conn.CLOSED,  # the verifier gave up on this connection
     **{(W, Conn.READY, S, t): Conn.READY for t in (T.REPLY, T.COMPLETION, T.REFUSAL)},
 }
 

@@ -57,8 +57,7 @@ class WorkerEndpoint(Endpoint):
             self._on_commit(msg, events)
         elif t is MsgType.RESET:
             self._on_reset(msg, events)
-        else:  # REFUSAL from the verifier: the connection is over
-            self.state = Conn.CLOSED
+        else:  # REFUSAL from the verifier: the table closed the connection
             events.append(SessionRefused(Reason(msg.reason), msg.detail, by_peer=True))
 
     def _on_hello(self, hello: Hello, events: list) -> None:
