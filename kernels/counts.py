@@ -142,13 +142,12 @@ def allocate(w: torch.Tensor) -> torch.Tensor:
     return counts
 
 
-def support_counts(w: torch.Tensor, ids: torch.Tensor) -> SparseCounts:
-    """Counts on a top-k support: renormalise within it, allocate, drop zero counts."""
-    ws = w.gather(-1, ids)
+def support_counts(ws: torch.Tensor, ids: torch.Tensor, vocab: int) -> SparseCounts:
+    """Counts on a top-k support (weights ws at ids): renormalise, allocate, drop zeros."""
     total = exact_sum(ws).unsqueeze(-1)
     check_total(total)
     counts = allocate(ws / total)
-    return compact(ids, counts, counts > 0, w.shape[-1])
+    return compact(ids, counts, counts > 0, vocab)
 
 
 def build_counts(logits: torch.Tensor, temperature=1.0, top_k: int | None = None, allocator=None):
@@ -156,5 +155,6 @@ def build_counts(logits: torch.Tensor, temperature=1.0, top_k: int | None = None
     w = softmax_weights(logits, temperature)
     if top_k is None:
         return (allocator or allocate)(w)
-    return support_counts(w, topk_support(w, top_k))
+    ids = topk_support(w, top_k)
+    return support_counts(w.gather(-1, ids), ids, w.shape[-1])
 

@@ -16,7 +16,7 @@ from .lookup import SparseCounts
 from .philox import keyed_u24
 
 
-def _check_draws(u24: torch.Tensor) -> torch.Tensor:
+def check_draws(u24: torch.Tensor) -> torch.Tensor:
     u24 = u24.to(torch.int64)
     if u24.numel() and (int(u24.min()) < 0 or int(u24.max()) >= MASS):
         raise DistributionError(Reason.DRAW_OUT_OF_RANGE, "u24 outside [0, 2^24)")
@@ -31,7 +31,7 @@ def first_above(cum: torch.Tensor, thr: torch.Tensor) -> torch.Tensor:
 
 def sample_counts(q, u24: torch.Tensor) -> torch.Tensor:
     """Token ids [...] drawn from q rows (dense counts [..., V] or SparseCounts)."""
-    u24 = _check_draws(u24)
+    u24 = check_draws(u24)
     if isinstance(q, SparseCounts):
         lane = first_above(q.counts.cumsum(-1), u24)
         return q.ids.gather(-1, lane.unsqueeze(-1)).squeeze(-1)

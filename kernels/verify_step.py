@@ -22,7 +22,7 @@ from pp1q.verify import RoundDecision, RoundKeys
 
 from .fixed import accepts_exact, check_target, check_totals, to_fixed
 from .lookup import SparseCounts, count_at
-from .philox import keyed_u53, seed_tensor
+from .philox import MAX_GENERATION, keyed_u53, seed_tensor
 from .residual import sample_fixed
 
 
@@ -69,7 +69,17 @@ def step_draws(keys: StepKeys, depth: int):
     )
 
 
-def _check_shapes(p, q, draft) -> None:
+def check_keys(keys: StepKeys, depth: int) -> None:
+    """Key fields within their bit widths (pp1q.rng), before any kernel reads them."""
+    top = (1 << 32) - 1
+    fields = [("generation", keys.generation, MAX_GENERATION), ("round", keys.round_id, top),
+              ("position", keys.anchor + depth, top), ("position", keys.anchor, top)]
+    for name, t, hi in fields:
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) > hi):
+            raise LocalProtocolError(Reason.RNG_KEY_OUT_OF_RANGE, f"{name} outside [0, {hi}]")
+
+
+def check_shapes(p, q, draft) -> None:
     B, D1, V = p.shape
     q_lead = q.ids.shape[:-1] if isinstance(q, SparseCounts) else q.shape[:-1]
     q_vocab = q.vocab if isinstance(q, SparseCounts) else q.shape[-1]
@@ -80,10 +90,34 @@ def _check_shapes(p, q, draft) -> None:
         raise LocalProtocolError(Reason.ID_OUT_OF_RANGE, "draft id outside vocab")
 
 
+def check_drafted(c_x: torch.Tensor) -> torch.Tensor:
+    if c_x.numel() and int(c_x.min()) <= 0:
+        raise LocalProtocolError(Reason.ZERO_Q_AT_TOKEN, "a drafted token has q = 0")
+    return c_x
+
+
+def first_rejection(u_acc, c_x, p_x, s_total) -> torch.Tensor:
+    """Accepted drafts per request [B]: index of the first failed ratio test, else D."""
+    rejected = ~accepts_exact(u_acc.to(torch.int64), c_x, p_x, s_total)
+    depth = rejected.shape[-1]
+    return torch.where(rejected.any(-1), rejected.to(torch.int64).argmax(-1), depth)
+
+
+def chosen_rows(q, accepted, u_corr, u_bonus):
+    """(q rows [B], use_q [B], draw [B]) for each request's correction or bonus pick."""
+    depth = u_corr.shape[-1]
+    use_q = accepted < depth
+    qi = accepted.clamp(max=depth - 1)
+    b = torch.arange(accepted.shape[0], device=accepted.device)
+    q_rows = q.index(b, qi) if isinstance(q, SparseCounts) else q[b, qi]
+    u = torch.where(use_q, u_corr.gather(-1, qi.unsqueeze(-1)).squeeze(-1), u_bonus)
+    return q_rows, use_q, u
+
+
 def decide(p, q, draft, u_acc, u_corr, u_bonus, *, validate=True) -> StepResult:
     """The step with explicit draws. p [B, D+1, V] float; q dense [B, D, V] or sparse."""
     draft = draft.to(torch.int64)
-    _check_shapes(p, q, draft)
+    check_shapes(p, q, draft)
     B, D1, V = p.shape
     D = D1 - 1
     if validate:
@@ -92,18 +126,11 @@ def decide(p, q, draft, u_acc, u_corr, u_bonus, *, validate=True) -> StepResult:
     s_total = P.sum(-1)  # [B, D+1]
     if validate:
         check_totals(s_total)
-    c_x = count_at(q, draft)
-    if c_x.numel() and int(c_x.min()) <= 0:
-        raise LocalProtocolError(Reason.ZERO_Q_AT_TOKEN, "a drafted token has q = 0")
+    c_x = check_drafted(count_at(q, draft))
     p_x = P[:, :D].gather(-1, draft.unsqueeze(-1)).squeeze(-1)
-    ok = accepts_exact(u_acc.to(torch.int64), c_x, p_x, s_total[:, :D])
-    rejected = ~ok
-    accepted = torch.where(rejected.any(-1), rejected.to(torch.int64).argmax(-1), D)
+    accepted = first_rejection(u_acc, c_x, p_x, s_total[:, :D])
     b = torch.arange(B, device=p.device)
-    use_q = accepted < D
-    qi = accepted.clamp(max=D - 1)
-    q_rows = q.index(b, qi) if isinstance(q, SparseCounts) else q[b, qi]
-    u = torch.where(use_q, u_corr.gather(-1, qi.unsqueeze(-1)).squeeze(-1), u_bonus)
+    q_rows, use_q, u = chosen_rows(q, accepted, u_corr, u_bonus)
     token, under = sample_fixed(P[b, accepted], s_total[b, accepted], q_rows, u, use_q=use_q,
                                 fresh=lambda rows: P[rows, accepted[rows]])
     return StepResult(accepted, token, under)
@@ -111,5 +138,6 @@ def decide(p, q, draft, u_acc, u_corr, u_bonus, *, validate=True) -> StepResult:
 
 def verify_step(p, q, draft, keys: StepKeys, *, validate=True) -> StepResult:
     """One fixed-depth round for every request, draws keyed per request."""
+    check_keys(keys, p.shape[1] - 1)
     u_acc, u_corr, u_bonus = step_draws(keys, p.shape[1] - 1)
     return decide(p, q, draft, u_acc, u_corr, u_bonus, validate=validate)

@@ -1,0 +1,72 @@
+"""Backend choice for the hot kernels: Triton on CUDA tensors, torch everywhere else.
+
+Both backends return bit-identical results (exact integer arithmetic; tests compare
+them under TRITON_INTERPRET=1), so the choice is about speed only. Override with the
+environment variable PP1Q_KERNEL_BACKEND = auto | torch | triton, or ``backend=``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+from pp1q.errors import LocalProtocolError, Reason
+
+from . import counts, residual
+from . import verify_step as torch_verify
+
+BACKEND_ENV = "PP1Q_KERNEL_BACKEND"
+BACKENDS = ("auto", "torch", "triton")
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def backend_for(t: torch.Tensor, backend: str | None = None) -> str:
+    """'triton' or 'torch' for tensors on t's device."""
+    choice = backend or os.environ.get(BACKEND_ENV, "auto")
+    if choice not in BACKENDS:
+        raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, f"kernel backend {choice!r}")
+    if choice == "auto":
+        return "triton" if t.is_cuda and triton_available() else "torch"
+    if choice == "triton" and not triton_available():
+        raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, "triton is not installed")
+    return choice
+
+
+def residual_sample(p, q, u53, *, use_q=None, validate=True, backend=None):
+    """(ids, underflow) per row: residual.residual_sample on the chosen backend."""
+    if backend_for(p, backend) == "triton":
+        from .triton_residual import residual_sample as run
+    else:
+        run = residual.residual_sample
+    return run(p, q, u53, use_q=use_q, validate=validate)
+
+
+def allocate(w, *, backend=None):
+    """Counts of normalised FP64 weight rows: counts.allocate on the chosen backend."""
+    if backend_for(w, backend) == "triton":
+        from .triton_counts import allocate as run
+    else:
+        run = counts.allocate
+    return run(w)
+
+
+def build_counts(logits, temperature=1.0, top_k=None, *, backend=None):
+    """q rows from logits (dense counts, or SparseCounts with top_k)."""
+    return counts.build_counts(logits, temperature, top_k,
+                               allocator=lambda w: allocate(w, backend=backend))
+
+
+def verify_step(p, q, draft, keys, *, validate=True, backend=None):
+    """The batched verification step on the chosen backend (a StepResult)."""
+    if backend_for(p, backend) == "triton":
+        from .triton_verify import verify_step as run
+    else:
+        run = torch_verify.verify_step
+    return run(p, q, draft, keys, validate=validate)
