@@ -10,12 +10,12 @@ Kernels, in the seed's dependency order:
 3. ``sample_counts``, ``propose``                                        (proposal.py)
 4. ``count_at``, ``dense_counts``, ``SparseCounts``                      (lookup.py)
 5. ``residual_sample``, ``target_sample``                                (residual.py)
-6. ``verify_step``, ``StepKeys``, ``StepResult``                         (verify_step.py)
+6. ``verify``, ``StepKeys``, ``StepResult``                              (verify_step.py)
 Sharded forms: shard_emulator.py (``run_sharded``).
 """
 
 from .counts import logsumexp, softmax_weights
-from .dispatch import allocate, backend_for, build_counts, residual_sample, verify_step
+from .dispatch import allocate, backend_for, build_counts, residual_sample, verify
 from .lookup import SparseCounts, count_at, dense_counts, from_rows, to_rows
 from .proposal import propose, sample_counts
 from .residual import target_sample
@@ -26,5 +26,5 @@ __all__ = [
     "SparseCounts", "StepKeys", "StepResult", "allocate", "backend_for", "build_counts",
     "count_at", "dense_counts", "from_rows", "local_topk", "logsumexp", "merge_topk",
     "propose", "residual_sample", "sample_counts", "softmax_weights", "target_sample",
-    "to_rows", "topk_support", "verify_step",
+    "to_rows", "topk_support", "verify",
 ]

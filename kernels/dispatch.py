@@ -63,7 +63,7 @@ def build_counts(logits, temperature=1.0, top_k=None, *, backend=None):
                                allocator=lambda w: allocate(w, backend=backend))
 
 
-def verify_step(p, q, draft, keys, *, validate=True, backend=None):
+def verify(p, q, draft, keys, *, validate=True, backend=None):
     """The batched verification step on the chosen backend (a StepResult)."""
     if backend_for(p, backend) == "triton":
         from .triton_verify import verify_step as run
