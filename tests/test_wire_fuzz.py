@@ -266,3 +266,18 @@ TestPair = Pair.TestCase
 def test_header_struct_is_32_bytes():
     assert struct.calcsize("<4sBBHIIQQ") == 32 and len(FRAMES[0]) > 32
     assert np.frombuffer(V["reply_dense"][-80:], "<f4").sum() == 1.0
+
+
+def test_atheris_harness_runs_without_libfuzzer():
+    # keeps fuzz/wire_atheris.py from rotting: its property over vectors and noise
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fuzz" / "wire_atheris.py"
+    spec = importlib.util.spec_from_file_location("wire_atheris", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(5)
+    for frame in FRAMES:
+        mod.one_input(frame)
+        mod.one_input(bytes(rng.integers(0, 256, 64, dtype=np.uint8)) + frame)
