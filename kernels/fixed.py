@@ -109,15 +109,24 @@ def to_fixed(p: torch.Tensor) -> torch.Tensor:
 
 
 def check_target(p: torch.Tensor) -> None:
-    """Refuse a target row that is not a probability row (before any fixed-point use)."""
+    """Refuse a target row that is not a probability row (before any fixed-point use).
+
+    One min/max pass covers NaN, +-inf, negatives and entries above 1; a float64 row
+    sum below 2 then rules out int64 overflow of S (which would need a sum >= 4).
+    """
     if not p.is_floating_point():
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"target rows are {p.dtype}")
-    if not bool(torch.isfinite(p).all()):
-        raise DistributionError(Reason.NON_FINITE, "target row is not finite")
-    if p.numel() and not bool((p >= 0).all()):
-        raise DistributionError(Reason.NEGATIVE_VALUE, "negative target probability")
-    if p.numel() and not bool((p <= 1).all()):
+    if not p.numel():
+        return
+    lo, hi = torch.aminmax(p)
+    if not (bool(lo >= 0) and bool(hi <= 1)):  # NaN fails both comparisons
+        if not bool(torch.isfinite(p).all()):
+            raise DistributionError(Reason.NON_FINITE, "target row is not finite")
+        if bool(lo < 0):
+            raise DistributionError(Reason.NEGATIVE_VALUE, "negative target probability")
         raise DistributionError(Reason.WRONG_MASS, "target probability above 1")
+    if not bool((p.sum(-1, dtype=torch.float64) < 2).all()):
+        raise DistributionError(Reason.WRONG_MASS, "target row sums to 2 or more")
 
 
 def check_totals(s_total: torch.Tensor) -> None:

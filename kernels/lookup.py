@@ -93,12 +93,15 @@ def compact(ids: torch.Tensor, counts: torch.Tensor, keep: torch.Tensor,
 def count_at(q, tokens: torch.Tensor) -> torch.Tensor:
     """Count of ``tokens`` [...] in q rows [..., V] or SparseCounts [..., K]; 0 if absent."""
     tokens = tokens.to(torch.int64)
+    rows = q.ids if isinstance(q, SparseCounts) else q
+    lead = torch.broadcast_shapes(rows.shape[:-1], tokens.shape)
+    tokens = tokens.expand(lead).unsqueeze(-1)
     if isinstance(q, SparseCounts):
-        pos = torch.searchsorted(q.ids.contiguous(), tokens.unsqueeze(-1).contiguous())
-        pos = pos.clamp_(max=q.width - 1)
-        hit = q.ids.gather(-1, pos) == tokens.unsqueeze(-1)
-        return torch.where(hit, q.counts.gather(-1, pos), 0).squeeze(-1)
-    return q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(torch.int64)
+        ids = q.ids.expand(*lead, q.width)
+        pos = torch.searchsorted(ids.contiguous(), tokens.contiguous()).clamp_(max=q.width - 1)
+        hit = ids.gather(-1, pos) == tokens
+        return torch.where(hit, q.counts.expand(*lead, q.width).gather(-1, pos), 0).squeeze(-1)
+    return q.expand(*lead, q.shape[-1]).gather(-1, tokens).squeeze(-1).to(torch.int64)
 
 
 def dense_counts(q) -> torch.Tensor:
