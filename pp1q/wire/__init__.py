@@ -39,6 +39,7 @@ from .messages import (
     Step,
     reply_from_row,
 )
+from .pool import PayloadPool
 from .table import Conn, SlotState
 from .verifier_endpoint import VerifierEndpoint
 from .worker_endpoint import WorkerEndpoint
@@ -47,7 +48,7 @@ __all__ = [
     "CONNECTION_SLOT", "DEFAULT_LIMITS", "FRAME_VERSION", "MAGIC", "WIRE_V1", "WIRE_V2",
     "Commit", "Committed", "Completion", "Conn", "Discarded", "Event", "Form", "Frame",
     "FrameDecoder", "Hello", "HelloAnswer", "Identity", "Limits", "LocalProtocolError",
-    "Message", "MsgType", "ProposalFailed", "ProposalReady", "Reason", "Refusal",
+    "Message", "MsgType", "PayloadPool", "ProposalFailed", "ProposalReady", "Reason", "Refusal",
     "RemoteProtocolError", "Reply", "Reset", "SessionRefused", "SessionStarted", "SlotReset",
     "SlotState", "Status", "Step", "StepRefused", "StepRequested", "VerifierEndpoint",
     "WireConfig", "WorkerEndpoint", "chain_checksum", "encode", "reply_from_row",

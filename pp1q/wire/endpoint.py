@@ -14,6 +14,7 @@ from ..errors import LocalProtocolError, Reason, RemoteProtocolError
 from .framing import Frame, FrameDecoder
 from .limits import Limits
 from .messages import KNOWN_VERSIONS, Identity, MsgType
+from .pool import PayloadPool
 from .table import Conn, Dir, Role, SlotState, conn_next
 
 
@@ -69,7 +70,9 @@ class SlotTrack:
 class Endpoint:
     role: Role
 
-    def __init__(self, config: WireConfig) -> None:
+    def __init__(self, config: WireConfig, pool: PayloadPool | None = None) -> None:
+        """``pool``: payload buffers to share across connections (e.g. preallocated at
+        start-up and kept over reconnects); by default each endpoint has its own."""
         self.config = config
         self.state = Conn.IDLE
         self.version: int | None = None
@@ -77,7 +80,7 @@ class Endpoint:
         self.limits: Limits = config.limits  # becomes the negotiated limits
         self.peer: Identity | None = None
         self.slots: list[SlotTrack] = []
-        self.decoder = FrameDecoder(config.limits)
+        self.decoder = FrameDecoder(config.limits, pool)
         self.discarded: collections.Counter = collections.Counter()  # Reason -> frames
         self.failures: collections.Counter = collections.Counter()  # Reason -> proposals
         self._outbox: list[bytes] = []

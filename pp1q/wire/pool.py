@@ -22,6 +22,18 @@ class PayloadPool:
         self._bufs: dict[int, list[np.ndarray]] = {}
         self.allocations = 0  # buffers ever allocated (a reuse test and a metric)
 
+    def preallocate(self, nbytes: int, count: int) -> None:
+        """Allocate and touch ``count`` buffers of ``nbytes`` now (start-up, not mid-round)."""
+        for _ in range(count):
+            if self.retained + nbytes > self.max_bytes:
+                break
+            buf = np.zeros(nbytes, dtype=np.uint8)  # zeros: pages are faulted in here
+            buf[::4096] = 0
+            self._bufs.setdefault(nbytes, []).append(buf)
+            self.retained += nbytes
+            self.allocations += 1
+        del buf
+
     def take(self, nbytes: int) -> np.ndarray:
         """A writable uint8 buffer of exactly ``nbytes`` (bounds are checked by the caller)."""
         if nbytes < POOL_MIN_BYTES:

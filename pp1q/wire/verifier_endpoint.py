@@ -25,6 +25,7 @@ from .messages import (
     Step,
     type_of,
 )
+from .pool import PayloadPool
 from .table import Conn, Dir, Pseudo, Role, SlotState, conn_next, slot_next
 from .validate import (
     Rows,
@@ -45,9 +46,10 @@ class VerifierEndpoint(Endpoint):
     role = Role.VERIFIER
 
     def __init__(
-        self, config: WireConfig, *, session: int, step_timeout: float = DEFAULT_STEP_TIMEOUT_S
+        self, config: WireConfig, *, session: int,
+        step_timeout: float = DEFAULT_STEP_TIMEOUT_S, pool: PayloadPool | None = None,
     ) -> None:
-        super().__init__(config)
+        super().__init__(config, pool)
         if not 0 <= session < 1 << 64:
             raise LocalProtocolError(Reason.WRONG_IDENTITY, "session id must be a u64")
         self.session = session

@@ -28,6 +28,7 @@ from .messages import (
     Step,
     type_of,
 )
+from .pool import PayloadPool
 from .table import Conn, Dir, Role, SlotState, conn_next, slot_next
 from .validate import check_commit, check_identity, check_reply, check_step, choose_version
 
@@ -35,10 +36,11 @@ from .validate import check_commit, check_identity, check_reply, check_step, cho
 class WorkerEndpoint(Endpoint):
     role = Role.WORKER
 
-    def __init__(self, config: WireConfig, *, check_outgoing: bool = True) -> None:
+    def __init__(self, config: WireConfig, *, check_outgoing: bool = True,
+                 pool: PayloadPool | None = None) -> None:
         """``check_outgoing``: run the verifier's row checks on every REPLY we send
         (a bug here then fails locally, before the peer sees it)."""
-        super().__init__(config)
+        super().__init__(config, pool)
         self.check_outgoing = check_outgoing
 
     # -- receiving ----------------------------------------------------------
