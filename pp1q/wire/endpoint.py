@@ -66,6 +66,18 @@ class SlotTrack:
     def is_dead(self, generation: int) -> bool:
         return generation <= self.dead_upto
 
+    def check_keys(self, step, err: type) -> None:
+        """A STEP's RNG keys (seed, generation, round, position) are never reused:
+        generations never go back, rounds strictly increase, and the next step of a
+        generation starts at its last commit."""
+        if self.is_dead(step.generation) or step.generation < self.generation:
+            raise err(Reason.STALE_GENERATION, f"generation {step.generation}")
+        if step.generation == self.generation:
+            if step.round_id <= self.round_id:
+                raise err(Reason.DUPLICATE_ROUND, f"round {step.round_id}")
+            if self.committed is not None and step.anchor != self.committed:
+                raise err(Reason.BAD_POSITION, "anchor is not the last commit")
+
 
 class Endpoint:
     role: Role

@@ -120,13 +120,7 @@ class VerifierEndpoint(Endpoint):
         if now is None:
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "send(STEP) needs now")
         check_step(step, self.version, self.limits, LocalProtocolError)
-        if s.is_dead(step.generation) or step.generation < s.generation:
-            raise LocalProtocolError(Reason.STALE_GENERATION, f"generation {step.generation}")
-        if step.generation == s.generation:
-            if step.round_id <= s.round_id:
-                raise LocalProtocolError(Reason.DUPLICATE_ROUND, f"round {step.round_id}")
-            if s.committed is not None and step.anchor != s.committed:
-                raise LocalProtocolError(Reason.BAD_POSITION, "anchor is not the commit")
+        s.check_keys(step, LocalProtocolError)
         if self.inflight >= self.limits.max_inflight:
             raise LocalProtocolError(Reason.TOO_MANY_INFLIGHT, f"{self.inflight} in flight")
 

@@ -96,14 +96,7 @@ class WorkerEndpoint(Endpoint):
         events.append(StepRequested(step))
 
     def _check_step_keys(self, step: Step, s: SlotTrack) -> None:
-        # RNG keys are (seed, generation, round, position): a key is never drawn twice
-        if s.is_dead(step.generation) or step.generation < s.generation:
-            raise RemoteProtocolError(Reason.STALE_GENERATION, f"generation {step.generation}")
-        if step.generation == s.generation:
-            if step.round_id <= s.round_id:
-                raise RemoteProtocolError(Reason.DUPLICATE_ROUND, f"round {step.round_id}")
-            if s.committed is not None and step.anchor != s.committed:
-                raise RemoteProtocolError(Reason.BAD_POSITION, "anchor is not the last commit")
+        s.check_keys(step, RemoteProtocolError)
         if s.state is SlotState.IDLE and self.inflight >= self.limits.max_inflight:
             raise RemoteProtocolError(Reason.TOO_MANY_INFLIGHT, f"{self.inflight} in flight")
 
