@@ -16,6 +16,7 @@ COMMANDS = {
     "worker": "pp1q.commands.worker",
     "verifier": "pp1q.commands.verifier",
     "generate": "pp1q.commands.generate",
+    "demo": "pp1q.commands.demo",
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from urllib.parse import urlsplit
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -57,3 +58,15 @@ class Client:
 
     def health(self) -> dict:
         return self._call("GET", "/healthz")
+
+    def wait_connected(self, timeout: float) -> None:
+        """Block until /healthz reports a live worker session (RuntimeError after timeout)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.health().get("worker") == "connected":
+                    return
+            except ApiError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"no worker session within {timeout:g} s")

@@ -78,16 +78,15 @@ class Metrics:
         self.late_replies = counter("late_replies_discarded",
                                     "Frames of an invalidated generation discarded unread")
         self.reconnects = counter("reconnects", "Worker sessions re-established after a loss")
-        self.reply_bytes = counter("reply_bytes",
-                                   "REPLY/COMPLETION bytes sent (worker) or received (verifier)")
+        self.reply_bytes = counter(
+            "reply_bytes", "Wire bytes from worker to verifier (REPLY, COMPLETION, HELLO answer,"
+            " refusals): sent (worker) or received (verifier)")
         self.requests = counter("requests", "Generation requests finished, by outcome",
                                 ("outcome",))
         self.slots_in_use = Gauge(f"{PREFIX}_slots_in_use", "Request slots currently held",
                                   registry=r)
         # worker
-        self.steps = counter("steps", "STEP messages served (worker)")
-        self.replayed_steps = counter(
-            "replayed_steps", "Retried STEPs answered with the identical stored reply (worker)")
+        self.steps = counter("steps", "STEP messages accepted for drafting (worker)")
         for cause in FallbackCause:  # expose zeros: a scrape shows every cause
             self.fallbacks.labels(cause=cause.value)
         for kind in StepKind:

@@ -136,15 +136,15 @@ class _ToyWeights:
         rank = rng.permutation(v).astype(np.float64)
         self.bias = -0.5 * np.log1p(rank)
         self.scale = TOY_SHARPNESS * math.sqrt(2.0 * math.log(v))
+        self.e_out_scaled = self.e_out * np.float32(self.scale)  # s * E_out, one product later
         self.zero = np.zeros(r, dtype=np.float32)
 
     def embed(self, token: int | None) -> np.ndarray:
         return self.zero if token is None else self.e_in[token]
 
     def project(self, h: np.ndarray) -> np.ndarray:
-        """bias + s * E_out . h for h of shape [r] or [r, n] -> [vocab] or [n, vocab]."""
-        out = (self.e_out @ h).astype(np.float64).T * self.scale
-        return out + self.bias
+        """bias + s * E_out . h for h of shape [r, n] -> [n, vocab] (FP32 product, FP64 sum)."""
+        return np.add(h.T @ self.e_out_scaled.T, self.bias)
 
 
 def _tail(prefix: Sequence[int], k: int) -> int | None:
@@ -188,9 +188,18 @@ class ToyDrafter(DraftModel):
         self.target_identity = spec.target_identity
         self.identity = spec.draft_identity
         self.variant = f"distance={self.distance:g}:adversarial={int(self.adversarial)}"
-        self._ideal = _ToyWeights(spec, tag=1)  # the target's own weights
-        self._noise = _ToyWeights(spec, tag=2)  # an unrelated bigram model
-        self._sign = -1.0 if self.adversarial else 1.0
+        ideal = _ToyWeights(spec, tag=1)  # the target's own weights
+        noise = _ToyWeights(spec, tag=2)  # an unrelated bigram model
+        sign = -1.0 if self.adversarial else 1.0
+        keep, mix = sign * (1.0 - self.distance), sign * self.distance
+        # Folded once: the blend of both models is one low-rank product per row.
+        self._ideal = ideal
+        self._backbone_out = (ideal.e_out_scaled * np.float32(keep)).T.copy()  # [r, V]
+        self._backbone_bias = keep * ideal.bias + mix * noise.bias
+        self._markov_in = (ideal.e_in, noise.e_in)
+        self._markov_out = np.hstack([ideal.e_out_scaled * np.float32(keep),
+                                      noise.e_out_scaled * np.float32(mix)])  # [V, 2r]
+        self._markov_zero = np.zeros(2 * TOY_RANK, dtype=np.float32)
 
     @classmethod
     def preset(cls, spec: ToySpec, name: str) -> ToyDrafter:
@@ -203,22 +212,16 @@ class ToyDrafter(DraftModel):
         # Position i's second-to-last context token is x_{i-2}: known from the prefix
         # only for i <= 2 (i = 1: prefix[-2], i = 2: prefix[-1]).
         w = self._ideal
-        cols = []
-        for i in range(1, depth + 1):
-            c2 = _tail(prefix, 2 - i + 1) if i <= 2 else None
-            cols.append(TOY_SECOND_ORDER * w.embed(c2))
-        ideal = w.project(np.stack(cols, axis=1))
-        if self.distance:
-            ideal = (1.0 - self.distance) * ideal + self.distance * self._noise.bias
-        return self._sign * ideal
+        cols = np.stack([TOY_SECOND_ORDER * w.embed(_tail(prefix, 2 - i + 1) if i <= 2 else None)
+                         for i in range(1, depth + 1)])
+        return np.add(cols @ self._backbone_out, self._backbone_bias)
 
     def markov_bias(self, prev_token: int | None) -> np.ndarray:
-        w, n = self._ideal, self._noise
-        ideal = w.scale * (w.e_out @ w.embed(prev_token)).astype(np.float64)
-        if self.distance:
-            other = n.scale * (n.e_out @ n.embed(prev_token)).astype(np.float64)
-            ideal = (1.0 - self.distance) * ideal + self.distance * other
-        return self._sign * ideal
+        if prev_token is None:
+            h = self._markov_zero
+        else:
+            h = np.concatenate([e[prev_token] for e in self._markov_in])
+        return (self._markov_out @ h).astype(np.float64)
 
 
 def toy_pair(vocab: int = DEFAULT_VOCAB, seed: int = 0, preset: str = DEFAULT_DRAFT_PRESET,

@@ -26,7 +26,7 @@ def test_target_rows_are_conditioned_on_the_draft_prefix():
     for i in range(4):
         # row i of one call equals the single row for prefix + draft[:i]
         alone = t.logits([7, 8] + [9, 10, 11][:i], [])
-        assert np.allclose(full[i], alone[0])
+        assert np.allclose(full[i], alone[0], atol=1e-4)  # FP32 products: blocking differs
 
 
 def test_matched_drafter_equals_target_on_the_first_two_positions_only():
@@ -37,7 +37,7 @@ def test_matched_drafter_equals_target_on_the_first_two_positions_only():
     prev = [prefix[-1]] + xs
     rows = np.stack([d.row_logits(bb[i], prev[i]) for i in range(5)])
     p = t.logits(prefix, xs)
-    assert np.allclose(rows[:2], p[:2], atol=1e-5)
+    assert np.allclose(rows[:2], p[:2], atol=1e-4)
     assert not np.allclose(rows[2], p[2], atol=1e-3)  # backbone cannot see x_1 at i = 3
 
 

@@ -165,14 +165,13 @@ class Scheduler:
                     temperature=0.0 if req.greedy else req.draft_temperature,
                     top_k=0 if req.greedy or req.top_k is None else req.top_k,
                     context_version=0, seed=req.seed)
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+        t0 = time.perf_counter()
         outcome = await link.propose(step)
         if isinstance(outcome, Fallback):
             await self._fallback(job, outcome, round_id)
             return
         await self._verify(job, step, outcome)
-        self.metrics.round_latency.observe(loop.time() - t0)
+        self.metrics.round_latency.observe(time.perf_counter() - t0)
 
     async def _verify(self, job: Job, step: Step, ready: ProposalReady) -> None:
         drafts = list(ready.draft_ids)

@@ -169,6 +169,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
 
     def _write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
+            if self._mode == "wire":
+                self.metrics.reply_bytes.inc(len(data))
             self.transport.write(data)
 
     def _close(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from ..errors import Pp1qError, Reason
@@ -57,8 +58,7 @@ class StepDrafter:
             log.error("drafting task failed", exc_info=task.exception())
 
     async def _run(self, step: Step) -> None:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+        t0 = time.perf_counter()
         ep = self.endpoint
         self.metrics.steps.inc()
         try:
@@ -92,7 +92,7 @@ class StepDrafter:
             return
         self.state.drafted(ep.session, step.slot, step.generation, step.round_id, drafts)
         self._send(ep.send(ep.completion(step.slot)))
-        self.metrics.round_latency.observe(loop.time() - t0)
+        self.metrics.round_latency.observe(time.perf_counter() - t0)
 
     def _rows(self, step: Step, prefix: list[int]):
         if step_form(step) is Form.TOKEN_ONLY:
@@ -110,5 +110,4 @@ class StepDrafter:
             self._send(ep.send(ep.completion(step.slot, Status.ABORTED, Reason(reason))))
 
     def _send(self, frame: bytes) -> None:
-        self.metrics.reply_bytes.inc(len(frame))
         self._write(frame)
