@@ -281,3 +281,16 @@ def test_atheris_harness_runs_without_libfuzzer():
     for frame in FRAMES:
         mod.one_input(frame)
         mod.one_input(bytes(rng.integers(0, 256, 64, dtype=np.uint8)) + frame)
+
+
+@FUZZ
+@given(st.sampled_from([MsgType.STEP, MsgType.COMMIT, MsgType.RESET, MsgType.REFUSAL]),
+       st.lists(st.integers(-1, 1 << 33) | st.floats() | st.sampled_from(["cancelled", ""]),
+                min_size=4, max_size=13))
+def test_worker_endpoint_takes_arbitrary_well_formed_frames_safely(mtype, fields):
+    fields[0] = SESSION if isinstance(fields[0], int) else fields[0]
+    _, w = pair()
+    try:
+        w.receive_data(forge(mtype, msgspec.msgpack.encode(fields)), 0.0)
+    except RemoteProtocolError as e:
+        assert isinstance(e.reason, Reason)

@@ -111,18 +111,7 @@ class Endpoint:
     def receive_data(self, data, now: float) -> list:
         """Feed received bytes; returns events. Raises RemoteProtocolError on a
         violation that breaks the stream (the endpoint is then in state ERROR)."""
-        if self.state is Conn.ERROR:
-            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "endpoint is in state ERROR")
-        events: list = []
-        try:
-            for frame in self.decoder.iter_frames(data):
-                if self.state is Conn.CLOSED:
-                    raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "data after close")
-                self._on_frame(frame, now, events)
-        except RemoteProtocolError:
-            self.state = Conn.ERROR
-            raise
-        return events
+        return self._consume(lambda: self.decoder.iter_frames(data), now)
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """asyncio.BufferedProtocol hook: where the next received bytes should go."""
@@ -130,18 +119,24 @@ class Endpoint:
 
     def buffer_updated(self, nbytes: int, now: float) -> list:
         """asyncio.BufferedProtocol hook: ``nbytes`` landed in ``get_buffer()``'s view."""
+        return self._consume(lambda: self.decoder.buffer_updated(nbytes), now)
+
+    # -- shared internals ---------------------------------------------------
+
+    def _consume(self, frames, now: float) -> list:
+        # each frame is handled as soon as it is complete (its payload still in cache)
         if self.state is Conn.ERROR:
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "endpoint is in state ERROR")
         events: list = []
         try:
-            for frame in self.decoder.buffer_updated(nbytes):
+            for frame in frames():
+                if self.state is Conn.CLOSED:
+                    raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "data after close")
                 self._on_frame(frame, now, events)
         except RemoteProtocolError:
             self.state = Conn.ERROR
             raise
         return events
-
-    # -- shared internals ---------------------------------------------------
 
     def _on_frame(self, frame: Frame, now: float, events: list) -> None:
         raise NotImplementedError
