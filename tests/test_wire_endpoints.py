@@ -293,3 +293,27 @@ def test_received_message_of_the_wrong_direction_breaks_the_stream():
         v.receive_data(b"", 0.0)
     with pytest.raises(RemoteProtocolError):
         w.receive_data(encode(wire_vectors.messages()["reply_token_only"]), 0.0)
+
+
+def test_a_new_generation_retires_older_ones_without_a_reset():
+    v, w = pair()
+    st = step()
+    w.receive_data(v.send(st, now=0.0), 0.0)
+    frames = worker_frames(w, st)
+    v.receive_data(frames, 0.0)
+    commit = Commit(session=SESSION, slot=0, generation=1, round_id=1, accepted=0, token=1,
+                    committed=st.anchor + 1)
+    w.receive_data(v.send(commit), 0.0)
+    nxt = step(generation=2, anchor=100)  # the slot's next request: any anchor
+    assert w.receive_data(v.send(nxt, now=0.0), 0.0) == [StepRequested(nxt)]
+    replay = v.receive_data(_first_frame(frames), 0.0)  # a replayed frame of generation 1
+    assert [(type(e), e.reason) for e in replay] == [(Discarded, Reason.STALE_GENERATION)]
+    [refused] = w.receive_data(encode(step(round_id=2, anchor=st.anchor + 1)), 0.0)
+    assert refused.reason == Reason.STALE_GENERATION
+
+
+def _first_frame(data: bytes) -> bytes:
+    import struct
+
+    control_len, payload_len = struct.unpack_from("<II", data, 8)
+    return data[:32 + control_len + payload_len]

@@ -52,6 +52,9 @@ class SlotTrack:
     deadline: float | None = None
 
     def begin(self, step) -> None:
+        if step.generation != self.generation:  # a new generation retires every older one
+            self.dead_upto = max(self.dead_upto, step.generation - 1)
+            self.committed = None
         self.generation, self.round_id, self.step = step.generation, step.round_id, step
         self.frames, self.rows, self.checksums = [], [], []
         self.reply_bytes = 0
