@@ -147,7 +147,7 @@ class Reply(_ReplyHead, eq=False):
     ids: object = None
     q: object = None
 
-    def payload_parts(self) -> tuple[bytes, ...]:
+    def payload_parts(self) -> tuple[memoryview, ...]:
         """The payload as LE bytes: (), (q,) or (ids, q); checked against the head."""
         form = Form(self.form)
         if form is Form.TOKEN_ONLY:
@@ -162,7 +162,8 @@ class Reply(_ReplyHead, eq=False):
         return (_le_array(self.ids, "<i4", self.entries, "ids"), q)
 
 
-def _le_array(arr, dtype: str, n: int, what: str) -> bytes:
+def _le_array(arr, dtype: str, n: int, what: str) -> memoryview:
+    """The array's bytes, LE, without a copy when it already has the wire layout."""
     if arr is None:
         raise LocalProtocolError(Reason.MISSING_Q, f"reply without {what}")
     a = np.asarray(arr)
@@ -172,7 +173,7 @@ def _le_array(arr, dtype: str, n: int, what: str) -> bytes:
         if a.dtype.kind != np.dtype(dtype).kind or a.dtype.itemsize != 4:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"{what} dtype {a.dtype}")
         a = a.astype(dtype)
-    return a.tobytes()
+    return memoryview(np.ascontiguousarray(a)).cast("B")
 
 
 def reply_from_row(
