@@ -74,7 +74,9 @@ class Metrics:
             "validation_failures", "Frames or rows refused by validation", ("reason",))
         self.watchdog_timeouts = counter("watchdog_timeouts", "STEP deadlines that expired")
         self.generation_invalidations = counter(
-            "generation_invalidations", "Generations invalidated (RESET sent or received)")
+            "generation_invalidations",
+            "Generations invalidated after a discarded proposal (RESET sent or received; "
+            "the RESET that releases a finished request's slot is not counted)")
         self.late_replies = counter("late_replies_discarded",
                                     "Frames of an invalidated generation discarded unread")
         self.reconnects = counter("reconnects", "Worker sessions re-established after a loss")

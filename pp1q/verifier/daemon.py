@@ -57,7 +57,8 @@ def build(settings: dict, scheduler_cls: type[Scheduler] = Scheduler):
 
 def routes(settings: dict, link: WorkerLink, scheduler: Scheduler, config) -> dict:
     vocab = config.identity.vocab
-    default_top_k = settings["top_k"] or None
+    top_k = settings["top_k"]
+    default_top_k = top_k if 0 < top_k < vocab else None  # k >= vocab: the dense support
     v1_only = settings["wire_version"] == WIRE_V1
 
     async def generate(head, body):

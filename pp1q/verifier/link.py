@@ -24,6 +24,7 @@ from ..metrics import FallbackCause, Metrics
 from ..prefix import Prefix
 from ..wire import Commit, Reset, Step, VerifierEndpoint, WireConfig
 from ..wire.events import Discarded, ProposalFailed, ProposalReady, SessionRefused, SessionStarted
+from ..wire.pool import PayloadPool
 from .context import ContextClient
 from .watchdog import Watchdog
 
@@ -112,6 +113,13 @@ class WorkerLink:
         self._flush_scheduled = False
         self._watchdog = Watchdog(self._on_timeouts)
         self.sessions_started = 0
+        # Slot buffers, sized once from the bounds we offer: two in-flight batches of
+        # every slot's dense rows (the seed's 2 x 4 x 5 x 517 KB at 129280 tokens). Small
+        # rows come from malloc (see PayloadPool); every session reuses these buffers.
+        lim = config.limits
+        count = MAX_BATCHES_IN_FLIGHT * lim.max_slots * lim.max_depth
+        self.pool = PayloadPool(count * lim.dense_row_bytes)
+        self.pool.preallocate(lim.dense_row_bytes, count)
 
     # -- state -----------------------------------------------------------------
 
@@ -142,7 +150,7 @@ class WorkerLink:
         """One connection's lifetime; True if a session was established."""
         loop = asyncio.get_running_loop()
         endpoint = VerifierEndpoint(self.config, session=secrets.randbits(64),
-                                    step_timeout=self.step_timeout)
+                                    step_timeout=self.step_timeout, pool=self.pool)
         try:
             _, proto = await loop.create_connection(
                 lambda: _WireProtocol(self, endpoint), self.host, self.port)

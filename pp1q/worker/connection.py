@@ -122,7 +122,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
             elif isinstance(ev, SlotReset):
                 self.drafter.cancel(ev.slot)
                 self.state.reset(ep.session, ev.slot, ev.generation)
-                self.metrics.generation_invalidations.inc()
+                if ev.reason is not Reason.CANCELLED:  # a discarded proposal, not a release
+                    self.metrics.generation_invalidations.inc()
                 self.metrics.slots_in_use.set(self.state.slots_held())
             elif isinstance(ev, StepRefused):
                 self.metrics.validation_failure(ev.reason)
