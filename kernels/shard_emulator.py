@@ -203,7 +203,9 @@ def residual(layout, comm, p, q, u53, *, use_q=None, second=None, shard_by="resi
         for R, x in zip(Rs, ps, strict=True):
             R[rows] = to_fixed(x[rows])
         masses = comm.all_gather([R.sum(-1) for R in Rs])
-    choose = p_mass if shard_by == "p_mass" else masses
+    choose = masses
+    if shard_by == "p_mass":  # the planted bug (shards without residual stay impossible)
+        choose = torch.where(masses > 0, p_mass, 0)
     cum = choose.cumsum(-1)
     thr = draw_threshold(u53.to(torch.int64), cum[..., -1])
     owner = first_above(cum, thr)
