@@ -10,6 +10,8 @@ prometheus_client's own thread, which keeps scrapes off the event loop.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -105,7 +107,33 @@ class Metrics:
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server
 
+    @contextlib.contextmanager
+    def served(self, host: str, port: int | None):
+        """Serve /metrics while the block runs (``port`` None: not at all); yields the
+        bound port (``port`` 0 picks a free one) or None."""
+        if port is None:
+            yield None
+            return
+        server = self.serve(host, port)
+        try:
+            yield server.server_port
+        finally:
+            server.shutdown()
+            server.server_close()
+
     def value(self, name: str, **labels: str) -> float:
         """Current value of one sample (tests and summaries)."""
         v = self.registry.get_sample_value(name, labels or None)
         return 0.0 if v is None else float(v)
+
+
+async def serve_until_stopped(metrics: Metrics, settings: dict, banner: str, port: int,
+                              stop: asyncio.Event, ready=None) -> None:
+    """A daemon's main wait: /metrics up, one banner line naming the ports on stdout
+    (pp1q.launcher reads it), ``ready(port, metrics_port)``, then wait for ``stop``."""
+    host = settings["metrics_host"]
+    with metrics.served(host, settings["metrics_port"]) as mport:
+        print(banner + (f", metrics on {host}:{mport}" if mport else ""), flush=True)
+        if ready is not None:
+            ready(port, mport)
+        await stop.wait()

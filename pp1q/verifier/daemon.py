@@ -7,7 +7,7 @@ import contextlib
 import logging
 
 from ..config import ConfigError, parse_hostport
-from ..metrics import Metrics
+from ..metrics import Metrics, serve_until_stopped
 from ..models import ToySpec, ToyTarget
 from ..session_config import DEFAULT_MAX_SUPPORT, verifier_config
 from ..wire import WIRE_V1, WIRE_V2
@@ -86,23 +86,13 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None,
     http = HttpServer(routes(settings, link, scheduler, config))
     host, port = parse_hostport(settings["http"], "--http")
     port = await http.start(host, port)
-    metrics_server = None
-    if settings["metrics_port"] is not None:
-        metrics_server = metrics.serve(settings["metrics_host"], settings["metrics_port"])
-    mport = metrics_server.server_port if metrics_server else None
     link_task = asyncio.get_running_loop().create_task(link.run(stop))
-    print(f"pp1q verifier HTTP on {host}:{port}, worker {settings['worker']}"
-          + (f", metrics on {settings['metrics_host']}:{mport}" if mport else ""), flush=True)
-    if ready is not None:
-        ready(port, mport)
     try:
-        await stop.wait()
+        banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings['worker']}"
+        await serve_until_stopped(metrics, settings, banner, port, stop, ready)
     finally:
         await http.close()
         link_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await link_task
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
     return 0

@@ -35,8 +35,9 @@ _SCRATCH_BYTES = 64 * 1024  # context-channel receive size (asyncio's default re
 
 class WorkerConnection(asyncio.BufferedProtocol):
     def __init__(self, config: WireConfig, state: WorkerState, model: DraftModel,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, on_close=None) -> None:
         self.config, self.state, self.model, self.metrics = config, state, model, metrics
+        self._on_close = on_close
         self.transport: asyncio.Transport | None = None
         self._sniff = bytearray(_SNIFF)
         self._sniffed = 0
@@ -75,7 +76,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         except RemoteProtocolError as e:
             log.warning("closing connection: %s", e)
             self.metrics.validation_failure(e.reason)
-            self._close()
+            self.close()
 
     def pause_writing(self) -> None:
         if self._drain is None:
@@ -87,6 +88,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self._drain = None
 
     def connection_lost(self, exc) -> None:
+        if self._on_close is not None:
+            self._on_close(self)
         if self.drafter is not None:
             self.drafter.cancel_all()
         if self._session is not None:
@@ -136,14 +139,14 @@ class WorkerConnection(asyncio.BufferedProtocol):
         if out:
             self._write(out)
         if isinstance(events, list) and any(isinstance(e, SessionRefused) for e in events):
-            self._close()
+            self.close()
 
     def _open_session(self, ev: SessionStarted) -> None:
         try:
             self.state.open_session(ev.session)
         except StateRefusedError as e:
             log.warning("session refused: %s", e)
-            self._close()
+            self.close()
             return
         self._session = ev.session
         log.info("session %016x started: wire v%d, %d slots, depth <= %d, support <= %d",
@@ -174,7 +177,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
                 self.metrics.reply_bytes.inc(len(data))
             self.transport.write(data)
 
-    def _close(self) -> None:
+    def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from ..config import ConfigError, parse_hostport
-from ..metrics import Metrics
+from ..metrics import Metrics, serve_until_stopped
 from ..models import ToyDrafter, ToySpec
 from ..session_config import parse_versions, worker_config
 from .connection import WorkerConnection
@@ -37,26 +37,22 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None) -> int:
     config, drafter, metrics = build(settings)
     host, port = parse_hostport(settings["listen"], "--listen")
     state = WorkerState()
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: WorkerConnection(config, state, drafter, metrics), host, port)
+    connections: set[WorkerConnection] = set()
+
+    def accept() -> WorkerConnection:
+        conn = WorkerConnection(config, state, drafter, metrics, on_close=connections.discard)
+        connections.add(conn)
+        return conn
+
+    server = await asyncio.get_running_loop().create_server(accept, host, port)
     port = server.sockets[0].getsockname()[1]
-    metrics_server = None
-    if settings["metrics_port"] is not None:
-        metrics_server = metrics.serve(settings["metrics_host"], settings["metrics_port"])
-    mport = metrics_server.server_port if metrics_server else None
-    log.info("worker listening on %s:%d (%s, %s); metrics %s", host, port, drafter.identity,
-             drafter.variant, f"http://{settings['metrics_host']}:{mport}/metrics"
-             if mport else "off")
-    print(f"pp1q worker listening on {host}:{port}"
-          + (f" metrics on {settings['metrics_host']}:{mport}" if mport else ""), flush=True)
-    if ready is not None:
-        ready(port, mport)
     try:
-        await stop.wait()
+        log.info("worker on %s:%d: %s (%s), wire versions %s", host, port, drafter.identity,
+                 drafter.variant, settings["wire_versions"])
+        banner = f"pp1q worker listening on {host}:{port}"
+        await serve_until_stopped(metrics, settings, banner, port, stop, ready)
     finally:
         server.close()
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
+        for conn in list(connections):  # verifiers see the close and fail over at once
+            conn.close()
     return 0
