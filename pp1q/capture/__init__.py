@@ -1,0 +1,18 @@
+"""Capture files: every wire frame a daemon sent or received, with direction,
+connection id and a monotonic timestamp, in a versioned record format
+(docs/capture.md). ``pp1q replay`` (pp1q.replay) decodes and replays them.
+
+Stable surface: ``CaptureWriter``, ``CaptureReader``, ``read_capture``,
+``CaptureError``, ``Record``, ``Header``, ``Role``, ``Kind``, ``Direction``,
+``Protocol``, ``write_records``, ``FORMAT_VERSION``, ``MAGIC``.
+"""
+
+from .format import FORMAT_VERSION, MAGIC, SUFFIX, Direction, Kind, Protocol, Role
+from .reader import CaptureError, CaptureReader, Header, Record, read_capture
+from .writer import CaptureWriter, write_records
+
+__all__ = [
+    "FORMAT_VERSION", "MAGIC", "SUFFIX", "CaptureError", "CaptureReader", "CaptureWriter",
+    "Direction", "Header", "Kind", "Protocol", "Record", "Role", "read_capture",
+    "write_records",
+]
