@@ -17,6 +17,7 @@ COMMANDS = {
     "verifier": "pp1q.commands.verifier",
     "generate": "pp1q.commands.generate",
     "demo": "pp1q.commands.demo",
+    "replay": "pp1q.commands.replay",
 }
 
 
