@@ -15,6 +15,8 @@ remainders: measured never in the test corpus, estimated under 1e-4 per 129280-t
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from pp1q.errors import DistributionError, Reason
@@ -29,20 +31,24 @@ HIST_BITS = 16  # wider rows: a 2^16-bin histogram of the remainders first
 _NO_THRESHOLD = 2.0  # above every fractional remainder: rows with no remaining tickets
 
 
-def scaled_logits(logits: torch.Tensor, temperature) -> torch.Tensor:
-    """x = logits / T in FP64, refusing what build_row refuses."""
+def scaled_logits(logits: torch.Tensor, temperature):
+    """(x = logits / T in FP64, row max of x), refusing what build_row refuses.
+
+    The row max is needed anyway; NaN and +inf show in it, so the clean path costs no
+    extra pass and the diagnosis (NaN, then +inf, then overflow) runs only on failure.
+    """
     t = torch.as_tensor(temperature, dtype=torch.float64, device=logits.device)
     if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
         raise DistributionError(Reason.BAD_TEMPERATURE, f"temperature {temperature!r}")
-    x = logits.to(torch.float64)
-    if bool(torch.isnan(x).any()):
-        raise DistributionError(Reason.NAN_LOGIT, "NaN logit")
-    if bool(torch.isposinf(x).any()):
-        raise DistributionError(Reason.POSINF_LOGIT, "+inf logit")
-    x = x / (t.unsqueeze(-1) if t.dim() else t)
-    if bool(torch.isposinf(x).any()):
+    x = logits.to(torch.float64) / (t.unsqueeze(-1) if t.dim() else t)
+    xmax = x.amax(-1, keepdim=True)  # NaN propagates through amax
+    if not bool((xmax < math.inf).all()):
+        if bool(torch.isnan(logits).any()):
+            raise DistributionError(Reason.NAN_LOGIT, "NaN logit")
+        if bool(torch.isposinf(logits).any()):
+            raise DistributionError(Reason.POSINF_LOGIT, "+inf logit")
         raise DistributionError(Reason.BAD_TEMPERATURE, "logits/temperature overflow")
-    return x
+    return x, xmax
 
 
 def check_max(gmax: torch.Tensor) -> None:
@@ -57,10 +63,9 @@ def check_total(total: torch.Tensor) -> None:
 
 def softmax_weights(logits: torch.Tensor, temperature=1.0) -> torch.Tensor:
     """Normalised FP64 weights w [..., V] (the sharded form is in shard_emulator)."""
-    x = scaled_logits(logits, temperature)
-    gmax = x.amax(-1, keepdim=True)
+    x, gmax = scaled_logits(logits, temperature)
     check_max(gmax)
-    e = torch.exp(x - gmax)
+    e = torch.exp(x.sub_(gmax))
     total = exact_sum(e).unsqueeze(-1)
     check_total(total)
     return e / total
@@ -68,10 +73,9 @@ def softmax_weights(logits: torch.Tensor, temperature=1.0) -> torch.Tensor:
 
 def logsumexp(logits: torch.Tensor, temperature=1.0) -> torch.Tensor:
     """Global log-normaliser max + log(total) of logits / T (FP64)."""
-    x = scaled_logits(logits, temperature)
-    gmax = x.amax(-1)
+    x, gmax = scaled_logits(logits, temperature)
     check_max(gmax)
-    return gmax + torch.log(exact_sum(torch.exp(x - gmax.unsqueeze(-1))))
+    return (gmax + torch.log(exact_sum(torch.exp(x - gmax)).unsqueeze(-1))).squeeze(-1)
 
 
 # ---------------------------------------------------------------------------
@@ -81,8 +85,8 @@ def logsumexp(logits: torch.Tensor, temperature=1.0) -> torch.Tensor:
 def floors(w: torch.Tensor):
     """(floor counts int64, fractional remainders, eligible mask) of w * 2^24."""
     scaled = w * MASS  # exact: a power-of-two scale
-    fl = torch.floor(scaled)
-    return fl.to(torch.int64), scaled - fl, w > 0
+    eligible = scaled > 0
+    return scaled.to(torch.int64), torch.frac(scaled), eligible  # trunc == floor here
 
 
 def check_remaining(remaining: torch.Tensor, eligible: torch.Tensor) -> None:
@@ -127,8 +131,10 @@ def ticket_mask(key, kth, remaining, before=None, above_total=None) -> torch.Ten
     tied = key == kth
     n_above = above.sum(-1) if above_total is None else above_total
     need = (remaining - n_above).unsqueeze(-1)
-    rank = tied.cumsum(-1) + (0 if before is None else before.unsqueeze(-1))
-    return above | (tied & (rank <= need))
+    offset = 0 if before is None else before.unsqueeze(-1)
+    if bool((tied.sum(-1, keepdim=True) + offset <= need).all()):  # usual: every tie fits
+        return above | tied
+    return above | (tied & (tied.cumsum(-1) + offset <= need))
 
 
 def allocate(w: torch.Tensor) -> torch.Tensor:

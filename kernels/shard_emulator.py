@@ -85,8 +85,9 @@ def weights(layout, comm, logits, temperature=1.0) -> list[torch.Tensor]:
     """Per-rank normalised FP64 weights: all-reduce max, then exact limb sums."""
     if layout.vocab > SUM_MAX_ENTRIES:
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "vocabulary too large for exact sums")
-    xs = [scaled_logits(x, temperature) for x in layout.split(logits)]
-    gmax = comm.all_reduce_max([x.amax(-1) for x in xs]).unsqueeze(-1)
+    xs, local_max = zip(*(scaled_logits(x, temperature) for x in layout.split(logits)),
+                        strict=True)
+    gmax = comm.all_reduce_max(list(local_max))
     check_max(gmax)
     es = [torch.exp(x - gmax) for x in xs]
     limbs = comm.all_reduce_sum([torch.stack(sum_limbs(e)) for e in es])

@@ -95,6 +95,11 @@ def _pick(p_ptr, p_row_ptr, q_ptr, qid_ptr, q_row_ptr, psum_ptr, rsum_ptr, u_ptr
     tl.store(flag_ptr + r, tl.where(empty, 2, under.to(tl.int32)))
 
 
+def widen_half(p: torch.Tensor) -> torch.Tensor:
+    """float16/bfloat16 rows as float32 (exact): 2^61 overflows the half formats."""
+    return p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
+
+
 def _p2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
@@ -143,6 +148,7 @@ def tile_sums(p2d, p_rows, *, block=BLOCK):
 
 def residual_sample(p, q, u53, *, use_q=None, validate=True, block=BLOCK):
     """Same contract and results as residual.residual_sample, on Triton."""
+    p = widen_half(p)
     n = p.shape[0]
     if validate:
         check_target(p)

@@ -19,7 +19,7 @@ from pp1q.rng import Domain
 from .fixed import check_target, check_totals
 from .lookup import SparseCounts
 from .triton_common import accepts_exact, keyed_u53, to_fixed
-from .triton_residual import BLOCK, sample_rows, tile_sums
+from .triton_residual import BLOCK, sample_rows, tile_sums, widen_half
 from .verify_step import StepKeys, StepResult, check_keys, check_shapes
 
 _ACCEPTANCE = tl.constexpr(int(Domain.ACCEPTANCE))
@@ -81,7 +81,7 @@ def verify_step(p, q, draft, keys: StepKeys, *, validate=True, block=BLOCK) -> S
     check_keys(keys, D)
     if validate:
         check_target(p)
-    p2d = p.reshape(B * D1, V).contiguous()
+    p2d = widen_half(p).reshape(B * D1, V).contiguous()
     psums = tile_sums(p2d, torch.arange(B * D1, device=p.device), block=block)
     if validate:
         check_totals(psums.sum(-1))

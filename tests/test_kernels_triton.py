@@ -66,6 +66,10 @@ def test_residual_bit_for_bit(vocab):
         for uq in (None, use_q):
             want = residual.residual_sample(p, qq, draws, use_q=uq)
             assert same(triton_residual.residual_sample(p, qq, draws, use_q=uq, block=BLOCK), want)
+    for dtype in (torch.float64, torch.bfloat16):  # wider and narrower target rows
+        pd = p.to(dtype)
+        assert same(triton_residual.residual_sample(pd, q, draws, block=BLOCK),
+                    residual.residual_sample(pd, q, draws))
 
 
 def test_residual_vocabulary_edges_and_underflow_bit_for_bit():
