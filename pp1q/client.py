@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import http.client
 import json
+import threading
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -70,3 +73,28 @@ class Client:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"no worker session within {timeout:g} s")
+
+
+def run_batch(url: str, prompts: list[list[int]], max_tokens: int, *, concurrency: int,
+              first_seed: int, options: dict | None = None,
+              on_answer: Callable[[dict, float], None] | None = None) -> tuple[list[dict], float]:
+    """POST one request per prompt (seeds first_seed, first_seed + 1, ...), ``concurrency``
+    at a time, one keep-alive connection per thread. Returns (answers, seconds);
+    ``on_answer(answer, elapsed)`` is called as each one arrives (under a lock)."""
+    local = threading.local()
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+
+    def one(i: int) -> dict:
+        if not hasattr(local, "client"):
+            local.client = Client(url)
+        answer = local.client.generate(prompts[i], max_tokens, seed=first_seed + i,
+                                       **(options or {}))
+        if on_answer is not None:
+            with lock:
+                on_answer(answer, time.perf_counter() - t0)
+        return answer
+
+    with cf.ThreadPoolExecutor(concurrency) as pool:
+        answers = list(pool.map(one, range(len(prompts))))
+    return answers, time.perf_counter() - t0

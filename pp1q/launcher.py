@@ -84,3 +84,45 @@ class DaemonProcess:
         self._log.flush()
         with open(self.log_path) as f:
             return "".join(f.readlines()[-lines:])
+
+
+def start_pair(log_dir: str, *, vocab: int, model_seed: int = 0, preset: str = "close",
+               top_k: int = 32, target_delay_ms: float = 0.0,
+               connect_timeout: float = STARTUP_TIMEOUT_S):
+    """A worker and a verifier on loopback (ports picked by the OS), connected.
+
+    Returns (worker, verifier, url); both are stopped again if the pair does not come up.
+    """
+    from .client import Client
+
+    common = ["--vocab", str(vocab), "--model-seed", str(model_seed), "--metrics-port", "0"]
+    worker = DaemonProcess("worker", pp1q_command(
+        "worker", "--listen", "127.0.0.1:0", "--draft-preset", preset, *common),
+        os.path.join(log_dir, "worker.log"))
+    try:
+        verifier = DaemonProcess("verifier", pp1q_command(
+            "verifier", "--worker", f"127.0.0.1:{worker.port}", "--http", "127.0.0.1:0",
+            "--top-k", str(top_k), "--target-delay-ms", str(target_delay_ms), *common),
+            os.path.join(log_dir, "verifier.log"))
+    except BaseException:
+        worker.stop()
+        raise
+    url = f"http://127.0.0.1:{verifier.port}"
+    client = Client(url, timeout=5)
+    try:
+        client.wait_connected(connect_timeout)
+    except BaseException:
+        verifier.stop()
+        worker.stop()
+        raise
+    finally:
+        client.close()
+    return worker, verifier, url
+
+
+def demo_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    """n prompts of 8 token ids, drawn from ``seed``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, vocab, size=8)] for _ in range(n)]

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import os
 import sys
 import tempfile
-import threading
 import time
 
 HELP = "start a worker and a verifier on loopback, run a batch of requests, print a summary"
 
-CONNECT_TIMEOUT_S = 60.0  # the verifier's first session, after both daemons started
 
 
 def add_arguments(p) -> None:
@@ -32,39 +28,23 @@ def add_arguments(p) -> None:
                    help="leave both daemons running after the summary until Ctrl-C")
 
 
-def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
-    import numpy as np
+def _batch(url: str, prompts, args, speculative: bool, label: str):
+    from pp1q.client import run_batch
 
-    rng = np.random.default_rng(seed)
-    return [[int(t) for t in rng.integers(0, vocab, size=8)] for _ in range(n)]
-
-
-def _batch(url: str, prompts, args, speculative: bool, label: str) -> tuple[list[dict], float]:
-    from pp1q.client import Client
-
-    local = threading.local()
-    lock = threading.Lock()
     done = [0, 0]  # requests, tokens
     tty = sys.stdout.isatty()
 
-    def one(i: int) -> dict:
-        if not hasattr(local, "client"):
-            local.client = Client(url)
-        options = {"seed": args.seed + i, "speculative": speculative,
-                   "top_k": None if args.top_k == 0 else args.top_k}
-        answer = local.client.generate(prompts[i], args.max_tokens, **options)
-        with lock:
-            done[0] += 1
-            done[1] += len(answer["token_ids"])
-            _progress(label, done, len(prompts), time.perf_counter() - t0, tty)
-        return answer
+    def progress(answer: dict, elapsed: float) -> None:
+        done[0] += 1
+        done[1] += len(answer["token_ids"])
+        _progress(label, done, len(prompts), elapsed, tty)
 
-    t0 = time.perf_counter()
-    with cf.ThreadPoolExecutor(args.concurrency) as pool:
-        answers = list(pool.map(one, range(len(prompts))))
+    options = {"speculative": speculative, "top_k": None if args.top_k == 0 else args.top_k}
+    out = run_batch(url, prompts, args.max_tokens, concurrency=args.concurrency,
+                    first_seed=args.seed, options=options, on_answer=progress)
     if tty:
         print()
-    return answers, time.perf_counter() - t0
+    return out
 
 
 def _progress(label: str, done, total: int, elapsed: float, tty: bool) -> None:
@@ -80,29 +60,20 @@ def _progress(label: str, done, total: int, elapsed: float, tty: bool) -> None:
 
 def run(args) -> int:
     from pp1q.client import ApiError
-    from pp1q.launcher import DaemonProcess, pp1q_command
+    from pp1q.launcher import demo_prompts, start_pair
 
     log_dir = tempfile.mkdtemp(prefix="pp1q-demo-")
-    common = ["--vocab", str(args.vocab), "--model-seed", str(args.model_seed),
-              "--metrics-port", "0"]
     print(f"pp1q demo: toy DSpark-like drafter ({args.draft_preset}) and toy target, vocabulary "
           f"{args.vocab}, depth 5, {'dense' if args.top_k == 0 else f'top-{args.top_k}'} q, "
           f"target forward {args.target_delay_ms:g} ms (simulated)")
     print("starting worker and verifier on 127.0.0.1 ...", flush=True)
-    daemons: list[DaemonProcess] = []
+    daemons = []
     try:
-        worker = DaemonProcess("worker", pp1q_command(
-            "worker", "--listen", "127.0.0.1:0", "--draft-preset", args.draft_preset, *common),
-            os.path.join(log_dir, "worker.log"))
-        daemons.append(worker)
-        verifier = DaemonProcess("verifier", pp1q_command(
-            "verifier", "--worker", f"127.0.0.1:{worker.port}", "--http", "127.0.0.1:0",
-            "--top-k", str(args.top_k), "--target-delay-ms", str(args.target_delay_ms),
-            *common), os.path.join(log_dir, "verifier.log"))
-        daemons.append(verifier)
-        url = f"http://127.0.0.1:{verifier.port}"
-        _wait_connected(url)
-        prompts = _prompts(args.requests, args.vocab, args.seed)
+        worker, verifier, url = start_pair(
+            log_dir, vocab=args.vocab, model_seed=args.model_seed, preset=args.draft_preset,
+            top_k=args.top_k, target_delay_ms=args.target_delay_ms)
+        daemons = [worker, verifier]
+        prompts = demo_prompts(args.requests, args.vocab, args.seed)
         spec, spec_s = _batch(url, prompts, args, True, "speculative")
         base, base_s = _batch(url, prompts, args, False, "target-only")
         _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url)
@@ -117,22 +88,14 @@ def run(args) -> int:
         for d in daemons:
             print(f"--- {d.role} log ({d.log_path}), last lines:\n{d.log_tail()}",
                   file=sys.stderr)
+        if not daemons:
+            print(f"daemon logs: {log_dir}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     finally:
         for d in reversed(daemons):
             d.stop()
-
-
-def _wait_connected(url: str) -> None:
-    from pp1q.client import Client
-
-    client = Client(url, timeout=5)
-    try:
-        client.wait_connected(CONNECT_TIMEOUT_S)
-    finally:
-        client.close()
 
 
 def _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 # One BLAS thread per daemon: its products are small, and OpenBLAS's spinning worker
@@ -23,6 +24,7 @@ SETTINGS = {  # key: (type, default); also the TOML keys
     "draft_distance": (float, None),
     "wire_versions": (str, "2,1"),
     "max_support": (int, 256),
+    "check_outgoing": (bool, True),
     "log_level": (str, "info"),
 }
 
@@ -41,6 +43,9 @@ def add_arguments(p) -> None:
                    help="wire versions this worker accepts, e.g. 2,1 (default) or 1")
     p.add_argument("--max-support", type=int, metavar="K",
                    help="largest sparse top-k support offered at HELLO (default 256)")
+    p.add_argument("--check-outgoing", action=argparse.BooleanOptionalAction, default=None,
+                   help="validate every REPLY row before it leaves, as the verifier will "
+                        "(default on; costs one dense-row validation per dense row)")
 
 
 def add_common_arguments(p) -> None:

@@ -181,7 +181,7 @@ class WorkerLink:
             log.warning("context channel to %s:%d failed: %s", self.host, self.port, e)
             return established
         finally:
-            self._go_down()
+            self._go_down(quiet=stop.is_set())
 
     def _go_ready(self) -> None:
         self.sessions_started += 1
@@ -194,7 +194,7 @@ class WorkerLink:
         log.info("session %016x with worker %s:%d: wire v%d", self.endpoint.session,
                  self.host, self.port, self.version)
 
-    def _go_down(self) -> None:
+    def _go_down(self, quiet: bool = False) -> None:
         was_ready = self._ready
         self._ready = False
         self._ready_event.clear()
@@ -212,7 +212,7 @@ class WorkerLink:
                                         "connection lost before the STEP left"))
         self._queued.clear()
         self._batches.clear()
-        if was_ready:
+        if was_ready and not quiet:
             log.warning("lost the worker session; reconnecting")
 
     # -- events ------------------------------------------------------------------

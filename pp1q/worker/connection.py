@@ -35,9 +35,12 @@ _SCRATCH_BYTES = 64 * 1024  # context-channel receive size (asyncio's default re
 
 class WorkerConnection(asyncio.BufferedProtocol):
     def __init__(self, config: WireConfig, state: WorkerState, model: DraftModel,
-                 metrics: Metrics, on_close=None) -> None:
+                 metrics: Metrics, on_close=None, drafter_cls: type = StepDrafter,
+                 check_outgoing: bool = True) -> None:
         self.config, self.state, self.model, self.metrics = config, state, model, metrics
+        self._check_outgoing = check_outgoing
         self._on_close = on_close
+        self._drafter_cls = drafter_cls  # the round benchmark plugs in canned rows here
         self.transport: asyncio.Transport | None = None
         self._sniff = bytearray(_SNIFF)
         self._sniffed = 0
@@ -105,9 +108,9 @@ class WorkerConnection(asyncio.BufferedProtocol):
             self._mode, self._ctx = "context", cc.ContextDecoder()
             return
         self._mode = "wire"
-        self.endpoint = WorkerEndpoint(self.config)
-        self.drafter = StepDrafter(self.endpoint, self.state, self.model, self.metrics,
-                                   self._write, lambda: self._drain)
+        self.endpoint = WorkerEndpoint(self.config, check_outgoing=self._check_outgoing)
+        self.drafter = self._drafter_cls(self.endpoint, self.state, self.model, self.metrics,
+                                         self._write, lambda: self._drain)
         self._on_wire_events(self.endpoint.receive_data(head, now))
 
     def _on_wire_events(self, events) -> None:

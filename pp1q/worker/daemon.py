@@ -40,7 +40,8 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None) -> int:
     connections: set[WorkerConnection] = set()
 
     def accept() -> WorkerConnection:
-        conn = WorkerConnection(config, state, drafter, metrics, on_close=connections.discard)
+        conn = WorkerConnection(config, state, drafter, metrics, on_close=connections.discard,
+                                check_outgoing=settings["check_outgoing"])
         connections.add(conn)
         return conn
 

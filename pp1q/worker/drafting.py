@@ -62,15 +62,14 @@ class StepDrafter:
         ep = self.endpoint
         self.metrics.steps.inc()
         try:
-            prefix = self.state.prefix_for_step(ep.session, step.slot, step.generation,
-                                                step.anchor, step.prefix_digest)
+            prefix = self._prefix(step)
         except StateRefusedError as e:
             log.info("step slot %d gen %d refused: %s", step.slot, step.generation, e)
             self._abort(step, e.reason)
             return
         drafts: list[int] = []
         try:
-            for index, (token, row) in enumerate(self._rows(step, prefix.tokens), start=1):
+            for index, (token, row) in enumerate(self._rows(step, prefix), start=1):
                 if not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # reset (or connection gone) while drafting: send nothing more
                 frame = ep.send(reply_from_row(
@@ -93,6 +92,12 @@ class StepDrafter:
         self.state.drafted(ep.session, step.slot, step.generation, step.round_id, drafts)
         self._send(ep.send(ep.completion(step.slot)))
         self.metrics.round_latency.observe(time.perf_counter() - t0)
+
+    def _prefix(self, step: Step) -> list[int]:
+        """The committed prefix this STEP drafts after (digest and anchor checked)."""
+        ep = self.endpoint
+        return self.state.prefix_for_step(ep.session, step.slot, step.generation, step.anchor,
+                                          step.prefix_digest).tokens
 
     def _rows(self, step: Step, prefix: list[int]):
         if step_form(step) is Form.TOKEN_ONLY:
