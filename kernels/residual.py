@@ -71,20 +71,23 @@ def target_fixed(p: torch.Tensor, validate: bool = True) -> torch.Tensor:
     return to_fixed(p)
 
 
+def sparse_cut(P: torch.Tensor, s_total: torch.Tensor, q: SparseCounts, use_q=None):
+    """(clamped ids, delta = R - P <= 0) at each support entry of sparse q rows."""
+    counts = q.counts if use_q is None else q.counts * use_q.unsqueeze(-1)
+    ids = q.ids.clamp(max=P.shape[-1] - 1)  # padding lanes carry count 0: delta 0
+    return ids, -torch.minimum(P.gather(-1, ids), q_units(counts, s_total.unsqueeze(-1)))
+
+
 def apply_q(P: torch.Tensor, s_total: torch.Tensor, q, use_q=None) -> torch.Tensor:
     """R = max(P - Q, 0) (dense q: a new tensor; sparse q: P is updated in place)."""
     if q is None:
         return P
-    s_col = s_total.unsqueeze(-1)
     if isinstance(q, SparseCounts):
-        counts = q.counts if use_q is None else q.counts * use_q.unsqueeze(-1)
-        ids = q.ids.clamp(max=P.shape[-1] - 1)  # padding lanes carry count 0: delta 0
-        delta = -torch.minimum(P.gather(-1, ids), q_units(counts, s_col))
-        return P.scatter_add_(-1, ids, delta)
+        return P.scatter_add_(-1, *sparse_cut(P, s_total, q, use_q))
     counts = q.to(torch.int64)
     if use_q is not None:
         counts = counts * use_q.unsqueeze(-1)
-    return (P - q_units(counts, s_col)).clamp_(min=0)
+    return (P - q_units(counts, s_total.unsqueeze(-1))).clamp_(min=0)
 
 
 def residual_sample(p: torch.Tensor, q, u53: torch.Tensor, *, use_q=None, validate=True,
@@ -94,20 +97,29 @@ def residual_sample(p: torch.Tensor, q, u53: torch.Tensor, *, use_q=None, valida
     ``use_q`` [n] bool: rows where q applies (others sample p itself, e.g. the bonus).
     """
     P = target_fixed(p, validate)
-    s_total = P.sum(-1)
+    psums = block_sums(P, block)  # one reduction gives S and, for sparse q, R's block sums
+    s_total = psums.sum(-1)
     if validate:
         check_totals(s_total)
-    return sample_fixed(P, s_total, q, u53, use_q=use_q,
+    return sample_fixed(P, s_total, q, u53, use_q=use_q, psums=psums,
                         fresh=lambda rows: to_fixed(p[rows]), block=block)
 
 
-def sample_fixed(P, s_total, q, u53, *, use_q=None, fresh, block: int = BLOCK):
+def sample_fixed(P, s_total, q, u53, *, use_q=None, fresh, psums=None, block: int = BLOCK):
     """``residual_sample`` on fixed-point rows P [n, V] (consumed: sparse q edits it).
 
-    ``fresh(rows)`` returns those rows of P again, for the underflow fallback.
+    ``fresh(rows)`` returns those rows of P again, for the underflow fallback;
+    ``psums``: P's block sums if already known (saves a pass for sparse q or none).
     """
-    R = apply_q(P, s_total, q, use_q)
-    sums = block_sums(R, block)
+    if psums is not None and isinstance(q, SparseCounts):
+        ids, delta = sparse_cut(P, s_total, q, use_q)
+        R = P.scatter_add_(-1, ids, delta)
+        sums = psums.scatter_add(-1, ids // block, delta)
+    elif psums is not None and q is None:
+        R, sums = P, psums.clone()
+    else:
+        R = apply_q(P, s_total, q, use_q)
+        sums = block_sums(R, block)
     total = sums.sum(-1)
     under = total == 0
     if bool(under.any()):  # pick from p itself with the same draw, flagged
