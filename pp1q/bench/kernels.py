@@ -75,24 +75,28 @@ def _cases():
     ]
 
 
+def _medians(cases, reps: int) -> list[float]:
+    """Median ns per case; cases interleaved in every repetition so noise hits all alike."""
+    for _, fn in cases:  # warm-up: imports, allocator, caches
+        fn()
+    samples = [[0] * reps for _ in cases]
+    for r in range(reps):
+        for i, (_, fn) in enumerate(cases):
+            t0 = time.perf_counter_ns()
+            fn()
+            samples[i][r] = time.perf_counter_ns() - t0
+    return [float(np.median(s)) for s in samples]
+
+
 def run(quick: bool) -> list[str]:
     import torch
 
     cases = _cases()
     reps = 5 if quick else 30
-    for _, fn in cases:  # warm-up: imports, allocator, caches
-        fn()
-    times = {name: [] for name, _ in cases}
-    for _ in range(reps):
-        for name, fn in cases:
-            t0 = time.perf_counter_ns()
-            fn()
-            times[name].append(time.perf_counter_ns() - t0)
-    base = float(np.median(times[cases[0][0]]))
+    medians = _medians(cases, reps)
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads, {ROWS} rows of "
              f"{VOCAB}; per row = median / {ROWS}",
              f"{'operation':<44} {'per row':>10} {'x softmax':>10}   ({reps} reps, interleaved)"]
-    for name, _ in cases:
-        med = float(np.median(times[name]))
-        lines.append(f"{name:<44} {med / ROWS / 1e3:>8.1f}us {med / base:>10.2f}")
+    for (name, _), med in zip(cases, medians, strict=True):
+        lines.append(f"{name:<44} {med / ROWS / 1e3:>8.1f}us {med / medians[0]:>10.2f}")
     return lines
