@@ -13,6 +13,14 @@ if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
 fi
 if [ "${1:-}" = "test" ]; then
     pipi -e ".[test]"
+    # promtool/prometheus (Debian's prometheus package) for the deploy/ tests; as root only
+    # (CI). Without them those tests fail with a message; PP1Q_NO_PROMETHEUS=1 skips them.
+    if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt_prometheus() {
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
+        }
+        { apt_prometheus || { apt-get update -q && apt_prometheus; }; } >/dev/null 2>&1 || true
+    fi
 else
     pipi -e .
 fi
