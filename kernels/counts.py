@@ -27,7 +27,7 @@ from .lookup import SparseCounts, compact
 from .topk import topk_support
 
 SORT_MAX = 4096  # rows up to this width find their remainder threshold by sorting
-HIST_BITS = 16  # wider rows: a 2^16-bin histogram of the remainders first
+HIST_BITS = 12  # wider rows: a 2^12-bin histogram first (~32 keys per bin at 129280)
 _NO_THRESHOLD = 2.0  # above every fractional remainder: rows with no remaining tickets
 
 
@@ -83,10 +83,14 @@ def logsumexp(logits: torch.Tensor, temperature=1.0) -> torch.Tensor:
 
 
 def floors(w: torch.Tensor):
-    """(floor counts int64, fractional remainders, eligible mask) of w * 2^24."""
+    """(floor counts int64, keys, eligible count) of w * 2^24.
+
+    key = the fractional remainder, or -1 where w == 0 (never eligible for a ticket).
+    """
     scaled = w * MASS  # exact: a power-of-two scale
-    eligible = scaled > 0
-    return scaled.to(torch.int64), torch.frac(scaled), eligible  # trunc == floor here
+    zero = scaled == 0
+    key = torch.frac(scaled).masked_fill_(zero, -1.0)
+    return scaled.to(torch.int64), key, w.shape[-1] - zero.sum(-1)  # trunc == floor here
 
 
 def check_remaining(remaining: torch.Tensor, eligible: torch.Tensor) -> None:
@@ -97,52 +101,63 @@ def check_remaining(remaining: torch.Tensor, eligible: torch.Tensor) -> None:
 
 
 def kth_largest(key: torch.Tensor, k: torch.Tensor, method: str | None = None) -> torch.Tensor:
-    """The k-th largest key per row [...] (keys in [0, 1) or -1; 1 <= k <= #keys >= 0)."""
+    """The k-th largest key per row [...] (keys in [0, 1) or -1; 1 <= k <= #keys >= 0).
+
+    "hist": bin the keys monotonically (any monotone binning works: the k-th largest
+    lies in the bin where the count from the top reaches k), then top-k in that bin.
+    """
     n = key.shape[-1]
     method = method or ("sort" if n <= SORT_MAX else "hist")
     if method == "sort":
         top = torch.sort(key, dim=-1, descending=True).values
         return top.gather(-1, (k - 1).unsqueeze(-1)).squeeze(-1)
-    nbins = 1 << HIST_BITS
-    bins = torch.where(key >= 0, (key * nbins).to(torch.int64), nbins)  # -1 -> dump bin
-    hist = torch.zeros(*key.shape[:-1], nbins + 1, dtype=torch.int64, device=key.device)
-    hist.scatter_add_(-1, bins, torch.ones_like(bins))
-    at_least = hist[..., :nbins].flip(-1).cumsum(-1).flip(-1)  # keys with bin >= b
-    b = (at_least >= k.unsqueeze(-1)).sum(-1) - 1  # the bin holding the k-th largest
+    nb = 1 << HIST_BITS
+    bins = torch.add(nb, key, alpha=nb).to(torch.int64)  # -1 -> bin 0; [0, 1) -> [nb, 2 nb]
+    hist = torch.zeros(*key.shape[:-1], 2 * nb + 1, dtype=torch.int64, device=key.device)
+    hist.scatter_add_(-1, bins, torch.ones((), dtype=torch.int64, device=key.device)
+                      .expand_as(bins))
+    at_least = hist[..., nb:].flip(-1).cumsum(-1).flip(-1)  # keys in bins >= nb + j
+    j = (at_least >= k.unsqueeze(-1)).sum(-1) - 1  # the bin holding the k-th largest
     above = torch.cat([at_least, torch.zeros_like(at_least[..., :1])], -1)
-    k_in = k - above.gather(-1, (b + 1).unsqueeze(-1)).squeeze(-1)
-    cand = torch.where(bins == b.unsqueeze(-1), key, -1.0)
+    k_in = k - above.gather(-1, (j + 1).unsqueeze(-1)).squeeze(-1)
+    cand = torch.where(bins == (j + nb).unsqueeze(-1), key, -1.0)
     top = torch.topk(cand, int(k_in.max()), dim=-1).values
     return top.gather(-1, (k_in - 1).unsqueeze(-1)).squeeze(-1)
 
 
-def tickets(frac, eligible, remaining, before=None) -> torch.Tensor:
-    """The extra-ticket mask given the threshold search; ``before`` = ties in lower shards."""
-    key = torch.where(eligible, frac, -1.0)
+def tickets(key: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
+    """The extra-ticket mask: the ``remaining`` largest keys, ties by lowest id."""
     has = remaining > 0
     kth = kth_largest(key, torch.where(has, remaining, 1))
-    return ticket_mask(key, torch.where(has, kth, _NO_THRESHOLD), remaining, before)
+    return ticket_mask(key, torch.where(has, kth, _NO_THRESHOLD), remaining)
 
 
 def ticket_mask(key, kth, remaining, before=None, above_total=None) -> torch.Tensor:
-    """Entries above the threshold, then the lowest-id ties until ``remaining`` is met."""
+    """Keys above the threshold, then the lowest-id ties until ``remaining`` is met.
+
+    ``before``/``above_total``: ties held by lower-id shards and the global count above
+    the threshold (sharded form). Unsharded, the usual case is one pass: exactly
+    ``remaining`` keys are >= the threshold.
+    """
     kth = kth.unsqueeze(-1)
+    if before is None and above_total is None:
+        at_least = key >= kth
+        if bool((at_least.sum(-1) == remaining).all()):
+            return at_least
     above = key > kth
     tied = key == kth
     n_above = above.sum(-1) if above_total is None else above_total
     need = (remaining - n_above).unsqueeze(-1)
     offset = 0 if before is None else before.unsqueeze(-1)
-    if bool((tied.sum(-1, keepdim=True) + offset <= need).all()):  # usual: every tie fits
-        return above | tied
     return above | (tied & (tied.cumsum(-1) + offset <= need))
 
 
 def allocate(w: torch.Tensor) -> torch.Tensor:
     """Counts [..., n] int64 for normalised FP64 weights w, exactly pp1q.q's rule."""
-    fl, frac, eligible = floors(w)
+    fl, key, eligible = floors(w)
     remaining = MASS - fl.sum(-1)
-    check_remaining(remaining, eligible.sum(-1))
-    counts = fl + tickets(frac, eligible, remaining).to(torch.int64)
+    check_remaining(remaining, eligible)
+    counts = fl.add_(tickets(key, remaining))
     if not bool((counts.sum(-1) == MASS).all()):
         raise DistributionError(Reason.ALLOCATION_INCONSISTENT, "counts do not sum to MASS")
     return counts

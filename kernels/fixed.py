@@ -33,6 +33,7 @@ SUM_LIMB_BITS = 45  # exact float sums: limbs of 45 bits, 2^17 entries sum below
 SUM_MAX_ENTRIES = 1 << 17  # the DeepSeek vocabulary (129280) fits; larger rows are refused
 _SUM_SCALE = float(1 << SUM_LIMB_BITS)
 _SUM_MASK = (1 << SUM_LIMB_BITS) - 1
+_SUM_BLOCK = 256  # 256 limbs of <= 2^45 sum below 2^53: exact in float64
 
 assert MASS == 1 << MASS_BITS
 
@@ -141,25 +142,43 @@ def check_totals(s_total: torch.Tensor) -> None:
 # order-independent float64 sums
 
 
+def block_sums(w: torch.Tensor, block: int) -> torch.Tensor:
+    """Sums of consecutive ``block`` entries along the last dim of rows [n, V]."""
+    n, v = w.shape
+    full = v // block
+    w = w.contiguous()
+    parts = [w.as_strided((n, full, block), (v, block, 1)).sum(-1)] if full else []
+    if v % block:
+        parts.append(w[:, full * block :].sum(-1, keepdim=True))
+    return torch.cat(parts, -1)
+
+
 def exact_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum of float64 values in [0, 1] along the last dim, independent of order.
+    """Sum of float64 values in [0, 1] along the last dim of rows, independent of order.
 
     Each value is cut into two 45-bit fixed-point limbs (resolution 2^-90; the part
-    below is dropped, under n * 2^-90 in all); limb sums are exact int64 sums, so any
+    below is dropped, under n * 2^-90 in all); limb sums are exact integer sums, so any
     split into shards or tiles gives the same limbs, and one fixed conversion rounds
     them to float64 (within half an ulp plus 2^-80 relative).
     """
-    if x.shape[-1] > SUM_MAX_ENTRIES:
-        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"{x.shape[-1]} > {SUM_MAX_ENTRIES}")
     return limbs_to_float(*sum_limbs(x))
 
 
+def _int_sum(f: torch.Tensor) -> torch.Tensor:
+    """Exact int64 row sums of integer-valued float64 entries below 2^45: blocks of 256
+    sum exactly in float64 (< 2^53), so only the block sums are converted."""
+    return block_sums(f, _SUM_BLOCK).to(torch.int64).sum(-1)
+
+
 def sum_limbs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two int64 limb sums of ``exact_sum`` (add them across shards, then convert)."""
-    a = x * _SUM_SCALE
-    hi = a.to(torch.int64)
-    lo = ((a - hi.to(a.dtype)) * _SUM_SCALE).to(torch.int64)
-    return hi.sum(-1), lo.sum(-1)
+    """The two int64 limb sums of ``exact_sum`` over rows [n, V] (add them across shards)."""
+    if x.shape[-1] > SUM_MAX_ENTRIES:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"{x.shape[-1]} > {SUM_MAX_ENTRIES}")
+    lead = x.shape[:-1]
+    a = (x * _SUM_SCALE).reshape(-1, x.shape[-1])
+    hi = torch.floor(a)
+    lo = torch.floor(a.sub_(hi).mul_(_SUM_SCALE))  # exact: the fraction of a float, rescaled
+    return _int_sum(hi).reshape(lead), _int_sum(lo).reshape(lead)
 
 
 def limbs_to_float(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:

@@ -28,22 +28,11 @@ import torch
 
 from pp1q.errors import DistributionError, LocalProtocolError, Reason
 
-from .fixed import check_target, check_totals, draw_threshold, q_units, to_fixed
+from .fixed import block_sums, check_target, check_totals, draw_threshold, q_units, to_fixed
 from .lookup import SparseCounts
 from .proposal import first_above
 
 BLOCK = 256  # torch path block: ~500 block sums for 129280 ids, then one 256-lane scan
-
-
-def block_sums(w: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
-    """Sums of consecutive ``block`` entries of rows [n, V] (last block may be short)."""
-    n, v = w.shape
-    full = v // block
-    w = w.contiguous()
-    parts = [w.as_strided((n, full, block), (v, block, 1)).sum(-1)] if full else []
-    if v % block:
-        parts.append(w[:, full * block :].sum(-1, keepdim=True))
-    return torch.cat(parts, -1)
 
 
 def pick_blocks(w: torch.Tensor, sums: torch.Tensor, thr: torch.Tensor, block: int = BLOCK):
@@ -115,6 +104,14 @@ def sample_fixed(P, s_total, q, u53, *, use_q=None, fresh, psums=None, block: in
         ids, delta = sparse_cut(P, s_total, q, use_q)
         R = P.scatter_add_(-1, ids, delta)
         sums = psums.scatter_add(-1, ids // block, delta)
+    elif psums is not None and q is not None:  # dense q: correct only its nonzero counts
+        R, sums = P, psums.clone()
+        mask = q != 0 if use_q is None else (q != 0) & use_q.unsqueeze(-1)
+        rows, cols = mask.nonzero(as_tuple=True)
+        delta = -torch.minimum(P[rows, cols], q_units(q[rows, cols].to(torch.int64),
+                                                       s_total[rows]))
+        R.index_put_((rows, cols), delta, accumulate=True)
+        sums.index_put_((rows, cols // block), delta, accumulate=True)
     elif psums is not None and q is None:
         R, sums = P, psums.clone()
     else:

@@ -118,9 +118,9 @@ def counts(layout, comm, logits, temperature=1.0, top_k=None):
         return result
     parts = [floors(w) for w in ws]
     remaining = MASS - comm.all_reduce_sum([fl.sum(-1) for fl, _, _ in parts])
-    check_remaining(remaining, comm.all_reduce_sum([el.sum(-1) for _, _, el in parts]))
+    check_remaining(remaining, comm.all_reduce_sum([el for _, _, el in parts]))
     # IEEE bits of non-negative doubles order like their values: exact integer keys
-    keys = [torch.where(el, fr.view(torch.int64), -1) for _, fr, el in parts]
+    keys = [torch.where(k >= 0, k.view(torch.int64), -1) for _, k, _ in parts]
     kth = _bisect(comm, keys, remaining)
     above = comm.all_reduce_sum([(k > kth.unsqueeze(-1)).sum(-1) for k in keys])
     ties = comm.all_gather([(k == kth.unsqueeze(-1)).sum(-1) for k in keys])

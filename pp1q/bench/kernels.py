@@ -6,7 +6,8 @@ in the same run, interleaved repetition by repetition, and is reported per row a
 a ratio to one torch fp32 softmax pass over the same 20 rows (the pass every target
 already makes to get p). Peer styles for residual sampling, same rows and q:
 HF-style (clamp p - q, normalise, torch.multinomial) and vLLM-style (clamp p - q,
-exponential race: argmax of r / Exp(1) noise).
+exponential race: argmax of r / Exp(1) noise), both given the top-32 q as a dense
+float32 row.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def _cases():
     logits = t_logits[:, :DEPTH].reshape(ROWS, VOCAB).contiguous()
     d_logits = -t_logits[:, :DEPTH].double()  # adversarial draft: heavy rejection
     q_sparse = counts.build_counts(d_logits.reshape(ROWS, VOCAB), top_k=TOP_K)
-    q_dense = dense_counts(q_sparse)
-    q_float = q_dense.float() / 2**24
+    q_dense = counts.build_counts(d_logits.reshape(ROWS, VOCAB))  # full-vocabulary draft rows
+    q_float = dense_counts(q_sparse).float() / 2**24
     w = counts.softmax_weights(logits.double())
     u53 = torch.randint(0, 2**53, (ROWS,), generator=g)
     keys = verify_step.StepKeys.from_keys(
@@ -63,7 +64,7 @@ def _cases():
         ("torch softmax fp32 (baseline)", lambda: torch.softmax(logits, -1)),
         ("residual, sparse q top-32", residual(q_sparse)),
         ("residual, sparse q, with p validation", residual(q_sparse, True)),
-        ("residual, dense q", residual(q_dense)),
+        ("residual, dense q (full-vocabulary draft)", residual(q_dense)),
         ("target pick (bonus / target-only)", residual(None)),
         ("HF-style: clamp, normalise, multinomial", hf_style),
         ("vLLM-style: clamp, exponential race", vllm_style),
