@@ -4,15 +4,17 @@ connection id and a monotonic timestamp, in a versioned record format
 
 Stable surface: ``CaptureWriter``, ``CaptureReader``, ``read_capture``,
 ``CaptureError``, ``Record``, ``Header``, ``Role``, ``Kind``, ``Direction``,
-``Protocol``, ``write_records``, ``FORMAT_VERSION``, ``MAGIC``.
+``Protocol``, ``tap`` (record an asyncio protocol's connections), ``write_records``,
+``FORMAT_VERSION``, ``MAGIC``.
 """
 
 from .format import FORMAT_VERSION, MAGIC, SUFFIX, Direction, Kind, Protocol, Role
 from .reader import CaptureError, CaptureReader, Header, Record, read_capture
+from .tap import tap
 from .writer import CaptureWriter, write_records
 
 __all__ = [
     "FORMAT_VERSION", "MAGIC", "SUFFIX", "CaptureError", "CaptureReader", "CaptureWriter",
-    "Direction", "Header", "Kind", "Protocol", "Record", "Role", "read_capture",
+    "Direction", "Header", "Kind", "Protocol", "Record", "Role", "read_capture", "tap",
     "write_records",
 ]

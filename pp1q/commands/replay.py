@@ -126,6 +126,8 @@ def _verify(args, reader) -> int:
                f"{len(report.commits)} commits, {len(report.divergences)} divergences")
     if reverifier is not None:
         summary += f", {report.rechecked} commits re-decided"
+        if report.not_rechecked:
+            summary += f" ({report.not_rechecked} rounds without captured context)"
     print(summary)
     return 0 if report.ok else EXIT_DIVERGED
 
@@ -154,4 +156,5 @@ def _report_json(report) -> dict:
         "stream_errors": [{"reason": e.event.reason.value, "detail": e.event.detail}
                           for e in report.stream_errors],
         "rechecked": report.rechecked,
+        "not_rechecked": report.not_rechecked,
     }

@@ -71,6 +71,7 @@ class ReplayReport:
     divergences: list[Divergence] = field(default_factory=list)
     stream_errors: list[Happened] = field(default_factory=list)  # RemoteProtocolError
     rechecked: int = 0  # commits re-decided from the target (with a Reverifier)
+    not_rechecked: int = 0  # validated rounds without a known prefix (no context captured)
     start_ns: int | None = None  # time of the capture's first record
 
     @property
@@ -107,6 +108,7 @@ class VerifierReplay:
             self.feed(rec)
         if self.reverifier is not None:
             self.report.rechecked = self.reverifier.checked
+            self.report.not_rechecked = self.reverifier.skipped
         return self.report
 
     def feed(self, rec: Record) -> None:
