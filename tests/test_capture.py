@@ -225,3 +225,16 @@ def test_reader_is_lazy_and_records_are_frozen(tmp_path):
     assert first.offset == FILE_HEADER_BYTES
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.conn = 2
+
+
+def test_large_bodies_bypass_the_buffer_in_order(tmp_path):
+    """Bodies >= LARGE_BODY_BYTES go out with one writev; the order must not change."""
+    from pp1q.capture.writer import LARGE_BODY_BYTES
+    big = bytes(range(256)) * (LARGE_BODY_BYTES // 256 + 3)
+    bodies = [b"a", big, b"b", b"c", big[::-1], b"d"]
+    with CaptureWriter(tmp_path / "l", role=Role.WORKER) as w:
+        c = w.open_conn(now=0.0)
+        for i, b in enumerate(bodies):
+            w.record(Direction.OUT, c, i, memoryview(b))
+    _, recs = read_capture(tmp_path / "l")
+    assert [r.body for r in recs if r.kind is Kind.DATA] == bodies
