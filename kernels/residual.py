@@ -79,6 +79,18 @@ def apply_q(P: torch.Tensor, s_total: torch.Tensor, q, use_q=None) -> torch.Tens
     return (P - q_units(counts, s_total.unsqueeze(-1))).clamp_(min=0)
 
 
+SPARSE_DENSITY = 16  # a dense q row with under 1/16 nonzero counts is corrected per entry
+
+
+def _nonzero(q: torch.Tensor, use_q):
+    mask = q != 0 if use_q is None else (q != 0) & use_q.unsqueeze(-1)
+    return mask.nonzero(as_tuple=True)
+
+
+def _mostly_zero(q: torch.Tensor) -> bool:
+    return int(torch.count_nonzero(q)) * SPARSE_DENSITY < q.numel()
+
+
 def residual_sample(p: torch.Tensor, q, u53: torch.Tensor, *, use_q=None, validate=True,
                     block: int = BLOCK):
     """Ids [n] and underflow flags [n] for rows p [n, V] (float), q dense/sparse/None.
@@ -104,10 +116,9 @@ def sample_fixed(P, s_total, q, u53, *, use_q=None, fresh, psums=None, block: in
         ids, delta = sparse_cut(P, s_total, q, use_q)
         R = P.scatter_add_(-1, ids, delta)
         sums = psums.scatter_add(-1, ids // block, delta)
-    elif psums is not None and q is not None:  # dense q: correct only its nonzero counts
-        R, sums = P, psums.clone()
-        mask = q != 0 if use_q is None else (q != 0) & use_q.unsqueeze(-1)
-        rows, cols = mask.nonzero(as_tuple=True)
+    elif psums is not None and q is not None and _mostly_zero(q):
+        R, sums = P, psums.clone()  # dense q with few nonzeros: correct only those
+        rows, cols = _nonzero(q, use_q)
         delta = -torch.minimum(P[rows, cols], q_units(q[rows, cols].to(torch.int64),
                                                        s_total[rows]))
         R.index_put_((rows, cols), delta, accumulate=True)
