@@ -273,3 +273,14 @@ def test_docs_name_every_deploy_file():
     files = sorted(p.relative_to(DEPLOY.parent).as_posix() for p in DEPLOY.rglob("*")
                    if p.is_file())
     assert files and not [f for f in files if f"`{f}`" not in doc]
+
+
+def test_missing_prometheus_fails_unless_deliberately_disabled(monkeypatch):
+    import deploy_tools
+    monkeypatch.setattr(deploy_tools.shutil, "which", lambda name: None)
+    monkeypatch.delenv(deploy_tools.NO_PROMETHEUS_ENV, raising=False)
+    with pytest.raises(pytest.fail.Exception, match="install Debian's prometheus"):
+        deploy_tools.prometheus_tool("promtool")
+    monkeypatch.setenv(deploy_tools.NO_PROMETHEUS_ENV, "1")
+    with pytest.raises(pytest.skip.Exception, match="deliberately"):
+        deploy_tools.prometheus_tool("promtool")
