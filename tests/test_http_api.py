@@ -28,6 +28,7 @@ def test_generate_body_defaults_and_overrides():
     r = _decode({"prompt_token_ids": [1], "max_tokens": 1, "top_k": None, "temperature": 0,
                  "speculative": False})
     assert r.top_k is None and r.greedy and not r.speculative
+    assert _decode({"prompt_token_ids": [1], "max_tokens": 1, "top_k": 100}).top_k is None
     assert 0 <= r.seed < 1 << 64  # drawn by the server when absent
 
 

@@ -39,7 +39,8 @@ def _batch(url: str, prompts, args, speculative: bool, label: str):
         done[1] += len(answer["token_ids"])
         _progress(label, done, len(prompts), elapsed, tty)
 
-    options = {"speculative": speculative, "top_k": None if args.top_k == 0 else args.top_k}
+    top_k = args.top_k if 0 < args.top_k < args.vocab else None  # k >= vocab: dense
+    options = {"speculative": speculative, "top_k": top_k}
     out = run_batch(url, prompts, args.max_tokens, concurrency=args.concurrency,
                     first_seed=args.seed, options=options, on_answer=progress)
     if tty:
@@ -113,8 +114,10 @@ def _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url) -
             fallbacks[cause] = fallbacks.get(cause, 0) + n
     print("computing the theoretical expectation for these models ...", flush=True)
     drafter, target = toy_pair(args.vocab, args.model_seed, args.draft_preset)
-    mean, err = expected_accepted(drafter, target, prompts[:16], rounds_per_prompt=4,
-                                  top_k=None if args.top_k == 0 else args.top_k)
+    # contexts like the batch's: its prompts, about as many rounds as a request runs
+    mean, err = expected_accepted(drafter, target, prompts[:8],
+                                  rounds_per_prompt=max(4, args.max_tokens // 3),
+                                  top_k=None if not 0 < args.top_k < args.vocab else args.top_k)
     rate, base_rate = tokens / spec_s, base_tokens / base_s
     print("\nsummary")
     print(f"  speculative  {tokens:6d} tokens in {spec_s:6.2f} s = {rate:8.1f} tokens/s")

@@ -8,8 +8,8 @@
     speculative        true (default): draft on the worker and verify; false: target-only
     temperature        1 (default: sample from the target p at T = 1) or 0 (greedy, v1)
     draft_temperature  proposal temperature on the worker (> 0, default 1)
-    top_k              proposal support: an int k (sparse top-k) or null (dense);
-                       absent: the verifier's configured default
+    top_k              proposal support: an int k (sparse top-k; k >= vocab means dense)
+                       or null (dense); absent: the verifier's configured default
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ def decode_generate(body: bytes, *, vocab: int, default_top_k: int | None,
         raise HttpError(422, "unsupported_temperature",
                         "temperature must be 1 (sample the target p) or 0 (greedy)")
     top_k = default_top_k if b.top_k is msgspec.UNSET else b.top_k
+    if top_k is not None and top_k >= vocab:
+        top_k = None  # the k largest of vocab ids, k >= vocab: every id, i.e. dense
     if top_k is not None and top_k > max_support:
         raise HttpError(422, "top_k_too_large",
                         f"top_k {top_k} above the negotiated support bound {max_support}")
