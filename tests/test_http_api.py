@@ -105,6 +105,14 @@ async def test_server_routes_errors_and_keep_alive():
         status, body, _ = await _exchange(
             port, b"GET /healthz HTTP/1.1\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n")
         assert status == 431
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(
+            b"HTTP/1.1 100 Continue")
+        writer.write(b"ab")
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(
+            b"HTTP/1.1 200")
+        writer.close()
         # two requests on one connection
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(2):

@@ -167,6 +167,8 @@ class HttpServer:
         try:
             head = parse_head(raw)
             n = head.content_length()
+            if n and head.headers.get("expect", "").lower() == "100-continue":
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it on >1 KB
             body = await asyncio.wait_for(reader.readexactly(n), BODY_TIMEOUT_S) if n else b""
             status, answer, extra = await self._dispatch(head, body)
         except HttpError as e:
