@@ -1,26 +1,49 @@
-"""libFuzzer harness (atheris) for the wire decoder and the verifier endpoint.
+"""libFuzzer harness (atheris) for every decoder a peer's bytes reach.
 
-Runs outside CI (docs/wire.md, section 8):
+Targets, all fed the same input (each must accept it or raise RemoteProtocolError):
+
+- ``FrameDecoder`` whole and split at a cut chosen by the first byte;
+- a verifier past HELLO with a dense and a sparse STEP outstanding, fed through
+  ``receive_data`` and through the BufferedProtocol path (``get_buffer`` /
+  ``buffer_updated``, which the daemons use), then its watchdog; every ProposalReady it
+  hands out for a sampled step must carry one q row per sampled id;
+- a verifier waiting for the HELLO answer (identity, version and limit checks);
+- a fresh worker (HELLO parsing and identity checks) and a worker past HELLO
+  (STEP / COMMIT / RESET checks);
+- the context channel decoder, as the worker runs it (preamble expected).
+
+The wire targets also get the input with every frame's checksums recomputed
+(``with_valid_checksums``): otherwise nearly every mutation stops at the head checksum.
+
+Runs outside CI (RELIABILITY.md, "Fuzzing", records the last long run):
 
     pip install atheris
-    python fuzz/wire_atheris.py -runs=1000000 -rss_limit_mb=2048 fuzz/corpus
+    python fuzz/wire_atheris.py -runs=1000000 -max_len=4096 -rss_limit_mb=2048 \
+        -print_final_stats=1 fuzz/corpus
 
 A corpus directory given on the command line is created and seeded with the golden
-vectors (tests/vectors/*.bin). Any exception other than RemoteProtocolError is a crash.
+vectors (tests/vectors/*.bin) and a context-channel frame. Any exception other than
+RemoteProtocolError (or a failed assertion) is a crash: libFuzzer stops and saves it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import struct
 import sys
 from pathlib import Path
+
+import xxhash
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import wire_vectors  # noqa: E402
 
+from pp1q import context_channel as cc  # noqa: E402
 from pp1q.wire import (  # noqa: E402
     FrameDecoder,
+    ProposalReady,
     RemoteProtocolError,
     Step,
     VerifierEndpoint,
@@ -29,36 +52,118 @@ from pp1q.wire import (  # noqa: E402
 )
 
 _CONFIG = WireConfig(identity=wire_vectors.IDENTITY, limits=wire_vectors.LIMITS, versions=(1, 2))
+_HELLO = VerifierEndpoint(_CONFIG, session=wire_vectors.SESSION).hello()
+_HELLO_ANSWER = wire_vectors.build()["hello_answer"]  # the worker's answer to _HELLO
+_STEPS = (Step(**{**wire_vectors.STEP, "temperature": 0.75, "top_k": 0}),
+          Step(**{**wire_vectors.STEP, "temperature": 0.75, "slot": 1, "top_k": 3}))
+_HEAD = struct.Struct("<4sBBHIIQ")  # pp1q.wire.framing's header, bytes 0..23
+_HEADER_BYTES = 32
+_MAX_CHUNK = 64  # BufferedProtocol path: at most this many bytes per buffer_updated call
+
+
+def _ready_worker() -> WorkerEndpoint:
+    w = WorkerEndpoint(_CONFIG)
+    w.receive_data(_HELLO, 0.0)
+    w.data_to_send()
+    return w
 
 
 def _stepping_verifier() -> VerifierEndpoint:
     """A verifier past HELLO with one dense and one sparse step outstanding."""
     v = VerifierEndpoint(_CONFIG, session=wire_vectors.SESSION)
-    w = WorkerEndpoint(_CONFIG)
-    w.receive_data(v.hello(), 0.0)
-    v.receive_data(w.data_to_send(), 0.0)
-    base = dict(wire_vectors.STEP, temperature=0.75)
-    v.send(Step(**{**base, "top_k": 0}), now=0.0)
-    v.send(Step(**{**base, "slot": 1, "top_k": 3}), now=0.0)
+    v.hello()
+    v.receive_data(_HELLO_ANSWER, 0.0)
+    for step in _STEPS:
+        v.send(step, now=0.0)
     return v
 
 
-def one_input(data: bytes) -> None:
-    """The property: every input is accepted or raises RemoteProtocolError."""
+def _check_events(events) -> None:
+    for e in events:
+        if isinstance(e, ProposalReady) and not e.greedy:  # no sampled id without its q
+            assert len(e.q_rows) == len(e.draft_ids), e
+
+
+def _buffered(endpoint, data: bytes) -> list:
+    """Feed ``data`` as an asyncio.BufferedProtocol transport would: into get_buffer()."""
+    events, pos = [], 0
+    chunk = 1 + data[-1] % _MAX_CHUNK if data else 1  # the input picks its own chunking
+    while pos < len(data):
+        buf = endpoint.get_buffer(-1)
+        n = min(len(buf), len(data) - pos, chunk)
+        buf[:n] = data[pos:pos + n]
+        pos += n
+        events += endpoint.buffer_updated(n, 0.0)
+    return events
+
+
+def _only_remote_errors(fn, *args) -> None:
+    with contextlib.suppress(RemoteProtocolError):
+        fn(*args)
+
+
+def with_valid_checksums(data: bytes) -> bytes:
+    """``data`` read as a run of frames, each with both checksums recomputed over the
+    bytes that are there, so that mutations reach the schema, row and state checks
+    behind the head checksum (the CRC fix-up of PNG fuzzers). Declared lengths are kept."""
+    out, pos = bytearray(data), 0
+    while pos + _HEADER_BYTES <= len(out):
+        *fields, _ = _HEAD.unpack_from(out, pos)
+        clen, plen = fields[4], fields[5]
+        control_end = min(pos + _HEADER_BYTES + clen, len(out))
+        payload_end = min(control_end + plen, len(out))
+        payload_sum = xxhash.xxh3_64_intdigest(bytes(out[control_end:payload_end]))
+        _HEAD.pack_into(out, pos, *fields, payload_sum)
+        head = bytes(out[pos:pos + 24]) + bytes(out[pos + _HEADER_BYTES:control_end])
+        struct.pack_into("<Q", out, pos + 24, xxhash.xxh3_64_intdigest(head))
+        pos = payload_end
+    return bytes(out)
+
+
+def _feed_all(decoder: FrameDecoder, chunks) -> None:
+    for c in chunks:
+        decoder.feed(c)
+
+
+def _frame_decoder(data: bytes) -> None:
     cut = data[0] if data else 0
     for chunks in ([data], [data[:cut], data[cut:]]):
-        d = FrameDecoder(wire_vectors.LIMITS)
-        try:
-            for c in chunks:
-                d.feed(c)
-        except RemoteProtocolError:
-            pass
+        _only_remote_errors(_feed_all, FrameDecoder(wire_vectors.LIMITS), chunks)
+
+
+def _verifier(data: bytes) -> None:
     v = _stepping_verifier()
-    try:
-        v.receive_data(data, 0.0)
-        v.check_timeouts(10.0)
-    except RemoteProtocolError:
-        pass
+    _only_remote_errors(lambda: _check_events(v.receive_data(data, 0.0)))
+    _check_events(v.check_timeouts(10.0))
+    v = _stepping_verifier()
+    _only_remote_errors(lambda: _check_events(_buffered(v, data)))
+    v = VerifierEndpoint(_CONFIG, session=wire_vectors.SESSION)
+    v.hello()
+    _only_remote_errors(v.receive_data, data, 0.0)
+
+
+def _worker(data: bytes) -> None:
+    for w in (WorkerEndpoint(_CONFIG), _ready_worker()):
+        _only_remote_errors(w.receive_data, data, 0.0)
+        w.data_to_send()
+
+
+def _context(data: bytes) -> None:
+    _only_remote_errors(cc.ContextDecoder(expect_preamble=True).feed, data)
+
+
+TARGETS = (_frame_decoder, _verifier, _worker, _context)
+
+
+def one_input(data: bytes) -> None:
+    """The property: every target accepts the input or raises RemoteProtocolError,
+    as sent and with its frame checksums made valid."""
+    for target in TARGETS:
+        target(data)
+    fixed = with_valid_checksums(data)
+    if fixed != data:
+        for target in TARGETS[:3]:  # the context channel carries no checksums
+            target(fixed)
 
 
 def _seed_corpus(argv: list[str]) -> None:
@@ -68,6 +173,9 @@ def _seed_corpus(argv: list[str]) -> None:
         corpus.mkdir(parents=True, exist_ok=True)
         for name, frame in wire_vectors.build().items():
             (corpus / f"{name}.bin").write_bytes(frame)
+        ctx = cc.SetContext(session=wire_vectors.SESSION, slot=1, generation=2,
+                            tokens=[1, 2, 3], digest=7)
+        (corpus / "context_set.bin").write_bytes(cc.PREAMBLE + cc.encode(ctx))
 
 
 def main() -> None:
