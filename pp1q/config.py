@@ -46,6 +46,20 @@ def hostport(text: str) -> str:
     return text
 
 
+def open_capture(settings: dict, role: str, info: dict):
+    """The ``--capture FILE`` writer of a daemon (pp1q.capture), None without the option;
+    a file that cannot be created is a settings error."""
+    path = settings.get("capture")
+    if not path:
+        return None
+    from .capture import CaptureWriter
+
+    try:
+        return CaptureWriter.open(path, role, info)
+    except OSError as e:
+        raise ConfigError(f"cannot create capture {path}: {e.strerror}") from None
+
+
 def add_config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE.toml",
                    help="TOML settings (top level: both daemons; [worker]/[verifier] tables)")

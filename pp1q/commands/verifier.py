@@ -28,6 +28,7 @@ SETTINGS = {  # key: (type, default); also the TOML keys
     "watchdog_ms": (int, 2000),
     "reconnect_max_s": (float, 5.0),
     "target_delay_ms": (float, 0.0),
+    "capture": (str, None),
     "log_level": (str, "info"),
 }
 

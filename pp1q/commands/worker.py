@@ -25,6 +25,7 @@ SETTINGS = {  # key: (type, default); also the TOML keys
     "wire_versions": (str, "2,1"),
     "max_support": (int, 256),
     "check_outgoing": (bool, True),
+    "capture": (str, None),
     "log_level": (str, "info"),
 }
 
@@ -58,6 +59,9 @@ def add_common_arguments(p) -> None:
     p.add_argument("--model-seed", type=int, metavar="S",
                    help="toy model seed; worker and verifier must agree (default 0)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--capture", metavar="FILE",
+                   help="record every frame in and out (wire and context channel) to FILE, "
+                        "for `pp1q replay` (docs/capture.md; default: no capture)")
     add_config_option(p)
 
 

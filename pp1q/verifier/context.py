@@ -8,6 +8,7 @@ import contextlib
 import logging
 
 from .. import context_channel as cc
+from ..capture import Direction, Protocol
 from ..errors import Reason, RemoteProtocolError
 from ..metrics import FallbackCause, Metrics
 from ..prefix import Prefix
@@ -18,8 +19,12 @@ _READ_BYTES = 64 * 1024  # answers are ~40 bytes; one read usually holds several
 
 
 class ContextClient:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, capture=None) -> None:
         self.metrics = metrics
+        # pp1q.capture.CaptureWriter or None. asyncio.open_connection bypasses
+        # capture.tap, so this channel records its own reads and writes.
+        self._capture = capture
+        self._conn: int | None = None  # this connection's id in the capture
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task | None = None
         self._waiters: dict[tuple[int, int], asyncio.Future] = {}
@@ -30,13 +35,17 @@ class ContextClient:
         self._timeout = timeout
         reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, port),
                                                       timeout)
-        self._writer.write(cc.PREAMBLE)
+        if self._capture is not None:
+            self._conn = self._capture.open_conn(Protocol.CONTEXT, f"{host}:{port}")
+        self._write(cc.PREAMBLE)
         self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         decoder = cc.ContextDecoder()
         try:
             while data := await reader.read(_READ_BYTES):
+                if self._conn is not None:
+                    self._capture.record(Direction.IN, self._conn, None, data)
                 for msg in decoder.feed(data):
                     fut = self._waiters.pop((msg.slot, msg.generation), None)
                     if fut is not None and not fut.done():
@@ -49,9 +58,17 @@ class ContextClient:
         finally:
             self.close()
 
+    def _write(self, data: bytes) -> None:
+        if self._conn is not None:
+            self._capture.record(Direction.OUT, self._conn, None, data)
+        self._writer.write(data)
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+        if self._conn is not None:
+            self._capture.close_conn(self._conn, "closed")
+            self._conn = None
         if self._reader_task is not None and self._reader_task is not asyncio.current_task():
             self._reader_task.cancel()
         for fut in self._waiters.values():
@@ -69,8 +86,8 @@ class ContextClient:
             return Fallback(FallbackCause.CONNECTION_LOST, Reason.CONNECTION_LOST)
         fut = asyncio.get_running_loop().create_future()
         self._waiters[(slot, generation)] = fut
-        self._writer.write(cc.encode(cc.SetContext(session, slot, generation, prefix.tokens,
-                                                   prefix.digest)))
+        self._write(cc.encode(cc.SetContext(session, slot, generation, prefix.tokens,
+                                            prefix.digest)))
         try:
             answer = await asyncio.wait_for(fut, self._timeout)
         except TimeoutError:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 
-from ..config import ConfigError, parse_hostport
+from ..config import ConfigError, open_capture, parse_hostport
 from ..metrics import Metrics, serve_until_stopped
 from ..models import ToySpec, ToyTarget
 from ..session_config import DEFAULT_MAX_SUPPORT, verifier_config
@@ -86,6 +86,9 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None,
     http = HttpServer(routes(settings, link, scheduler, config))
     host, port = parse_hostport(settings["http"], "--http")
     port = await http.start(host, port)
+    # the worker link's traffic (wire and context channel); replay needs the watchdog
+    cap = link.capture = open_capture(settings, "verifier",
+                                      {"step_timeout_s": settings["watchdog_ms"] / 1e3})
     link_task = asyncio.get_running_loop().create_task(link.run(stop))
     try:
         banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings['worker']}"
@@ -95,4 +98,6 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None,
         link_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await link_task
+        if cap is not None:
+            cap.close()
     return 0

@@ -19,6 +19,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+from ..capture import Protocol, tap
 from ..errors import LocalProtocolError, Reason, RemoteProtocolError
 from ..metrics import FallbackCause, Metrics
 from ..prefix import Prefix
@@ -95,8 +96,9 @@ class _WireProtocol(asyncio.BufferedProtocol):
 
 class WorkerLink:
     def __init__(self, host: str, port: int, config: WireConfig, needs: Needs, metrics: Metrics,
-                 step_timeout: float, reconnect_max_s: float) -> None:
+                 step_timeout: float, reconnect_max_s: float, capture=None) -> None:
         self.host, self.port, self.config, self.needs = host, port, config, needs
+        self.capture = capture  # pp1q.capture.CaptureWriter or None
         self.metrics = metrics
         self.step_timeout = step_timeout
         self.reconnect_max_s = reconnect_max_s
@@ -153,7 +155,8 @@ class WorkerLink:
                                     step_timeout=self.step_timeout, pool=self.pool)
         try:
             _, proto = await loop.create_connection(
-                lambda: _WireProtocol(self, endpoint), self.host, self.port)
+                tap(lambda: _WireProtocol(self, endpoint), self.capture, Protocol.WIRE),
+                self.host, self.port)
         except OSError as e:
             log.debug("worker %s:%d unreachable: %s", self.host, self.port, e)
             return False
@@ -166,7 +169,7 @@ class WorkerLink:
                                         return_when=asyncio.FIRST_COMPLETED)
             if self._started not in done or not self._started.result():
                 return False
-            self._context = ContextClient(self.metrics)
+            self._context = ContextClient(self.metrics, self.capture)
             await self._context.connect(self.host, self.port, self.step_timeout)
             established = True
             self._go_ready()

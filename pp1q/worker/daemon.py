@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..config import ConfigError, parse_hostport
+from ..capture import tap
+from ..config import ConfigError, open_capture, parse_hostport
 from ..metrics import Metrics, serve_until_stopped
 from ..models import ToyDrafter, ToySpec
 from ..session_config import parse_versions, worker_config
@@ -45,7 +46,13 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None) -> int:
         connections.add(conn)
         return conn
 
-    server = await asyncio.get_running_loop().create_server(accept, host, port)
+    cap = open_capture(settings, "worker", {"listen": settings["listen"]})
+    try:
+        server = await asyncio.get_running_loop().create_server(tap(accept, cap), host, port)
+    except BaseException:
+        if cap is not None:
+            cap.close()
+        raise
     port = server.sockets[0].getsockname()[1]
     try:
         log.info("worker on %s:%d: %s (%s), wire versions %s", host, port, drafter.identity,
@@ -56,4 +63,6 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None) -> int:
         server.close()
         for conn in list(connections):  # verifiers see the close and fail over at once
             conn.close()
+        if cap is not None:
+            cap.close()  # connections still open are recorded as closed by the capture
     return 0
