@@ -18,6 +18,8 @@ COMMANDS = {
     "generate": "pp1q.commands.generate",
     "demo": "pp1q.commands.demo",
     "replay": "pp1q.commands.replay",
+    "chaos": "pp1q.commands.chaos",
+    "soak": "pp1q.commands.soak",
 }
 
 
