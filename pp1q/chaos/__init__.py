@@ -1,0 +1,1 @@
+"""Fault injection between the daemons: the proxy, the chaos matrix and the soak."""
