@@ -91,6 +91,8 @@ class SoakReport:
         out += [f"{role} holds {n} slots after the run" for role, n in self.slots_left.items()
                 if n]
         for role, (_start, warm, end) in self.rss_kib.items():
+            if role == "worker" and self.worker_restarts:
+                continue  # the end figure is of a newer worker process
             if end - warm > RSS_GROWTH_BOUND_KIB:
                 out.append(f"{role} RSS grew {(end - warm) / 1024:.1f} MiB after warm-up "
                            f"(bound {RSS_GROWTH_BOUND_KIB / 1024:.0f} MiB)")
@@ -115,7 +117,9 @@ class SoakReport:
             f"  reconnects {self.reconnects}, late frames discarded {self.late_discarded}",
             f"  slot high-water mark: {kv(self.slots_hwm)}; held after the run: "
             f"{', '.join(f'{k} {v}' for k, v in self.slots_left.items())}",
-            f"  RSS start -> after warm-up -> end: {rss}",
+            f"  RSS start -> after warm-up -> end: {rss}"
+            + (" (worker: the end figure is of the process started last)"
+               if self.worker_restarts else ""),
             f"  result: {'PASS' if not self.problems() else 'FAIL: ' + '; '.join(self.problems())}",
         ]
         return "\n".join(lines)
