@@ -20,10 +20,10 @@ from pp1q.errors import LocalProtocolError, Reason
 from pp1q.rng import Domain
 from pp1q.verify import RoundDecision, RoundKeys
 
-from .fixed import accepts_exact, check_target, check_totals, to_fixed
+from .fixed import accepts_exact, block_sums, check_target, check_totals, to_fixed
 from .lookup import SparseCounts, count_at
 from .philox import MAX_GENERATION, keyed_u53, seed_tensor
-from .residual import sample_fixed
+from .residual import BLOCK, sample_fixed
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,8 @@ def decide(p, q, draft, u_acc, u_corr, u_bonus, *, validate=True) -> StepResult:
     if validate:
         check_target(p)
     P = to_fixed(p)
-    s_total = P.sum(-1)  # [B, D+1]
+    psums = block_sums(P.view(B * D1, V), BLOCK).view(B, D1, -1)
+    s_total = psums.sum(-1)  # [B, D+1]
     if validate:
         check_totals(s_total)
     c_x = check_drafted(count_at(q, draft))
@@ -132,6 +133,7 @@ def decide(p, q, draft, u_acc, u_corr, u_bonus, *, validate=True) -> StepResult:
     b = torch.arange(B, device=p.device)
     q_rows, use_q, u = chosen_rows(q, accepted, u_corr, u_bonus)
     token, under = sample_fixed(P[b, accepted], s_total[b, accepted], q_rows, u, use_q=use_q,
+                                psums=psums[b, accepted],
                                 fresh=lambda rows: P[rows, accepted[rows]])
     return StepResult(accepted, token, under)
 
