@@ -1,0 +1,95 @@
+"""The chaos matrix against one shared pair of real daemons (pp1q.chaos.matrix).
+
+Every row: requests keep completing, the fault's counter equals the proxy's injections,
+the answers' stats, the verifier's metrics and the wire audit agree (zero partial
+commits, zero sampled ids without q). The distribution row: 2000 requests (6000 with
+--runslow) of 3 tokens under random mixed frame faults; each position's marginal must
+fit the exact target marginal (chi-square, alpha 1e-6, tests/stats.py), and the same
+check must reject a verifier with a planted bug under the same faults. The matrix is
+printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_daemon_distribution import exact_marginals, planted_verifier_command, worst_position
+
+from pp1q.chaos.matrix import (
+    DIST_TOKENS,
+    PENDING_RANKS,
+    cases,
+    format_distribution,
+    format_table,
+    run_case,
+    run_distribution,
+)
+from pp1q.chaos.rig import Rig
+
+WATCHDOG_MS = 300  # short: a delay row waits about 3 x this for its late frames
+VOCAB = 16
+N = 2000  # distribution row, bounded default: a planted bug's chi-square ~2x the threshold
+N_SLOW = 6000
+ROWS: list = []
+DIST: list = []
+PLANTED: list[str] = []
+
+
+def judge(counts):
+    worst, results = worst_position(counts, exact_marginals())
+    return not worst.rejected, f"worst position: {worst}"
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory, request):
+    r = Rig(tmp_path_factory.mktemp("chaos"), vocab=VOCAB, preset="far",
+            watchdog_ms=WATCHDOG_MS)
+    yield r
+    r.close()
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and ROWS:
+        reporter.write_line("")
+        lines = format_table(ROWS).splitlines() + [format_distribution(d) for d in DIST]
+        lines += [f"planted-bug verifier under the same faults (must be rejected): {v}"
+                  for v in PLANTED]
+        for line in lines:
+            reporter.write_line(line)
+
+
+@pytest.mark.parametrize("case", cases(WATCHDOG_MS / 1000), ids=lambda c: c.name)
+def test_fault_row(rig, case):
+    row = run_case(rig, case)
+    ROWS.append(row)
+    if row.pending:
+        assert row.pending == PENDING_RANKS
+        pytest.skip(row.pending)
+    assert row.ok, f"{row.name}: {row.problems}\n{rig.logs()}"
+    assert row.complete == row.requests and row.injected > 0
+
+
+def _distribution(rig, n):
+    result = run_distribution(rig, n, judge, watchdog_s=WATCHDOG_MS / 1000)
+    DIST.append(result)
+    assert result.fallbacks, "the faults caused no fallback: the row proves nothing"
+    assert result.ok, f"{result}"
+
+
+def test_distribution_under_mixed_faults(rig):
+    _distribution(rig, N)
+
+
+@pytest.mark.slow
+def test_distribution_under_mixed_faults_long(rig):
+    _distribution(rig, N_SLOW)
+
+
+def test_planted_bug_is_rejected_under_the_same_faults(tmp_path):
+    planted = Rig(tmp_path, vocab=VOCAB, preset="far", watchdog_ms=WATCHDOG_MS,
+                  verifier_cmd=planted_verifier_command())
+    try:
+        result = run_distribution(planted, N, judge, watchdog_s=WATCHDOG_MS / 1000)
+    finally:
+        planted.close()
+    PLANTED.append(result.verdict)
+    assert result.complete == N and result.fallbacks
+    assert not result.fits, result.verdict
+    assert DIST_TOKENS == 3
