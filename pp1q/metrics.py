@@ -36,6 +36,14 @@ class FallbackCause(enum.StrEnum):
     WORKER_REFUSED = "worker_refused"  # the worker answered the STEP with a refusal
 
 
+class PeerRefusal(enum.StrEnum):
+    """Why this daemon refused a peer before any session existed (closed set)."""
+
+    TLS_HANDSHAKE = "tls_handshake"  # no certificate, untrusted CA, expired, wrong name, not TLS
+    IDENTITY_MISMATCH = "identity_mismatch"  # HELLO identity differs from our configuration
+    HELLO_INCOMPATIBLE = "hello_incompatible"  # no common wire version, or limits too small
+
+
 class StepKind(enum.StrEnum):
     """How the verifier produced tokens in one scheduling step of a request."""
 
@@ -82,6 +90,9 @@ class Metrics:
         self.late_replies = counter("late_replies_discarded",
                                     "Frames of an invalidated generation discarded unread")
         self.reconnects = counter("reconnects", "Worker sessions re-established after a loss")
+        self.peers_refused = counter(
+            "peers_refused", "Peers this daemon refused before a session (TLS handshake or "
+            "HELLO), by reason", ("reason",))
         self.reply_bytes = counter(
             "reply_bytes", "Wire bytes from worker to verifier (REPLY, COMPLETION, HELLO answer,"
             " refusals): sent (worker) or received (verifier)")
@@ -95,9 +106,19 @@ class Metrics:
             self.fallbacks.labels(cause=cause.value)
         for kind in StepKind:
             self.rounds.labels(kind=kind.value)
+        for refusal in PeerRefusal:
+            self.peers_refused.labels(reason=refusal.value)
 
     def validation_failure(self, reason: Reason) -> None:
         self.validation_failures.labels(reason=Reason(reason).value).inc()
+
+    def peer_refused(self, reason: PeerRefusal) -> None:
+        self.peers_refused.labels(reason=PeerRefusal(reason).value).inc()
+
+    def hello_refused(self, reason: Reason) -> None:
+        """We refused the peer's HELLO (or its answer) for ``reason``."""
+        self.peer_refused(PeerRefusal.IDENTITY_MISMATCH if reason is Reason.WRONG_IDENTITY
+                          else PeerRefusal.HELLO_INCOMPATIBLE)
 
     def fallback(self, cause: FallbackCause) -> None:
         self.fallbacks.labels(cause=FallbackCause(cause).value).inc()

@@ -9,6 +9,7 @@ import os
 # Effective because this module is imported before numpy when the daemon starts.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+from pp1q import tls
 from pp1q.commands.worker import add_common_arguments
 from pp1q.config import hostport
 
@@ -30,6 +31,8 @@ SETTINGS = {  # key: (type, default); also the TOML keys
     "target_delay_ms": (float, 0.0),
     "capture": (str, None),
     "log_level": (str, "info"),
+    **tls.SETTINGS,  # mutual TLS with the worker (off unless all three files are set)
+    **tls.VERIFIER_SETTINGS,
 }
 
 
@@ -39,6 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--http", type=hostport, metavar="HOST:PORT",
                    help="HTTP API address (default 127.0.0.1:8080)")
     add_common_arguments(p)
+    tls.add_arguments(p, verifier=True)
     p.add_argument("--wire-version", type=int, choices=[1, 2],
                    help="2 (default): sampled speculative decoding with exact q; "
                         "1: a v1 session, greedy (temperature 0) requests only")

@@ -10,6 +10,7 @@ import os
 # Effective because this module is imported before numpy when the daemon starts.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+from pp1q import tls
 from pp1q.config import add_config_option, hostport
 
 HELP = "run the drafter worker daemon (drafts tokens and ships the exact q of each)"
@@ -27,6 +28,7 @@ SETTINGS = {  # key: (type, default); also the TOML keys
     "check_outgoing": (bool, True),
     "capture": (str, None),
     "log_level": (str, "info"),
+    **tls.SETTINGS,  # mutual TLS with the verifier (off unless all three files are set)
 }
 
 
@@ -36,6 +38,7 @@ def add_arguments(p) -> None:
     p.add_argument("--listen", type=hostport, metavar="HOST:PORT",
                    help="address to serve verifiers on (default 127.0.0.1:7070)")
     add_common_arguments(p)
+    tls.add_arguments(p)
     p.add_argument("--draft-preset", choices=sorted(DRAFT_PRESETS),
                    help="toy drafter's distance from the target (default close)")
     p.add_argument("--draft-distance", type=float, metavar="D",

@@ -12,6 +12,7 @@ from ..capture import Direction, Protocol
 from ..errors import Reason, RemoteProtocolError
 from ..metrics import FallbackCause, Metrics
 from ..prefix import Prefix
+from ..tls import ClientTls, connect_kwargs
 
 log = logging.getLogger("pp1q.verifier")
 
@@ -31,10 +32,13 @@ class ContextClient:
         self._timeout = 1.0
         self.closed: asyncio.Future = asyncio.get_running_loop().create_future()
 
-    async def connect(self, host: str, port: int, timeout: float) -> None:
+    async def connect(self, host: str, port: int, timeout: float,
+                      tls: ClientTls | None = None) -> None:
+        """Open the channel (TLS as the wire connection when ``tls``; the handshake
+        counts against ``timeout``)."""
         self._timeout = timeout
-        reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, port),
-                                                      timeout)
+        reader, self._writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, **connect_kwargs(tls)), timeout)
         if self._capture is not None:
             self._conn = self._capture.open_conn(Protocol.CONTEXT, f"{host}:{port}")
         self._write(cc.PREAMBLE)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+from .. import tls
 from ..config import ConfigError, open_capture, parse_hostport
 from ..metrics import Metrics, serve_until_stopped
 from ..models import ToySpec, ToyTarget
@@ -49,7 +50,7 @@ def build(settings: dict, scheduler_cls: type[Scheduler] = Scheduler):
                                    "wire_versions": ",".join(map(str, versions))})
     needs = Needs(slots=slots, depth=depth, support=min(top_k, spec.vocab))
     link = WorkerLink(host, port, config, needs, metrics, settings["watchdog_ms"] / 1000.0,
-                      settings["reconnect_max_s"])
+                      settings["reconnect_max_s"], tls=tls.client_tls(settings, host, metrics))
     scheduler = scheduler_cls(link, target, metrics, slots=slots, depth=depth,
                               target_delay_s=settings["target_delay_ms"] / 1000.0)
     return link, scheduler, metrics, config

@@ -23,9 +23,11 @@ from ..capture import Protocol, tap
 from ..errors import LocalProtocolError, Reason, RemoteProtocolError
 from ..metrics import FallbackCause, Metrics
 from ..prefix import Prefix
+from ..tls import ClientTls, connect_kwargs
 from ..wire import Commit, Reset, Step, VerifierEndpoint, WireConfig
 from ..wire.events import Discarded, ProposalFailed, ProposalReady, SessionRefused, SessionStarted
 from ..wire.pool import PayloadPool
+from ..wire.table import Conn
 from .context import ContextClient
 from .watchdog import Watchdog
 
@@ -79,11 +81,14 @@ class _WireProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.link.metrics.reply_bytes.inc(nbytes)
         now = asyncio.get_running_loop().time()
+        handshaking = self.endpoint.state is Conn.HELLO_SENT
         try:
             events = self.endpoint.buffer_updated(nbytes, now)
         except RemoteProtocolError as e:  # the stream is unusable: fail open steps, drop it
             log.warning("worker sent invalid data (%s); dropping the connection", e)
             self.link.metrics.validation_failure(e.reason)
+            if handshaking:  # its HELLO answer (identity, version, limits) refused
+                self.link.metrics.hello_refused(e.reason)
             self.link.on_events(self.endpoint.close(e.reason), stream_error=True)
             self.transport.close()
             return
@@ -96,8 +101,10 @@ class _WireProtocol(asyncio.BufferedProtocol):
 
 class WorkerLink:
     def __init__(self, host: str, port: int, config: WireConfig, needs: Needs, metrics: Metrics,
-                 step_timeout: float, reconnect_max_s: float, capture=None) -> None:
+                 step_timeout: float, reconnect_max_s: float, capture=None,
+                 tls: ClientTls | None = None) -> None:
         self.host, self.port, self.config, self.needs = host, port, config, needs
+        self.tls = tls  # mutual TLS for both connections to the worker; None: plain TCP
         self.capture = capture  # pp1q.capture.CaptureWriter or None
         self.metrics = metrics
         self.step_timeout = step_timeout
@@ -156,8 +163,8 @@ class WorkerLink:
         try:
             _, proto = await loop.create_connection(
                 tap(lambda: _WireProtocol(self, endpoint), self.capture, Protocol.WIRE),
-                self.host, self.port)
-        except OSError as e:
+                self.host, self.port, **connect_kwargs(self.tls))
+        except OSError as e:  # a failed TLS handshake too (counted by pp1q.tls)
             log.debug("worker %s:%d unreachable: %s", self.host, self.port, e)
             return False
         self.endpoint, self._proto = endpoint, proto
@@ -170,7 +177,7 @@ class WorkerLink:
             if self._started not in done or not self._started.result():
                 return False
             self._context = ContextClient(self.metrics, self.capture)
-            await self._context.connect(self.host, self.port, self.step_timeout)
+            await self._context.connect(self.host, self.port, self.step_timeout, self.tls)
             established = True
             self._go_ready()
             stopping = loop.create_task(stop.wait())
@@ -251,6 +258,7 @@ class WorkerLink:
             log.error("worker's limits too small for this verifier (%s); refusing the session",
                       ", ".join(short))
             self.metrics.validation_failure(Reason.UNEXPECTED_SIZE)
+            self.metrics.hello_refused(Reason.UNEXPECTED_SIZE)
             self._proto.transport.close()
         if self._started is not None and not self._started.done():
             self._started.set_result(ok)

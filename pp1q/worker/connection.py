@@ -138,6 +138,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
             elif isinstance(ev, SessionRefused):
                 log.warning("HELLO refused (%s): %s", ev.reason.value, ev.detail)
                 self.metrics.validation_failure(ev.reason)
+                if not ev.by_peer:  # we refused its HELLO (not its REFUSAL of ours)
+                    self.metrics.hello_refused(ev.reason)
         out = ep.data_to_send()
         if out:
             self._write(out)

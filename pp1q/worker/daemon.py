@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from .. import tls
 from ..capture import tap
 from ..config import ConfigError, open_capture, parse_hostport
 from ..metrics import Metrics, serve_until_stopped
@@ -46,17 +47,20 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None) -> int:
         connections.add(conn)
         return conn
 
+    tls_context = tls.server_context(settings, metrics)  # None: plain TCP
     cap = open_capture(settings, "worker", {"listen": settings["listen"]})
-    try:
-        server = await asyncio.get_running_loop().create_server(tap(accept, cap), host, port)
+    try:  # the tap sits inside TLS: it records the plaintext frames
+        server = await asyncio.get_running_loop().create_server(
+            tap(accept, cap), host, port, **tls.serve_kwargs(tls_context))
     except BaseException:
         if cap is not None:
             cap.close()
         raise
     port = server.sockets[0].getsockname()[1]
     try:
-        log.info("worker on %s:%d: %s (%s), wire versions %s", host, port, drafter.identity,
-                 drafter.variant, settings["wire_versions"])
+        log.info("worker on %s:%d: %s (%s), wire versions %s, %s", host, port,
+                 drafter.identity, drafter.variant, settings["wire_versions"],
+                 "mutual TLS" if tls_context else "plain TCP")
         banner = f"pp1q worker listening on {host}:{port}"
         await serve_until_stopped(metrics, settings, banner, port, stop, ready)
     finally:
