@@ -53,6 +53,15 @@ class StepKind(enum.StrEnum):
     FALLBACK = "fallback"  # target-only after a discarded proposal
 
 
+class RankFailure(enum.StrEnum):
+    """Why verifier ranks (``--ranks N``) could not act together (docs/operations.md)."""
+
+    RANK_LOST = "rank_lost"  # a collective failed: a rank's connection closed (crash, network)
+    RANK_TIMEOUT = "rank_timeout"  # a collective exceeded rank_timeout_s: a hung or stalled rank
+    DIGEST_MISMATCH = "digest_mismatch"  # a rank's committed state differs from rank 0's
+    RANK_REFUSED = "rank_refused"  # a rank voted no for another reason; every rank discarded
+
+
 class Metrics:
     """Every pp1q metric, registered in this daemon's own registry."""
 
@@ -100,12 +109,25 @@ class Metrics:
                                 ("outcome",))
         self.slots_in_use = Gauge(f"{PREFIX}_slots_in_use", "Request slots currently held",
                                   registry=r)
+        # verifier ranks (--ranks N)
+        self.rank_world_size = Gauge(f"{PREFIX}_rank_world_size",
+                                     "Verifier ranks in this daemon's group (1: no group)",
+                                     registry=r)
+        self.rank_world_size.set(1)
+        self.rank_failures = counter("rank_failures", "Verifier rank failures, by cause",
+                                     ("cause",))
+        self.rank_exchanges = counter("rank_exchanges",
+                                      "Exchanges among verifier ranks (op batches, heartbeats)")
+        self.rank_decisions = counter("rank_decisions",
+                                      "Rounds and target-only steps this rank decided")
         # worker
         self.steps = counter("steps", "STEP messages accepted for drafting (worker)")
         for cause in FallbackCause:  # expose zeros: a scrape shows every cause
             self.fallbacks.labels(cause=cause.value)
         for kind in StepKind:
             self.rounds.labels(kind=kind.value)
+        for failure in RankFailure:
+            self.rank_failures.labels(cause=failure.value)
         for refusal in PeerRefusal:
             self.peers_refused.labels(reason=refusal.value)
 
