@@ -300,8 +300,8 @@ class WorkerLink:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if not self._queued or len(self._batches) >= MAX_BATCHES_IN_FLIGHT or not self._ready:
-            return
+        if not self._queued or len(self._batches) >= MAX_BATCHES_IN_FLIGHT or not self._writable():
+            return  # a closing transport: _go_down fails the queued STEPs
         now = asyncio.get_running_loop().time()
         frames, batch = [], set()
         for step, fut in self._queued:
@@ -329,8 +329,13 @@ class WorkerLink:
         return self._send_control(Reset(session=self.endpoint.session, slot=slot,
                                         generation=generation, reason=Reason(reason).value))
 
+    def _writable(self) -> bool:
+        """Ready and the transport not closing: after a stream error closed it, the session
+        stays ready until connection_lost runs, and a write then raises (uvloop)."""
+        return self._ready and not self._proto.transport.is_closing()
+
     def _send_control(self, msg) -> bool:
-        if not self._ready or msg.session != self.endpoint.session:
+        if not self._writable() or msg.session != self.endpoint.session:
             return False  # a message of a dead session: the new session knows nothing of it
         try:
             frame = self.endpoint.send(msg, asyncio.get_running_loop().time())
