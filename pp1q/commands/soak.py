@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 import tempfile
 
 HELP = "run concurrent requests against real daemons with random faults; report and check"
@@ -40,6 +42,8 @@ def run(args) -> int:
     print(f"pp1q soak: {seconds:g} s, {cfg.concurrency} concurrent requests, vocab {cfg.vocab},"
           f" watchdog {cfg.watchdog_ms} ms, seed {cfg.seed}; daemon logs in {log_dir}",
           flush=True)
+    # SIGTERM unwinds like Ctrl-C, so the daemons are stopped and not left orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report = run_soak(cfg, log_dir, progress=lambda line: print(line, flush=True))
     print(report.format(), flush=True)
     return 1 if report.problems() else 0
