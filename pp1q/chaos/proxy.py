@@ -58,8 +58,9 @@ class _Conn:
         self.writers = {Direction.TO_VERIFIER: to_verifier, Direction.TO_WORKER: to_worker}
         self.wire = False
         self.closed = False
-        self.reordered: dict[int, list[Piece]] = collections.defaultdict(list)  # slot -> held
-        self.replays: list[tuple[Piece, object]] = []  # (copy, its control part)
+        self.reordered: dict[tuple, list[Piece]] = collections.defaultdict(list)  # (dir, slot)
+        self.replays: list[tuple[Direction, Piece, object]] = []  # copy, its control part
+        self.delayed: set[asyncio.Future] = set()  # late frames not yet written
 
     def reset(self) -> None:
         """RST both sides now (etcd's ResetListener/abort): unsent bytes are lost."""
@@ -81,6 +82,7 @@ class FaultProxy:
         self.rules: list[Rule] = []
         self.injections: collections.Counter[FaultKind] = collections.Counter()
         self.connections = 0  # wire connections accepted
+        self.blackholed_bytes = 0  # bytes read and discarded while a direction was blackholed
         self.port: int | None = None
         self._server: asyncio.Server | None = None
         self._conns: set[_Conn] = set()
@@ -175,7 +177,9 @@ class FaultProxy:
                     await self._open[d].wait()
                     if conn.closed:
                         return
-                    if d not in self._blackholed:
+                    if d in self._blackholed:
+                        self.blackholed_bytes += len(data)
+                    else:
                         if cutter is None:
                             writer.write(data)
                         else:
@@ -183,7 +187,9 @@ class FaultProxy:
                                 self._forward(conn, d, piece)
                         await writer.drain()
                 data = await reader.read(READ_BYTES)
-                if not data:
+                if not data:  # EOF: frames still delayed are written before the close
+                    if conn.delayed:
+                        await asyncio.wait(set(conn.delayed))
                     return
 
     # -- frames ----------------------------------------------------------------------
@@ -194,8 +200,7 @@ class FaultProxy:
         need = self.audit is not None or any(r.needs_control for r in self.rules) or \
             conn.replays or conn.reordered
         message = piece.message() if piece.is_frame and need else None
-        if message is not None:
-            self._release_held(conn, d, piece, message)
+        held = self._release_held(conn, d, message) if message is not None else []
         fault = None
         if piece.is_frame:
             for rule in self.rules:
@@ -204,19 +209,29 @@ class FaultProxy:
                     break
         if fault is None:
             self._deliver(conn, d, piece, message, piece.data)
-            return
-        if message is None:
-            message = piece.message()
-        if self.audit is not None and message is not None and poisons(fault, piece.mtype) \
-                and hasattr(message, "generation"):
-            self.audit.poison(conn.cid, message)
-        self._apply(conn, d, piece, message, fault)
+        else:
+            if message is None:
+                message = piece.message()
+            if self.audit is not None and message is not None and \
+                    poisons(fault, piece.mtype) and hasattr(message, "generation"):
+                self.audit.poison(conn.cid, message)
+            self._apply(conn, d, piece, message, fault)
+        for late in held:  # reordered frames go out right after the frame that passed them
+            self._deliver(conn, d, late, late.message(), late.data, intact=False)
+            self.injections[FaultKind.REORDER] += not conn.closed
 
     def _apply(self, conn: _Conn, d: Direction, piece: Piece, message, fault) -> None:
         kind = fault.kind
         if isinstance(fault, Delay):
             loop = asyncio.get_running_loop()
-            loop.call_later(fault.seconds, self._deliver, conn, d, piece, message, piece.data)
+            done = loop.create_future()
+            conn.delayed.add(done)
+
+            def late() -> None:
+                conn.delayed.discard(done)
+                done.set_result(None)
+                self._deliver(conn, d, piece, message, piece.data)
+            loop.call_later(fault.seconds, late)
         elif isinstance(fault, Drop):
             pass
         elif isinstance(fault, BitFlip):
@@ -230,13 +245,13 @@ class FaultProxy:
         elif isinstance(fault, Replay):
             self._deliver(conn, d, piece, message, piece.data)
             if message is not None and hasattr(message, "generation"):
-                conn.replays.append((piece, message))
+                conn.replays.append((d, piece, message))
             return  # counted when the stale copy goes out
         elif isinstance(fault, Reorder):
             if message is None or not hasattr(message, "slot"):
                 self._deliver(conn, d, piece, message, piece.data)
                 return
-            conn.reordered[message.slot].append(piece)
+            conn.reordered[(d, message.slot)].append(piece)
             return  # counted when another frame of the slot has passed it
         elif isinstance(fault, Disconnect):
             keep = len(piece.data) // 2 if fault.keep is None else fault.keep
@@ -244,29 +259,23 @@ class FaultProxy:
             conn.reset()
         self.injections[kind] += 1
 
-    def _release_held(self, conn: _Conn, d: Direction, piece: Piece, message) -> None:
-        """Before ``piece`` goes out: stale copies whose generation it retires, and
-        frames held for reordering once this later frame of their slot is written."""
+    def _release_held(self, conn: _Conn, d: Direction, message) -> list[Piece]:
+        """Before a frame goes out: write the stale copies whose generation it retires;
+        return the frames held for reordering that it passes (same slot)."""
         slot = getattr(message, "slot", None)
         gen = getattr(message, "generation", None)
         if slot is None or gen is None:
-            return
+            return []
         keep = []
-        for copy, old in conn.replays:
-            if old.slot == slot and gen > old.generation and d is Direction.TO_VERIFIER:
+        for entry in conn.replays:
+            rd, copy, old = entry
+            if rd is d and old.slot == slot and gen > old.generation:
                 self._deliver(conn, d, copy, old, copy.data, intact=False)
                 self.injections[FaultKind.REPLAY] += 1
             else:
-                keep.append((copy, old))
+                keep.append(entry)
         conn.replays = keep
-        held = conn.reordered.pop(slot, None)
-        if held:  # written after the current frame: swap the two
-            asyncio.get_running_loop().call_soon(self._write_held, conn, d, held)
-
-    def _write_held(self, conn: _Conn, d: Direction, held: list[Piece]) -> None:
-        for piece in held:
-            self._deliver(conn, d, piece, piece.message(), piece.data, intact=False)
-            self.injections[FaultKind.REORDER] += not conn.closed
+        return conn.reordered.pop((d, slot), [])
 
     def _deliver(self, conn: _Conn, d: Direction, piece: Piece, message, data: bytes,
                  intact: bool | None = None) -> None:
