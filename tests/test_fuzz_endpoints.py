@@ -82,6 +82,19 @@ def mutated_control(frame: bytes):
     return mutated_tree(control_of(frame))
 
 
+def _events_or_remote_error(receive, *args) -> list | None:
+    """``receive(*args)``'s events, or None after a RemoteProtocolError (the only error
+    allowed); the outcome is recorded for --hypothesis-show-statistics."""
+    try:
+        events = receive(*args)
+    except RemoteProtocolError as e:
+        assert isinstance(e.reason, Reason)
+        event(f"raised {e.reason.value}")
+        return None
+    event(",".join(type(e).__name__ for e in events) or "no event")
+    return events
+
+
 def _within(got: Limits, offered: Limits) -> bool:
     return all(getattr(got, f) <= getattr(offered, f) for f in Limits.__struct_fields__)
 
@@ -93,13 +106,9 @@ def _within(got: Limits, offered: Limits) -> bool:
 @given(mutated_control(V["hello"]))
 def test_worker_takes_any_hello_safely_and_never_widens_its_limits(control):
     w = WorkerEndpoint(config())
-    try:
-        events = w.receive_data(forge(MsgType.HELLO, control), 0.0)
-    except RemoteProtocolError as e:
-        assert isinstance(e.reason, Reason)
-        event(f"raised {e.reason.value}")
+    events = _events_or_remote_error(w.receive_data, forge(MsgType.HELLO, control), 0.0)
+    if events is None:
         return
-    event(type(events[0]).__name__ if events else "no event")
     assert len(events) == 1 and isinstance(events[0], SessionStarted | SessionRefused)
     answer = FrameDecoder(wire_vectors.LIMITS).feed(w.data_to_send())  # always answered
     assert len(answer) == 1
@@ -115,14 +124,8 @@ def test_verifier_takes_any_hello_answer_safely_and_never_accepts_wider_limits(n
     v = VerifierEndpoint(config(), session=wire_vectors.SESSION)
     v.hello()
     mtype = MsgType.HELLO_ANSWER if name == "hello_answer" else MsgType.REFUSAL
-    try:
-        events = v.receive_data(forge(mtype, data.draw(mutated_control(V[name]))), 0.0)
-    except RemoteProtocolError as e:
-        assert isinstance(e.reason, Reason)
-        event(f"raised {e.reason.value}")
-        return
-    event(",".join(type(e).__name__ for e in events))
-    for e in events:
+    frame = forge(mtype, data.draw(mutated_control(V[name])))
+    for e in _events_or_remote_error(v.receive_data, frame, 0.0) or ():
         if isinstance(e, SessionStarted):
             assert _within(e.limits, wire_vectors.LIMITS)
             assert e.limits.dense_len == wire_vectors.LIMITS.dense_len
@@ -182,14 +185,7 @@ def test_buffered_path_with_mutated_traffic_raises_only_remote_errors(kind, data
     if data.draw(st.booleans()):
         buf = bytearray(harness.with_valid_checksums(bytes(buf)))  # reach the row checks
     sizes = data.draw(st.lists(st.integers(1, 200), min_size=1, max_size=6))
-    try:
-        events = _buffered(v, bytes(buf), sizes)
-    except RemoteProtocolError as e:
-        assert isinstance(e.reason, Reason)
-        event(f"raised {e.reason.value}")
-        return
-    event(",".join(type(e).__name__ for e in events))
-    for e in events:
+    for e in _events_or_remote_error(_buffered, v, bytes(buf), sizes) or ():
         if isinstance(e, ProposalReady):  # no sampled id without its q
             assert len(e.q_rows) == len(e.draft_ids) == stp.depth
 
