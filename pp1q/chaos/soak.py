@@ -173,7 +173,10 @@ def _chaos(rig: Rig, cfg: SoakConfig, rng: random.Random, stop: threading.Event,
            restarts: list[int]) -> None:
     hold = 2 * cfg.watchdog_ms / 1000.0
     next_crash = time.monotonic() + cfg.crash_every_s if cfg.crash_every_s else float("inf")
-    while not stop.wait(rng.expovariate(1.0 / STREAM_FAULT_MEAN_S)):
+    while True:
+        gap = min(rng.expovariate(1.0 / STREAM_FAULT_MEAN_S), next_crash - time.monotonic())
+        if stop.wait(max(0.0, gap)):
+            return
         if time.monotonic() >= next_crash:
             rig.crash_worker()
             stop.wait(0.5)
