@@ -9,11 +9,9 @@ import contextlib
 import struct
 import sys
 import threading
-import urllib.request
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from pp1q.chaos.rig import scrape, value  # noqa: F401 - the tests import both from here
 from pp1q.client import Client
 from pp1q.context_channel import PREAMBLE
 from pp1q.launcher import DaemonProcess, pp1q_command
@@ -81,20 +79,6 @@ class Pair:
 
     def logs(self) -> str:
         return "\n".join(f"--- {d.role}\n{d.log_tail(40)}" for d in (self.worker, self.verifier))
-
-
-def scrape(port: int) -> dict[tuple, float]:
-    """GET /metrics over HTTP -> {(sample name, sorted label items): value}."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(samples: dict, name: str, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 # ---------------------------------------------------------------------------
