@@ -309,6 +309,8 @@ class DistributionResult:
     injected: dict[str, int]
     fallbacks: dict[str, int]
     violations: int
+    verified_rounds: int  # tokens came from these verified proposals...
+    target_only_steps: int  # ...and from these fallback steps
     verdict: str
     fits: bool  # the judge's verdict alone
     ok: bool  # fits, every request complete, no audit violation, some fault injected
@@ -340,8 +342,10 @@ def run_distribution(rig: Rig, requests: int, judge: Judge | None, *, seed: int 
     violations = len(rig.audit.violations) - v0
     fallbacks = {k: v for k, v in d.fallbacks().items() if v}
     all_ok = ok and complete == requests and not violations and sum(injected.values()) > 0
-    return DistributionResult(requests, complete, injected, fallbacks, violations, verdict, ok,
-                              all_ok)
+    rounds = sum(a["stats"]["rounds"] for a in answers)
+    target_only = sum(a["stats"]["target_only_steps"] for a in answers)
+    return DistributionResult(requests, complete, injected, fallbacks, violations, rounds,
+                              target_only, verdict, ok, all_ok)
 
 
 # -- printing ----------------------------------------------------------------------
@@ -369,5 +373,6 @@ def format_distribution(d: DistributionResult) -> str:
     def kv(x: dict) -> str:
         return ", ".join(f"{k} {v}" for k, v in sorted(x.items())) or "none"
     return (f"distribution under mixed faults: {d.complete}/{d.requests} requests complete; "
-            f"injected {kv(d.injected)}; fallbacks {kv(d.fallbacks)}; audit violations "
+            f"injected {kv(d.injected)}; fallbacks {kv(d.fallbacks)}; {d.verified_rounds} "
+            f"verified rounds, {d.target_only_steps} target-only steps; audit violations "
             f"{d.violations}; {d.verdict}; {'PASS' if d.ok else 'FAIL'}")
