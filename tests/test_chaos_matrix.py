@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 from test_daemon_distribution import exact_marginals, planted_verifier_command, worst_position
 
+from pp1q.chaos.faults import Drop, Rule
 from pp1q.chaos.matrix import (
     DIST_TOKENS,
     PENDING_RANKS,
@@ -24,6 +25,7 @@ from pp1q.chaos.matrix import (
     run_distribution,
 )
 from pp1q.chaos.rig import Rig
+from pp1q.wire import MsgType
 
 WATCHDOG_MS = 300  # short: a delay row waits about 3 x this for its late frames
 VOCAB = 16
@@ -47,12 +49,13 @@ def rig(tmp_path_factory, request):
     r.close()
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and ROWS:
-        reporter.write_line("")
         lines = format_table(ROWS).splitlines() + [format_distribution(d) for d in DIST]
-        lines += [f"planted-bug verifier under the same faults (must be rejected): {v}"
-                  for v in PLANTED]
-        for line in lines:
-            reporter.write_line(line)
+        lines += [f"must be rejected: {v}" for v in PLANTED]
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled():  # the table is the run's output
+            reporter.ensure_newline()
+            for line in lines:
+                reporter.write_line(line)
 
 
 @pytest.mark.parametrize("case", cases(WATCHDOG_MS / 1000), ids=lambda c: c.name)
@@ -82,6 +85,19 @@ def test_distribution_under_mixed_faults_long(rig):
     _distribution(rig, N_SLOW)
 
 
+def test_content_dependent_faults_would_bias_even_a_correct_verifier(rig):
+    """Why the proxy's faults are blind to content: discarding every proposal whose first
+    draft is token 11 (the far drafter's favourite, q 0.37 against p 0.11) conditions
+    verification on its own draws. Expected chi-square at position 1 with N = 2000 is
+    about 120 + df against a threshold near 56, with a correct verifier."""
+    biased = [Rule(Drop(), msg_type=MsgType.REPLY, where={"index": 1, "token": 11}, every=1,
+                   times=0)]
+    result = run_distribution(rig, N, judge, watchdog_s=WATCHDOG_MS / 1000, rules=biased)
+    PLANTED.append(f"content-dependent drop, correct verifier: {result.verdict}")
+    assert result.complete == N and result.injected and result.violations == 0
+    assert not result.fits, result.verdict
+
+
 def test_planted_bug_is_rejected_under_the_same_faults(tmp_path):
     planted = Rig(tmp_path, vocab=VOCAB, preset="far", watchdog_ms=WATCHDOG_MS,
                   verifier_cmd=planted_verifier_command())
@@ -89,7 +105,7 @@ def test_planted_bug_is_rejected_under_the_same_faults(tmp_path):
         result = run_distribution(planted, N, judge, watchdog_s=WATCHDOG_MS / 1000)
     finally:
         planted.close()
-    PLANTED.append(result.verdict)
+    PLANTED.append(f"planted-bug verifier: {result.verdict}")
     assert result.complete == N and result.fallbacks
     assert not result.fits, result.verdict
     assert DIST_TOKENS == 3

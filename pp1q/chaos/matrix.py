@@ -234,10 +234,13 @@ def run_case(rig: Rig, case: Case, requests: int = ROW_REQUESTS, first_seed: int
     row.problems = case.expect(d, injected) + _common(case, d, answers, requests, tokens)
     if injected != INJECTIONS:
         row.problems.append(f"{injected} injections made, {INJECTIONS} planned")
+    spec_rounds = sum(a["stats"]["rounds"] for a in answers)
+    deadline = time.monotonic() + SETTLE_S  # the last COMMITs may still be in the proxy
+    while case.lossless and audit.commits - a0[0] < spec_rounds and time.monotonic() < deadline:
+        time.sleep(POLL_S)
     commits = audit.commits - a0[0]
     row.audit = f"{commits} commits, {len(audit.violations) - a0[2]} violations"
     row.problems += list(audit.violations[a0[2]:])[:3]
-    spec_rounds = sum(a["stats"]["rounds"] for a in answers)
     accepted = sum(a["stats"]["accepted"] for a in answers)
     drafts = audit.committed_drafts - a0[1]
     if case.lossless and (commits, drafts) != (spec_rounds, accepted):
@@ -317,13 +320,15 @@ class DistributionResult:
 
 
 def run_distribution(rig: Rig, requests: int, judge: Judge | None, *, seed: int = 1,
-                     watchdog_s: float = 0.3) -> DistributionResult:
-    """``requests`` requests of DIST_TOKENS tokens (seeds 1..N, dense q) under mixed faults;
-    ``judge(counts[DIST_TOKENS, vocab])`` says whether the output fits the target."""
+                     watchdog_s: float = 0.3,
+                     rules: list[Rule] | None = None) -> DistributionResult:
+    """``requests`` requests of DIST_TOKENS tokens (seeds 1..N, dense q) under ``rules``
+    (default: ``mixed_rules``); ``judge(counts[DIST_TOKENS, vocab])`` says whether the
+    output fits the target."""
     inj0 = Counter(rig.proxy.injections)
     v0 = len(rig.audit.violations)
     before = rig.metrics("verifier")
-    rig.proxy.set_rules(mixed_rules(seed, watchdog_s))
+    rig.proxy.set_rules(mixed_rules(seed, watchdog_s) if rules is None else rules)
     try:
         answers = _generate(rig, [{"max_tokens": DIST_TOKENS, "seed": i + 1}
                                   for i in range(requests)])
