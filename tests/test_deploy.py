@@ -16,6 +16,7 @@ from deploy_tools import DEPLOY, exported_names, prometheus_tool
 from pp1q.cli import main
 from pp1q.commands import verifier, worker
 from pp1q.config import parse_hostport, resolve
+from pp1q.verifier.rank_launch import rank_plan
 
 UNITS = DEPLOY / "systemd"
 CONFIG = DEPLOY / "config"
@@ -135,7 +136,10 @@ def test_config_is_read_by_both_daemons_and_ranks_are_consistent():
         assert v["worker"] == w["listen"], r  # every rank dials the worker
         assert (v["vocab"], v["model_seed"]) == (w["vocab"], w["model_seed"])  # HELLO identity
         assert v["metrics_port"] is not None and parse_hostport(v["http"])[0] != w_host
-    assert len({v["http"] for v in ranks.values()}) == len(RANKS)
+    # one rank group: each unit its own --rank, the same size and rendezvous
+    assert [rank_plan(v, environ={}).rv.rank for v in ranks.values()] == list(RANKS)
+    assert {(v["ranks"], v["rank_master"]) for v in ranks.values()} == {
+        (len(RANKS), ranks[0]["rank_master"])}
     assert len({v["metrics_port"] for v in ranks.values()}) == len(RANKS)
     assert w["metrics_port"] is not None
 

@@ -31,6 +31,13 @@ SETTINGS = {  # key: (type, default); also the TOML keys
     "target_delay_ms": (float, 0.0),
     "capture": (str, None),
     "log_level": (str, "info"),
+    "ranks": (int, 1),
+    "rank": (int, None),
+    "rank_master": (str, "127.0.0.1:0"),
+    "rank_backend": (str, "auto"),
+    "rank_timeout_s": (float, 5.0),
+    "rank_join_timeout_s": (float, 120.0),
+    "rank_exit_grace_s": (float, 2.0),
     **tls.SETTINGS,  # mutual TLS with the worker (off unless all three files are set)
     **tls.VERIFIER_SETTINGS,
 }
@@ -57,6 +64,31 @@ def add_arguments(p) -> None:
     p.add_argument("--target-delay-ms", type=float, metavar="MS",
                    help="simulated forward-pass latency of the embedded toy target per call "
                         "(default 0; the demo uses it to model a large target)")
+    add_rank_arguments(p)
+
+
+def add_rank_arguments(p) -> None:
+    """--ranks N: verifier ranks joined with torch.distributed (docs/operations.md)."""
+    p.add_argument("--ranks", type=int, metavar="N",
+                   help="verifier ranks in the group (default 1: one process). Without "
+                        "--rank this process is rank 0 and starts ranks 1..N-1 itself")
+    p.add_argument("--rank", type=int, metavar="R",
+                   help="this process's rank, each rank started on its own (several "
+                        "machines, systemd); under torchrun its environment says it")
+    p.add_argument("--rank-master", type=hostport, metavar="HOST:PORT",
+                   help="rendezvous store, hosted by rank 0 (default 127.0.0.1:0: any free "
+                        "port, for spawned ranks only)")
+    p.add_argument("--rank-backend", choices=["auto", "gloo", "nccl"],
+                   help="torch.distributed backend (default auto: NCCL with a GPU per "
+                        "local rank, else gloo)")
+    p.add_argument("--rank-timeout-s", type=float, metavar="S",
+                   help="a collective not completed by every rank within S loses the group "
+                        "(a dead or hung rank; default 5)")
+    p.add_argument("--rank-join-timeout-s", type=float, metavar="S",
+                   help="how long ranks wait for each other at start-up (default 120)")
+    p.add_argument("--rank-exit-grace-s", type=float, metavar="S",
+                   help="after losing the group, answer 503 this long, then exit with "
+                        "status 3 (default 2)")
 
 
 def run(args) -> int:

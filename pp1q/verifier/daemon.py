@@ -15,6 +15,7 @@ from ..wire import WIRE_V1, WIRE_V2
 from .api import decode_generate
 from .http import HttpError, HttpServer
 from .link import Needs, WorkerLink
+from .rank_launch import rank_plan
 from .scheduler import Scheduler
 
 log = logging.getLogger("pp1q.verifier")
@@ -72,18 +73,48 @@ def routes(settings: dict, link: WorkerLink, scheduler: Scheduler, config) -> di
         return 200, await scheduler.generate(req)
 
     async def healthz(head, body):
-        return 200, {"status": "ok", "worker": "connected" if link.ready else "disconnected",
-                     "wire_version": link.version if link.ready else None,
-                     "target": scheduler.target.identity, "slots": scheduler.pool.size,
-                     "depth": scheduler.depth}
+        answer = {"status": "ok", "worker": "connected" if link.ready else "disconnected",
+                  "wire_version": link.version if link.ready else None,
+                  "target": scheduler.target.identity, "slots": scheduler.pool.size,
+                  "depth": scheduler.depth}
+        ranks = getattr(scheduler, "health", None)  # --ranks N: the group's state
+        if ranks is not None:
+            answer["ranks"] = ranks()
+            if answer["ranks"]["state"] != "up":
+                return 503, {**answer, "status": "ranks_lost"}
+        return 200, answer
 
     return {("POST", "/v1/generate"): generate, ("GET", "/healthz"): healthz}
 
 
 async def serve(settings: dict, stop: asyncio.Event, ready=None,
-                scheduler_cls: type[Scheduler] = Scheduler) -> int:
-    """Run until ``stop`` is set. ``ready(http_port, metrics_port)`` once listening."""
-    link, scheduler, metrics, config = build(settings, scheduler_cls)
+                scheduler_cls: type[Scheduler] = Scheduler,
+                child_command: list[str] | None = None, state_cls=None) -> int:
+    """Run until ``stop`` is set. ``ready(http_port, metrics_port)`` once listening.
+    With ``--ranks N``: rank 0 serves (``child_command`` starts spawned ranks), the
+    other ranks follow it (pp1q.verifier.ranks); the exit status says how it ended.
+    ``state_cls``: the ranks' replica class (a planted-bug test overrides it)."""
+    plan = rank_plan(settings)
+    if plan is not None and plan.rv.rank > 0:
+        return await _serve_follower(settings, plan, stop, state_cls)
+    group = launch = None
+    if plan is not None:
+        from ..launcher import pp1q_command
+        from .rank_launch import Launch
+        from .ranks import EXIT_RANKS_LOST, RankedScheduler, start_group
+
+        scheduler_cls = RankedScheduler if scheduler_cls is Scheduler else scheduler_cls
+        launch = Launch(plan, settings, child_command or pp1q_command("verifier"))
+    try:
+        link, scheduler, metrics, config = build(settings, scheduler_cls)
+    except BaseException:
+        if launch is not None:
+            launch.abandon()
+        raise
+    if launch is not None:
+        group = await start_group(settings, launch, scheduler, config, stop, state_cls)
+        if group is None:  # the ranks did not all join in time: let the supervisor retry
+            return EXIT_RANKS_LOST
     http = HttpServer(routes(settings, link, scheduler, config))
     host, port = parse_hostport(settings["http"], "--http")
     port = await http.start(host, port)
@@ -93,6 +124,8 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None,
     link_task = asyncio.get_running_loop().create_task(link.run(stop))
     try:
         banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings['worker']}"
+        if group is not None:
+            banner += f", ranks {group.world}"
         await serve_until_stopped(metrics, settings, banner, port, stop, ready)
     finally:
         await http.close()
@@ -101,4 +134,26 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None,
             await link_task
         if cap is not None:
             cap.close()
-    return 0
+        if group is not None:
+            await group.close()
+    return group.exit_status if group is not None else 0
+
+
+async def _serve_follower(settings: dict, plan, stop: asyncio.Event, state_cls) -> int:
+    """Ranks 1..N-1: the target and the replica, no worker link, no HTTP API."""
+    from .follower import serve_follower
+    from .rank_launch import limits_of
+
+    try:
+        spec = ToySpec(vocab=settings["vocab"], seed=settings["model_seed"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not (1 <= settings["slots"] <= MAX_SLOTS and 1 <= settings["depth"] <= MAX_DEPTH):
+        raise ConfigError(f"slots 1..{MAX_SLOTS} and depth 1..{MAX_DEPTH}")
+    config = verifier_config(spec, (WIRE_V2,), settings["slots"], settings["depth"],
+                             DEFAULT_MAX_SUPPORT)
+    target = ToyTarget(spec)
+    metrics = Metrics("verifier", {"target": target.identity, "rank": str(plan.rv.rank)})
+    metrics.rank_world_size.set(plan.rv.world)
+    return await serve_follower(settings, plan, limits_of(config, plan.rv.world), target,
+                                metrics, stop, state_cls)

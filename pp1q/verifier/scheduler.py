@@ -111,6 +111,7 @@ class Scheduler:
         slot = await self.pool.acquire()
         job = Job(req, slot)
         try:
+            await self._job_started(job)
             while job.produced < req.max_tokens:
                 if req.speculative:
                     await self._speculative_step(job)
@@ -175,14 +176,7 @@ class Scheduler:
 
     async def _verify(self, job: Job, step: Step, ready: ProposalReady) -> None:
         drafts = list(ready.draft_ids)
-        p = await self._target_rows(job, drafts)
-        if ready.greedy:
-            out = rounds.greedy(p, drafts)
-            kind = StepKind.GREEDY
-        else:
-            keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
-            out = self.decide_sampled(p, ready.q_rows, drafts, keys)
-            kind = StepKind.SPECULATIVE
+        out, kind = await self._decide_round(job, step, ready)
         committed = step.anchor + out.accepted + 1
         self.link.commit(Commit(session=step.session, slot=step.slot,
                                 generation=step.generation, round_id=step.round_id,
@@ -197,6 +191,31 @@ class Scheduler:
         m.accepted_tokens.inc(out.accepted)
         m.accepted_length.observe(out.accepted)
 
+    # -- decisions (pp1q.verifier.ranks overrides these four to decide across ranks) -----
+
+    async def _job_started(self, job: Job) -> None:
+        """A request took its slot (nothing to do in one process)."""
+
+    async def _decide_round(self, job: Job, step: Step,
+                            ready: ProposalReady) -> tuple[rounds.Outcome, StepKind]:
+        drafts = list(ready.draft_ids)
+        p = await self._target_rows(job, drafts)
+        if ready.greedy:
+            return rounds.greedy(p, drafts), StepKind.GREEDY
+        keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
+        return self.decide_sampled(p, ready.q_rows, drafts, keys), StepKind.SPECULATIVE
+
+    async def _decide_target_only(self, job: Job, generation: int,
+                                  round_id: int) -> rounds.Outcome:
+        p = await self._target_rows(job, [])
+        position = job.prefix.last_position + 1
+        return rounds.target_only(p[0], job.req.seed, generation, round_id, position,
+                                  job.req.greedy)
+
+    async def _invalidated(self, job: Job, generation: int, reason: Reason) -> None:
+        """``generation`` of the job's slot is dead (after RESET, before the fallback
+        step; nothing else to invalidate in one process)."""
+
     def decide_sampled(self, p, q_rows, drafts, keys: RoundKeys) -> rounds.Outcome:
         """Standard verification (a planted-bug test overrides this, nothing else does)."""
         return rounds.sampled(p, q_rows, drafts, keys)
@@ -207,6 +226,7 @@ class Scheduler:
         if job.context_session is not None and self.link.reset(job.slot, old_generation,
                                                                why.reason):
             self.metrics.generation_invalidations.inc()
+        await self._invalidated(job, old_generation, why.reason)
         self._new_generation(job)
         job.stats.fallbacks[why.cause.value] += 1
         self.metrics.fallback(why.cause)
@@ -214,10 +234,7 @@ class Scheduler:
 
     async def _target_only_step(self, job: Job, generation: int, round_id: int,
                                 kind: StepKind | None) -> None:
-        p = await self._target_rows(job, [])
-        position = job.prefix.last_position + 1
-        out = rounds.target_only(p[0], job.req.seed, generation, round_id, position,
-                                 job.req.greedy)
+        out = await self._decide_target_only(job, generation, round_id)
         self._append(job, [out.token])
         job.stats.target_only_steps += 1
         self.metrics.rounds.labels(kind=(kind or StepKind.TARGET_ONLY).value).inc()
