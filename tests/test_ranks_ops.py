@@ -228,6 +228,16 @@ def test_an_invalid_row_on_the_decider_is_a_refusal_not_a_decision():
     assert not v.ok and v.rank == 1 and v.reason is Reason.WRONG_MASS
 
 
+def test_a_draft_outside_its_row_is_a_refusal_on_the_decider():
+    ranks = _ranks()
+    _exchange(ranks, [_open(1, decider=1)], 1)
+    drafts, rows = _proposal(PROMPT)
+    drafts[0] = next(t for t in range(VOCAB) if rows[0].count_of(t) == 0)  # q(x) = 0
+    (v,) = _exchange(ranks, [_round(1, PROMPT, drafts, rows, decider=1)], 2)
+    assert not v.ok and v.rank == 1 and v.reason is Reason.ZERO_Q_AT_TOKEN
+    assert all(r.slots[1].prefix.tokens == PROMPT for r in ranks)
+
+
 def test_an_out_of_range_decision_is_refused_by_every_rank_alike():
     op = Op(OpKind.TARGET_ONLY, 0, 1, 1, 1, prefix_len=3)
     votes = np.zeros((2, 2, rank_ops.VOTE_WORDS), np.int64)

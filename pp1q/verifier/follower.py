@@ -57,6 +57,9 @@ def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
         metrics.rank_failures.labels(cause=cause.value).inc()
         log.error("rank %d lost the group (%s): %s", rv.rank, cause.value, e.detail)
         return EXIT_RANKS_LOST
+    except Exception:  # a bug: leave the group the way a crash would, but say why
+        log.exception("rank %d: exchange failed", rv.rank)
+        return EXIT_RANKS_LOST
 
 
 async def serve_follower(settings: dict, plan: RankPlan, limits: Limits, target,

@@ -60,8 +60,10 @@ def rank_plan(settings: dict, environ=None) -> RankPlan | None:
         try:
             world, rank = int(environ["WORLD_SIZE"]), int(environ["RANK"])
             local = int(environ.get("LOCAL_RANK", rank))
+            local_world = int(environ.get("LOCAL_WORLD_SIZE", world))
         except ValueError:
-            raise ConfigError("RANK/WORLD_SIZE/LOCAL_RANK must be integers") from None
+            raise ConfigError("torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE "
+                              "must be integers") from None
         if ranks not in (1, world):
             raise ConfigError(f"--ranks {ranks} but torchrun's WORLD_SIZE is {world}")
         master, spawn = None, False
@@ -78,6 +80,7 @@ def rank_plan(settings: dict, environ=None) -> RankPlan | None:
             raise ConfigError("--rank-master needs a fixed port when each rank is started "
                               "with --rank (0 picks one only for ranks spawned by rank 0)")
         local = rank if spawn else int(environ.get("LOCAL_RANK", 0))
+        local_world = world if spawn else 1
     if not 1 <= world <= MAX_RANKS:
         raise ConfigError(f"ranks {world} outside 1..{MAX_RANKS}")
     if not 0 <= rank < world:
@@ -86,7 +89,7 @@ def rank_plan(settings: dict, environ=None) -> RankPlan | None:
             or settings["rank_exit_grace_s"] < 0:
         raise ConfigError("rank_timeout_s and rank_join_timeout_s must be positive, "
                           "rank_exit_grace_s >= 0")
-    backend = _backend(settings["rank_backend"], world if spawn else 1)
+    backend = _backend(settings["rank_backend"], local_world)
     return RankPlan(Rendezvous(rank, world, master, backend, settings["rank_join_timeout_s"],
                                settings["rank_timeout_s"], local), spawn)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 
@@ -143,12 +144,16 @@ class RankGroup:
                     return
         except GroupError as e:
             cause = RankFailure.RANK_TIMEOUT if e.timed_out else RankFailure.RANK_LOST
-            lost = GroupLostError(cause, e.detail)
-            self._loop.call_soon_threadsafe(self._lose, lost, batch)
-        except RuntimeError:  # the loop closed under us: the daemon is gone already
-            pass
+            self._report_loss(GroupLostError(cause, e.detail), batch)
+        except Exception as e:  # noqa: BLE001 - a bug here must not leave requests waiting
+            log.exception("rank exchange failed")
+            self._report_loss(GroupLostError(RankFailure.RANK_LOST, f"internal: {e!r}"), batch)
         finally:
             self._done.set()
+
+    def _report_loss(self, lost: GroupLostError, batch) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: the daemon is gone already
+            self._loop.call_soon_threadsafe(self._lose, lost, batch)
 
     # -- on the loop -----------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import Reason, RemoteProtocolError
+from ..errors import Pp1qError, Reason
 from ..models import TargetModel
 from ..prefix import Prefix
 from ..q import parse_dense, parse_sparse
@@ -55,7 +55,7 @@ class RankState:
             return yes()
         try:
             out = self._decide(op)
-        except RemoteProtocolError as e:  # a q row rank 0 should never have passed on
+        except Pp1qError as e:  # a row or draft rank 0 should never have passed on
             return no(e.reason)
         self.decided += 1
         tokens = self.committed_tokens(op, out.accepted, out.token)
