@@ -48,8 +48,9 @@ def rig(tmp_path_factory, request):
     yield r
     r.close()
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and ROWS:
-        lines = format_table(ROWS).splitlines() + [format_distribution(d) for d in DIST]
+    if reporter is not None and (ROWS or DIST or PLANTED):
+        lines = format_table(ROWS).splitlines() if ROWS else []
+        lines += [format_distribution(d) for d in DIST]
         lines += [f"must be rejected: {v}" for v in PLANTED]
         capture = request.config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled():  # the table is the run's output
