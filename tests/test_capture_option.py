@@ -25,11 +25,12 @@ def _replay(path, *extra) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def _run(tmp_path, proxy=None) -> tuple[float, float]:
+def _run(tmp_path, proxy=None, verifier_args=()) -> tuple[float, float]:
     """Both daemons with --capture; returns (verified rounds, fallbacks) from /metrics."""
     pair = Pair(tmp_path, vocab=64, proxy=proxy,
                 worker_args=["--capture", str(tmp_path / "worker.pp1qcap")],
-                verifier_args=["--capture", str(tmp_path / "verifier.pp1qcap")])
+                verifier_args=["--capture", str(tmp_path / "verifier.pp1qcap"),
+                               *verifier_args])
     try:
         client = pair.client()
         for prompt, n, options in REQUESTS:
@@ -56,6 +57,20 @@ def test_captures_of_both_daemons_replay_without_divergence(tmp_path):
         assert report["rechecked"] == verified and report["not_rechecked"] == 0, side
         rc, text = _replay(path)  # the analyser reads it too
         assert rc == 0 and "SET_CONTEXT" in text and "COMMIT" in text, text[-2000:]
+
+
+def test_capture_of_ranked_verifier_redecides_every_commit_alike(tmp_path):
+    """Two verifier ranks: rank 0 records; rounds decided by rank 1 are decided again
+    here by one process from the captured q and must give the captured COMMITs."""
+    verified, fallbacks = _run(tmp_path, verifier_args=["--ranks", "2", "--slots", "2"])
+    assert verified >= len(REQUESTS) and fallbacks == 0
+    rc, out = _replay(tmp_path / "verifier.pp1qcap", "--reverify", "--json")
+    assert rc == 0, out
+    report = json.loads(out)
+    assert report["ok"] and report["rechecked"] == len(report["commits"]) == verified
+    # freed slots queue at the back: the three requests ran on slots 0, 1, 0, so both
+    # ranks decided some of the replayed rounds
+    assert {c["slot"] for c in report["commits"]} == {0, 1}
 
 
 def test_capture_of_a_corrupted_reply_replays_as_the_same_fallback(tmp_path):
