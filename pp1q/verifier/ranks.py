@@ -159,10 +159,7 @@ class RankGroup:
 
     def _resolve(self, batch, verdicts: list[Verdict]) -> None:
         for (op, fut), v in zip(batch, verdicts, strict=True):
-            if not v.ok:
-                cause = (RankFailure.DIGEST_MISMATCH if v.reason is Reason.CHECKSUM_MISMATCH
-                         else RankFailure.RANK_REFUSED)
-                self.metrics.rank_failures.labels(cause=cause.value).inc()
+            if not v.ok:  # counted once per failed request, where it fails (_run)
                 log.error("rank %s refused %s of slot %d (%s); every rank discarded it",
                           v.rank, op.kind.name, op.slot, v.reason)
             if fut.done():
@@ -212,13 +209,18 @@ class RankedScheduler(Scheduler):
             raise HttpError(503, "ranks_lost",
                             f"a verifier rank failed ({e.cause.value}); restarting") from None
         except OpRefusedError as e:
+            why = e.verdict.reason
+            cause = (RankFailure.DIGEST_MISMATCH if why is Reason.CHECKSUM_MISMATCH
+                     else RankFailure.RANK_REFUSED)
+            self.metrics.rank_failures.labels(cause=cause.value).inc()
             raise HttpError(500, "rank_disagreement",
                             f"rank {e.verdict.rank} refused {op.kind.name.lower()} "
                             f"({e.verdict.reason}); nothing was committed") from None
 
     def _submit_unawaited(self, op: Op) -> None:
-        """OPEN and CLOSE: later ops of the slot queue behind them (FIFO) and fail if they
-        failed, so nobody waits for their votes."""
+        """OPEN and CLOSE: later ops of the slot queue behind them (FIFO), and after a
+        refused OPEN the request's first decision is refused too (the slot is open on no
+        rank), so nobody waits for their votes; CLOSE is never refused."""
         self.group.submit(op).add_done_callback(_quiet)
 
     async def _job_started(self, job: Job) -> None:

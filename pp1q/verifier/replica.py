@@ -65,6 +65,8 @@ class RankState:
 
     def _check(self, op: Op) -> Reason | None:
         s = self.slots.get(op.slot)
+        if op.kind is OpKind.CLOSE:
+            return None  # always: a request may end at any point, even one never opened
         if op.kind is OpKind.OPEN:
             if s is not None:
                 return Reason.STATE_NOT_ALLOWED  # a CLOSE was missed: desynchronised
@@ -73,8 +75,6 @@ class RankState:
             return None
         if s is None:
             return Reason.STATE_NOT_ALLOWED
-        if op.kind is OpKind.CLOSE:
-            return None  # always allowed: a request may end at any point
         if len(s.prefix) != op.prefix_len or s.prefix.digest != op.prefix_digest:
             return Reason.CHECKSUM_MISMATCH  # this rank committed something else
         if op.kind is OpKind.ROUND and op.generation <= s.invalid_through:
