@@ -265,3 +265,54 @@ def test_a_missed_close_makes_the_next_open_refused():
     assert not v.ok and v.reason is Reason.STATE_NOT_ALLOWED
     assert _exchange(ranks, [Op(OpKind.CLOSE, 3)], 3)[0].ok
     assert _exchange(ranks, [_open(3)], 4)[0].ok
+
+
+# -- launch forms ----------------------------------------------------------------------
+
+
+def _settings(**over):
+    from pp1q.commands.verifier import SETTINGS
+
+    return {**{k: default for k, (_t, default) in SETTINGS.items()},
+            "rank_backend": "gloo", **over}
+
+
+def test_rank_plans_of_the_three_launch_forms():
+    from pp1q.verifier.rank_launch import rank_plan
+
+    assert rank_plan(_settings(), environ={}) is None  # one process: no torch at all
+    spawn = rank_plan(_settings(ranks=2), environ={})
+    assert spawn.spawn and spawn.rv.rank == 0 and spawn.rv.master == ("127.0.0.1", 0)
+    explicit = rank_plan(_settings(ranks=2, rank=1, rank_master="10.0.0.2:29500"), environ={})
+    assert not explicit.spawn and explicit.rv.rank == 1
+    assert explicit.rv.master == ("10.0.0.2", 29500)
+    torchrun = rank_plan(_settings(), environ={"RANK": "1", "WORLD_SIZE": "2",
+                                                "LOCAL_RANK": "1"})
+    assert torchrun.rv.master is None and (torchrun.rv.rank, torchrun.rv.world) == (1, 2)
+
+
+@pytest.mark.parametrize("over, env, words", [
+    ({"ranks": 2, "rank": 1}, {}, "fixed port"),
+    ({"ranks": 2, "rank": 2, "rank_master": "h:1"}, {}, "outside"),
+    ({"rank": 1}, {}, "needs --ranks"),
+    ({"ranks": 3}, {"RANK": "0", "WORLD_SIZE": "2"}, "WORLD_SIZE is 2"),
+    ({"ranks": 99}, {}, "outside 1..16"),
+    ({"ranks": 2, "rank_timeout_s": 0.0}, {}, "positive"),
+    ({"ranks": 2, "rank_backend": "mpi"}, {}, "one of"),
+])
+def test_inconsistent_rank_settings_are_refused(over, env, words):
+    from pp1q.config import ConfigError
+    from pp1q.verifier.rank_launch import rank_plan
+
+    with pytest.raises(ConfigError, match=words):
+        rank_plan(_settings(**over), environ=env)
+
+
+def test_identity_records_must_agree():
+    from pp1q.config import ConfigError
+    from pp1q.verifier.rank_launch import check_identities, identity
+
+    one = identity({}, "toy-target-v1:vocab=64:seed=0", LIMITS, "gloo", "127.0.0.1:1")
+    check_identities([one, {**one, "metrics": None}])  # metrics addresses may differ
+    with pytest.raises(ConfigError, match="disagree on depth"):
+        check_identities([one, {**one, "depth": 4}])
