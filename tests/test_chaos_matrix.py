@@ -17,17 +17,17 @@ from test_daemon_distribution import exact_marginals, planted_verifier_command, 
 from pp1q.chaos.faults import Drop, Rule
 from pp1q.chaos.matrix import (
     DIST_TOKENS,
-    PENDING_RANKS,
+    WATCHDOG_MS,
     cases,
     format_distribution,
     format_table,
     run_case,
     run_distribution,
 )
+from pp1q.chaos.rank_row import WAVE, run_rank_crash
 from pp1q.chaos.rig import Rig
 from pp1q.wire import MsgType
 
-WATCHDOG_MS = 300  # short: a delay row waits about 3 x this for its late frames
 VOCAB = 16
 N = 2000  # distribution row, bounded default: a planted bug's chi-square ~2x the threshold
 N_SLOW = 6000
@@ -63,11 +63,16 @@ def rig(tmp_path_factory, request):
 def test_fault_row(rig, case):
     row = run_case(rig, case)
     ROWS.append(row)
-    if row.pending:
-        assert row.pending == PENDING_RANKS
-        pytest.skip(row.pending)
     assert row.ok, f"{row.name}: {row.problems}\n{rig.logs()}"
     assert row.complete == row.requests and row.injected > 0
+
+
+def test_verifier_rank_crash_row(tmp_path):
+    """Its own pair (a verifier of two ranks): fail-stop, counted, restarted."""
+    row = run_rank_crash(tmp_path)
+    ROWS.append(row)
+    assert row.ok, f"{row.name}: {row.problems}"
+    assert row.injected == 1 and WAVE <= row.complete < row.requests
 
 
 def _distribution(rig, n):

@@ -99,15 +99,17 @@ def checkout_judge():
 def run_matrix(args) -> int:
     from .matrix import (
         ROW_REQUESTS,
+        WATCHDOG_MS,
         cases,
         format_distribution,
         format_table,
         run_case,
         run_distribution,
     )
+    from .rank_row import run_rank_crash
     from .rig import Rig
 
-    watchdog_ms = 300
+    watchdog_ms = WATCHDOG_MS
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="pp1q-chaos-")
     judge = checkout_judge()
     n_dist = args.distribution if args.distribution is not None else 2000
@@ -120,8 +122,9 @@ def run_matrix(args) -> int:
         for case in cases(watchdog_ms / 1000):
             row = run_case(rig, case, requests=args.requests or ROW_REQUESTS)
             rows.append(row)
-            print(f"  {row.name}: {'pending' if row.pending else 'ok' if row.ok else 'FAIL'}",
-                  flush=True)
+            print(f"  {row.name}: {'ok' if row.ok else 'FAIL'}", flush=True)
+        rows.append(run_rank_crash(Path(log_dir) / "ranks"))
+        print(f"  {rows[-1].name}: {'ok' if rows[-1].ok else 'FAIL'}", flush=True)
         if n_dist:
             dist = run_distribution(rig, n_dist, judge, watchdog_s=watchdog_ms / 1000)
     finally:

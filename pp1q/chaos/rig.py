@@ -8,6 +8,7 @@ port while the verifier keeps its address. ``metrics`` scrapes /metrics over HTT
 
 from __future__ import annotations
 
+import os
 import urllib.request
 from pathlib import Path
 
@@ -29,7 +30,7 @@ class Rig:
     def __init__(self, log_dir: str | Path, *, vocab: int = 16, model_seed: int = 0,
                  preset: str = "far", watchdog_ms: int = 300, slots: int = 4,
                  top_k: int = 0, target_delay_ms: float = 0.0, audit: bool = True,
-                 verifier_cmd: list[str] | None = None) -> None:
+                 verifier_cmd: list[str] | None = None, verifier_args=()) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.vocab = vocab
@@ -39,16 +40,15 @@ class Rig:
         self.worker = self._start_worker("127.0.0.1:0")
         self.audit = WireAudit() if audit else None
         self.proxy = ThreadedProxy(self.worker.port, audit=self.audit)
-        cmd = (verifier_cmd or pp1q_command("verifier")) + [
+        self._verifier_cmd = (verifier_cmd or pp1q_command("verifier")) + [
             "--worker", f"127.0.0.1:{self.proxy.port}", "--http", "127.0.0.1:0",
             "--vocab", str(vocab), "--model-seed", str(model_seed), "--metrics-port", "0",
             "--slots", str(slots), "--top-k", str(top_k), "--watchdog-ms", str(watchdog_ms),
             "--reconnect-max-s", str(RECONNECT_MAX_S),
-            "--target-delay-ms", str(target_delay_ms)]
+            "--target-delay-ms", str(target_delay_ms), *verifier_args]
+        self._verifier_starts = 0
         try:
-            self.verifier = DaemonProcess("verifier", cmd, str(self.log_dir / "verifier.log"))
-            self.url = f"http://127.0.0.1:{self.verifier.port}"
-            self.wait_connected()
+            self.restart_verifier()
         except BaseException:
             self.proxy.stop()
             self.worker.stop()
@@ -59,6 +59,14 @@ class Rig:
         return DaemonProcess("worker", pp1q_command("worker", "--listen", listen,
                                                     *self._worker_args),
                              str(self.log_dir / f"worker{self._starts}.log"))
+
+    def restart_verifier(self) -> None:
+        """(Re)start the verifier, as its supervisor would, and wait for its session."""
+        self._verifier_starts += 1
+        log = self.log_dir / f"verifier{self._verifier_starts}.log"
+        self.verifier = DaemonProcess("verifier", self._verifier_cmd, str(log))
+        self.url = f"http://127.0.0.1:{self.verifier.port}"
+        self.wait_connected()
 
     def client(self) -> Client:
         return Client(self.url, timeout=REQUEST_TIMEOUT_S)
@@ -112,6 +120,21 @@ def value(samples: Samples, name: str, **labels) -> float:
 
 def delta(after: Samples, before: Samples, name: str, **labels) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
+
+
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (a verifier rank 0's spawned ranks)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return sorted(out)
 
 
 def rss_kib(pid: int) -> int:
