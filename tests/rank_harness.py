@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from pathlib import Path
 
 from daemon_harness import Pair, scrape, value
+
+from pp1q.chaos.rig import child_pids  # noqa: F401 - the rank tests import it from here
 
 RANKS = 2
 POLL_S = 0.05  # polling step of the waits below; each is bounded by its timeout
@@ -36,22 +37,6 @@ def rank_failures(samples: dict) -> float:
 def log_text(daemon) -> str:
     """A daemon's whole stderr log (also after it stopped)."""
     return Path(daemon.log_path).read_text()
-
-
-def child_pids(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (the spawned ranks of a rank 0)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(entry))
-    return sorted(out)
 
 
 def wait_for(predicate, timeout: float = WAIT_S) -> bool:
