@@ -40,3 +40,49 @@ def test_soak_one_minute(tmp_path):
 @pytest.mark.slow
 def test_soak_five_minutes(tmp_path):
     _soak(tmp_path, SLOW_SECONDS, crash_every_s=100)
+
+
+class _ClosingTransport:
+    """What a stream error leaves behind until connection_lost runs: closing, and a
+    write raises (as uvloop's does)."""
+
+    def is_closing(self) -> bool:
+        return True
+
+    def write(self, data) -> None:
+        raise RuntimeError("unable to perform operation: the handler is closed")
+
+    def close(self) -> None:
+        pass
+
+
+async def test_link_never_writes_to_a_closing_transport():
+    """Regression for the bug the first 30-minute soak found: after a stream error the
+    link was still ready, and a COMMIT, RESET or STEP written then failed the request
+    (this test fails with RuntimeError against the link before the fix)."""
+    from types import SimpleNamespace
+
+    from pp1q.errors import Reason
+    from pp1q.metrics import FallbackCause, Metrics
+    from pp1q.models import ToySpec
+    from pp1q.session_config import verifier_config
+    from pp1q.verifier.link import Fallback, Needs, WorkerLink
+    from pp1q.wire import Step, VerifierEndpoint, WorkerEndpoint
+
+    config = verifier_config(ToySpec(vocab=16, seed=0), (2, 1), 4, 5, 16)
+    link = WorkerLink("127.0.0.1", 1, config, Needs(4, 5, 16), Metrics("verifier"), 1.0, 0.2)
+    link.endpoint = v = VerifierEndpoint(config, session=5, step_timeout=1.0)
+    w = WorkerEndpoint(config)  # a live session: every send() below would produce a frame
+    w.receive_data(v.hello(), 0.0)
+    v.receive_data(w.data_to_send(), 0.0)
+    link._proto = SimpleNamespace(transport=_ClosingTransport())
+    link._ready = True  # as it stays until connection_lost
+    assert link.reset(0, 1, Reason.CANCELLED) is False  # not written, no exception
+    step = Step(session=5, slot=0, generation=1, round_id=1, anchor=1, first_position=2,
+                prefix_digest=0, depth=5, temperature=1.0, top_k=0, context_version=0, seed=1)
+    fut = link.propose(step)
+    link._flush()  # the STEP stays queued; losing the connection fails it
+    assert not fut.done()
+    link._go_down()
+    assert fut.result() == Fallback(FallbackCause.CONNECTION_LOST, Reason.CONNECTION_LOST,
+                                    "connection lost before the STEP left")
