@@ -88,7 +88,7 @@ class DaemonProcess:
 
 def start_pair(log_dir: str, *, vocab: int, model_seed: int = 0, preset: str = "close",
                top_k: int = 32, target_delay_ms: float = 0.0,
-               connect_timeout: float = STARTUP_TIMEOUT_S):
+               connect_timeout: float = STARTUP_TIMEOUT_S, ranks: int = 1):
     """A worker and a verifier on loopback (ports picked by the OS), connected.
 
     Returns (worker, verifier, url); both are stopped again if the pair does not come up.
@@ -102,7 +102,8 @@ def start_pair(log_dir: str, *, vocab: int, model_seed: int = 0, preset: str = "
     try:
         verifier = DaemonProcess("verifier", pp1q_command(
             "verifier", "--worker", f"127.0.0.1:{worker.port}", "--http", "127.0.0.1:0",
-            "--top-k", str(top_k), "--target-delay-ms", str(target_delay_ms), *common),
+            "--top-k", str(top_k), "--target-delay-ms", str(target_delay_ms),
+            "--ranks", str(ranks), *common),
             os.path.join(log_dir, "verifier.log"))
     except BaseException:
         worker.stop()

@@ -174,7 +174,6 @@ def test_ranks_with_different_models_refuse_to_form(tmp_path):
         assert re.search(r"verifier ranks disagree on (target|vocab)", out), out
 
 
-@pytest.mark.slow
 def test_torchrun_form(tmp_path):
     pair = Pair(tmp_path, vocab=16, wait=False)  # its verifier stays our single one
     port = free_port()

@@ -24,6 +24,8 @@ def add_arguments(p) -> None:
     p.add_argument("--target-delay-ms", type=float, default=50.0,
                    help="simulated forward-pass latency of the toy target (50 ms; 0 = raw toy)")
     p.add_argument("--seed", type=int, default=1, help="first request seed (1)")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="verifier ranks (torch.distributed, gloo; default 1)")
     p.add_argument("--keep", action="store_true",
                    help="leave both daemons running after the summary until Ctrl-C")
 
@@ -72,7 +74,7 @@ def run(args) -> int:
     try:
         worker, verifier, url = start_pair(
             log_dir, vocab=args.vocab, model_seed=args.model_seed, preset=args.draft_preset,
-            top_k=args.top_k, target_delay_ms=args.target_delay_ms)
+            top_k=args.top_k, target_delay_ms=args.target_delay_ms, ranks=args.ranks)
         daemons = [worker, verifier]
         prompts = demo_prompts(args.requests, args.vocab, args.seed)
         spec, spec_s = _batch(url, prompts, args, True, "speculative")

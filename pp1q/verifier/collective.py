@@ -168,8 +168,8 @@ class Collective:
                 raise RemoteProtocolError(rank_ops.Reason.UNEXPECTED_SIZE, "own envelope")
             mine = np.zeros((1 + len(ops), VOTE_WORDS), dtype=np.int64)
             mine[0] = rank_ops.presence(seq, self.rank)
-            for i, op in enumerate(ops):
-                mine[1 + i] = state.vote(op)
+            for i, vote in enumerate(state.votes(ops)):
+                mine[1 + i] = vote
             votes = self.gather_rows(mine)
             verdicts = rank_ops.verdicts(ops, votes, seq, self.limits)
         except RemoteProtocolError as e:  # desynchronised: no later exchange can be trusted

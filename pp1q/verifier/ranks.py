@@ -75,6 +75,7 @@ class RankGroup:
         self.peers: list[dict] = []  # identity records of every rank (healthz)
         self.children = None  # rank_launch.Children when rank 0 spawned the others
         self._pending: collections.deque[tuple[Op, asyncio.Future]] = collections.deque()
+        self._outbox: list[tuple[Op, asyncio.Future]] = []  # this loop tick's ops
         self._cv = threading.Condition()
         self._stopping = False
         self._seq = 0
@@ -88,14 +89,22 @@ class RankGroup:
         self._thread.start()
 
     def submit(self, op: Op) -> asyncio.Future:
+        """Queue ``op``; ops submitted in the same loop tick reach the exchange thread
+        together (as the link batches STEPs), so they can share one exchange."""
         fut = self._loop.create_future()
         if self.lost is not None:
             fut.set_exception(self.lost)
             return fut
-        with self._cv:
-            self._pending.append((op, fut))
-            self._cv.notify()
+        self._outbox.append((op, fut))
+        if len(self._outbox) == 1:
+            self._loop.call_soon(self._flush)
         return fut
+
+    def _flush(self) -> None:
+        with self._cv:
+            self._pending.extend(self._outbox)
+            self._cv.notify()
+        self._outbox.clear()
 
     @property
     def exit_status(self) -> int:
@@ -176,8 +185,9 @@ class RankGroup:
         self.metrics.rank_failures.labels(cause=lost.cause.value).inc()
         log.error("verifier rank group lost (%s): %s", lost.cause.value, lost.detail)
         with self._cv:
-            waiting = list(self._pending) + list(batch)
+            waiting = list(self._pending) + list(batch) + self._outbox
             self._pending.clear()
+            self._outbox.clear()
         for _op, fut in waiting:
             if not fut.done():
                 fut.set_exception(lost)

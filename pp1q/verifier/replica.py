@@ -47,6 +47,16 @@ class RankState:
 
     # -- voting --------------------------------------------------------------------
 
+    def votes(self, ops: list[Op]) -> list[np.ndarray]:
+        """This rank's vote on each op of an exchange, in order."""
+        mine = [op for op in ops if op.decider == self.rank
+                and op.kind in (OpKind.ROUND, OpKind.TARGET_ONLY)]
+        if mine and self.target_delay_s:
+            # simulated forward pass (demo): one per exchange, over every row this rank
+            # decides, as a batched target forward would be
+            time.sleep(self.target_delay_s)
+        return [self.vote(op) for op in ops]
+
     def vote(self, op: Op) -> np.ndarray:
         refusal = self._check(op)
         if refusal is not None:
@@ -83,8 +93,6 @@ class RankState:
 
     def _decide(self, op: Op) -> rounds.Outcome:
         s = self.slots[op.slot]
-        if self.target_delay_s:
-            time.sleep(self.target_delay_s)  # simulated forward-pass latency (demo)
         if op.kind is OpKind.TARGET_ONLY:
             p = self._rows(op.slot, s, [])
             return rounds.target_only(p[0], s.seed, op.generation, op.round_id,
