@@ -315,3 +315,14 @@ async def test_audit_through_the_proxy_and_reset_all():
     assert len(cut(data)) == 3 and audit.violations == []  # no COMMIT: nothing to judge
     assert audit.pending() == 0  # the connection closed: its state is gone
     assert proxy.reset_all() == 0 and proxy.connections == 1
+
+
+async def test_payload_faults_on_a_frame_without_payload_are_not_injected():
+    token_only = Reply(session=5, slot=0, generation=1, round_id=1, index=1, position=10,
+                       token=2, form=0, entries=0)
+    stream = frames(token_only, reply(2))
+    rules = [Rule(BitFlip("payload"), msg_type=REPLY, nth=1),
+             Rule(Truncate(), msg_type=REPLY, nth=1)]
+    data, proxy = await _through(rules, stream)
+    assert data[: len(encode(token_only))] == encode(token_only)  # delivered unchanged
+    assert proxy.injections == {FaultKind.TRUNCATE: 1}  # the flip found no payload

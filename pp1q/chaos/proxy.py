@@ -234,6 +234,9 @@ class FaultProxy:
             loop.call_later(fault.seconds, late)
         elif isinstance(fault, Drop):
             pass
+        elif isinstance(fault, BitFlip | Truncate) and not _has_region(piece, fault):
+            self._deliver(conn, d, piece, message, piece.data)  # nothing to hit: not injected
+            return
         elif isinstance(fault, BitFlip):
             self._deliver(conn, d, piece, message,
                           flip_bit(piece, fault.region, fault.offset, fault.bit))
@@ -287,6 +290,14 @@ class FaultProxy:
                 message = piece.message()
             ok = data is piece.data if intact is None else intact
             self.audit.delivered(conn.cid, d is Direction.TO_WORKER, piece, message, ok)
+
+
+def _has_region(piece: Piece, fault) -> bool:
+    """A payload to truncate or flip in (REPLY rows), a control part to flip in."""
+    region = "payload" if isinstance(fault, Truncate) else fault.region
+    if region == "payload":
+        return len(piece.payload) > 0
+    return region == "header" or piece.control_len > 0
 
 
 class ThreadedProxy:
