@@ -94,6 +94,9 @@ async def test_rows_are_the_proposers_and_a_retry_is_refused_not_redrawn(worker)
     expect = list(propose(drafter, prefix.tokens, ProposalSpec(5, 1, 1, 3, 5, 0.9, 8)))
     assert list(ready.draft_ids) == [t for t, _ in expect]
     assert list(ready.q_rows) == [row for _, row in expect]
+    # the STEP's temperature is honoured, not silently 1 (transformers #40949)
+    at_one = list(propose(drafter, prefix.tokens, ProposalSpec(5, 1, 1, 3, 5, 1.0, 8)))
+    assert [row for _, row in at_one] != [row for _, row in expect]
     # the same STEP again, bytes as sent: refused, and no REPLY drawn under the used key
     v.writer.write(encode(step))
     data = await asyncio.wait_for(v.reader.read(65536), TIMEOUT_S)
