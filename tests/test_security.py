@@ -29,13 +29,15 @@ def _daemon_commands():
             yield name, mod
 
 
-def _bind_keys(settings: dict) -> dict[str, str]:
-    """Keys that name an address to bind or serve on, with their default host."""
+def _address_keys(settings: dict) -> dict[str, str]:
+    """Keys whose default is an address (``*_host``, or any HOST:PORT), with its host."""
     out = {}
     for key, (_kind, default) in settings.items():
-        if key.endswith("_host") and isinstance(default, str):
+        if not isinstance(default, str):
+            continue
+        if key.endswith("_host"):
             out[key] = default
-        elif key in ("listen", "http") and isinstance(default, str):
+        elif re.fullmatch(r"\[?[\w.:-]+\]?:\d+", default):
             out[key] = parse_hostport(default)[0]
     return out
 
@@ -43,11 +45,11 @@ def _bind_keys(settings: dict) -> dict[str, str]:
 def test_every_daemon_binds_loopback_by_default():
     seen = {}
     for name, mod in _daemon_commands():
-        for key, host in _bind_keys(mod.SETTINGS).items():
+        for key, host in _address_keys(mod.SETTINGS).items():
             seen[f"{name}.{key}"] = host
-    # the two daemons' listening addresses are all present, and all loopback
-    assert {"worker.listen", "worker.metrics_host", "verifier.http",
-            "verifier.metrics_host"} <= set(seen)
+    # every address a daemon listens on (the rank store too) is found, and all loopback
+    assert {"worker.listen", "worker.metrics_host", "verifier.http", "verifier.metrics_host",
+            "verifier.rank_master"} <= set(seen)
     assert {k: h for k, h in seen.items() if h != LOOPBACK} == {}
 
 
