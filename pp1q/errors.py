@@ -50,6 +50,8 @@ class Reason(enum.StrEnum):
     STATE_NOT_ALLOWED = "state_not_allowed"
     UNSUPPORTED_FEATURE = "unsupported_feature"
     PEER_REFUSED = "peer_refused"
+    # the draft id is not what its own q and the proposal key give (q not the q that sampled)
+    PROPOSAL_MISMATCH = "proposal_mismatch"
     # -- wire v2 sessions and endpoints --
     BAD_FLAGS = "bad_flags"
     BAD_POSITION = "bad_position"

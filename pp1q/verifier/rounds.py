@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..q import DyadicRow
+from ..q import DyadicRow, sample
+from ..rng import proposal_u24
 from ..verify import RoundKeys, target_only_token, verify_round
 
 
@@ -27,6 +28,22 @@ def sampled(p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: Sequence[int],
     """Standard verification; ``keys.anchor`` is the absolute position of x_1."""
     d = verify_round(p, q_rows, drafts, keys)
     return Outcome(d.accepted, d.token)
+
+
+def proposal_matches(q_rows: Sequence[DyadicRow], drafts: Sequence[int],
+                     keys: RoundKeys) -> bool:
+    """Each x_i is what q_i and the PROPOSAL-domain key give (docs/distribution.md step 1).
+
+    The verifier knows the request seed, so it re-derives every proposal: a q that is not
+    the q that sampled (built at another temperature, from other logits, one row shifted)
+    is caught on the round it happens, not only in distribution. It proves nothing
+    against a worker that lies on purpose (docs/security.md).
+    """
+    return all(
+        int(x) == sample(q, proposal_u24(keys.seed, keys.generation, keys.round_id,
+                                         keys.anchor + i))
+        for i, (q, x) in enumerate(zip(q_rows, drafts, strict=True))
+    )
 
 
 def greedy(target_rows: np.ndarray, drafts: Sequence[int]) -> Outcome:

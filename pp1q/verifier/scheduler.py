@@ -171,6 +171,13 @@ class Scheduler:
         if isinstance(outcome, Fallback):
             await self._fallback(job, outcome, round_id)
             return
+        if not outcome.greedy and not rounds.proposal_matches(
+                outcome.q_rows, outcome.draft_ids,
+                RoundKeys(req.seed, step.generation, step.round_id, step.first_position)):
+            self.metrics.validation_failure(Reason.PROPOSAL_MISMATCH)
+            await self._fallback(job, Fallback(FallbackCause.INVALID_REPLY,
+                                               Reason.PROPOSAL_MISMATCH), round_id)
+            return
         await self._verify(job, step, outcome)
         self.metrics.round_latency.observe(time.perf_counter() - t0)
 
