@@ -271,25 +271,15 @@ def sample(row: DyadicRow, u24: int) -> int:
 # wire forms -> counts (the receiver's only way in; no renormalisation anywhere)
 
 
-def _as_f32(values, what: str) -> np.ndarray:
+def _as_array(values, dtype: str, what: str) -> np.ndarray:
+    """A 1-D array of ``dtype`` (a little-endian 4-byte code) from an array or LE bytes."""
     if isinstance(values, (bytes, bytearray, memoryview)):
         if len(values) % 4:
             raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: {len(values)} bytes")
-        return np.frombuffer(values, dtype="<f4")
+        return np.frombuffer(values, dtype=dtype)
     arr = np.asarray(values)
-    if arr.dtype != np.float32 or arr.ndim != 1:
-        raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: need 1-D float32")
-    return arr
-
-
-def _as_i32(values, what: str) -> np.ndarray:
-    if isinstance(values, (bytes, bytearray, memoryview)):
-        if len(values) % 4:
-            raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: {len(values)} bytes")
-        return np.frombuffer(values, dtype="<i4")
-    arr = np.asarray(values)
-    if arr.dtype != np.int32 or arr.ndim != 1:
-        raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: need 1-D int32")
+    if arr.dtype != np.dtype(dtype) or arr.ndim != 1:
+        raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: need 1-D {np.dtype(dtype)}")
     return arr
 
 
@@ -341,7 +331,7 @@ def validate_dense(q, vocab: int) -> np.ndarray:
     checks (allocation and page faults), so the dyadic and mass checks stream through
     small scratch buffers after one max over the bit patterns.
     """
-    arr = _as_f32(q, "dense q")
+    arr = _as_array(q, "<f4", "dense q")
     if arr.size < vocab:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, f"dense q has {arr.size} < {vocab}")
     bits = arr.view(np.uint32)
@@ -377,8 +367,8 @@ def parse_dense(q, vocab: int) -> DyadicRow:
 
 def parse_sparse(ids, q, vocab: int) -> DyadicRow:
     """Sparse (int32 ids, FP32 q), each as array or LE bytes; canonical support only."""
-    id_arr = _as_i32(ids, "sparse ids")
-    q_arr = _as_f32(q, "sparse q")
+    id_arr = _as_array(ids, "<i4", "sparse ids")
+    q_arr = _as_array(q, "<f4", "sparse q")
     if id_arr.size != q_arr.size:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, "sparse ids and q differ in length")
     if id_arr.size == 0:
