@@ -27,8 +27,9 @@ class Pair:
     def __init__(self, tmp: Path, *, vocab: int = 16, model_seed: int = 0,
                  preset: str = "far", verifier_args=(), worker_args=(),
                  verifier_cmd: list[str] | None = None, proxy: FaultProxy | None = None,
-                 wait: bool = True) -> None:
+                 wait: bool = True, worker_cmd: list[str] | None = None) -> None:
         self.tmp, self.vocab = tmp, vocab
+        self.worker_cmd = worker_cmd or pp1q_command("worker")
         self.worker_args = ["--vocab", str(vocab), "--model-seed", str(model_seed),
                             "--draft-preset", preset, "--metrics-port", "0", *worker_args]
         self.worker = self.start_worker("127.0.0.1:0")
@@ -48,8 +49,8 @@ class Pair:
 
     def start_worker(self, listen: str) -> DaemonProcess:
         n = len(list(self.tmp.glob("worker*.log")))
-        return DaemonProcess("worker", pp1q_command("worker", "--listen", listen,
-                                                    *self.worker_args),
+        return DaemonProcess("worker", [*self.worker_cmd, "--listen", listen,
+                                        *self.worker_args],
                              str(self.tmp / f"worker{n}.log"))
 
     def client(self) -> Client:
@@ -197,6 +198,11 @@ class FaultProxy:
                                 return
                     writer.write(frame)
                     await writer.drain()
+
+
+def planted_worker_command() -> list[str]:
+    """The worker with a planted proposal bug (tests/planted_worker.py)."""
+    return [sys.executable, str(ROOT / "tests" / "planted_worker.py")]
 
 
 def planted_verifier_command() -> list[str]:

@@ -56,3 +56,36 @@ def test_q_row_shifted_by_one_position_is_caught():
         shifted = rows[1:] + rows[:1]
         caught += not proposal_matches(shifted, drafts, RoundKeys(seed, 2, 7, 5))
     assert caught >= 25
+
+
+def _run_pair(tmp_path, worker_cmd):
+    from daemon_harness import Pair, value
+
+    tmp_path.mkdir()
+    pair = Pair(tmp_path, preset="far", worker_cmd=worker_cmd)
+    try:
+        bodies = [{"prompt": [3, 7], "max_tokens": 6, "seed": s, "draft_temperature": 0.3}
+                  for s in range(4)]
+        answers = pair.generate_many(bodies)
+        m = pair.metrics("verifier")
+        return answers, (value(m, "pp1q_fallbacks_total", cause="invalid_reply"),
+                         value(m, "pp1q_validation_failures_total", reason="proposal_mismatch"))
+    finally:
+        pair.close()
+
+
+def test_daemons_discard_a_proposal_whose_q_did_not_sample_it(tmp_path):
+    """Real daemons: a worker that sends q at T=1 after sampling at T=0.3 gets its rounds
+    discarded (invalid_reply, proposal_mismatch), counted, and every request completes;
+    the honest worker with the same requests shows no mismatch."""
+    from daemon_harness import planted_worker_command
+
+    answers, (invalid, mismatches) = _run_pair(tmp_path / "planted", planted_worker_command())
+    assert [len(a["token_ids"]) for a in answers] == [6] * 4
+    assert invalid == mismatches == sum(a["stats"]["fallbacks"]["invalid_reply"]
+                                        for a in answers)
+    # a bad q goes unnoticed only when all five drafts happen to agree
+    assert mismatches >= 8
+    answers, (invalid, mismatches) = _run_pair(tmp_path / "honest", None)
+    assert [len(a["token_ids"]) for a in answers] == [6] * 4
+    assert invalid == mismatches == 0
