@@ -114,16 +114,18 @@ def test_greedy_round_accepts_the_matching_prefix():
     assert rounds.greedy(rows, [1, 0, 2]) == rounds.Outcome(3, 1)  # all accepted: bonus
 
 
-@pytest.mark.parametrize("reason, detail, cause", [
-    (Reason.STEP_TIMEOUT, "deadline", FallbackCause.WATCHDOG_TIMEOUT),
-    (Reason.CONNECTION_LOST, "", FallbackCause.CONNECTION_LOST),
-    (Reason.WORKER_ABORTED, "", FallbackCause.WORKER_REFUSED),
-    (Reason.STALE_GENERATION, "peer: generation 3", FallbackCause.WORKER_REFUSED),
-    (Reason.CHECKSUM_MISMATCH, "REPLY payload", FallbackCause.INVALID_REPLY),
-    (Reason.MISSING_Q, "sampled step answered without q", FallbackCause.INVALID_REPLY),
+@pytest.mark.parametrize("reason, detail, by_peer, cause", [
+    (Reason.STEP_TIMEOUT, "deadline", False, FallbackCause.WATCHDOG_TIMEOUT),
+    (Reason.CONNECTION_LOST, "", False, FallbackCause.CONNECTION_LOST),
+    (Reason.WORKER_ABORTED, "", False, FallbackCause.WORKER_REFUSED),
+    (Reason.STALE_GENERATION, "generation 3", True, FallbackCause.WORKER_REFUSED),
+    (Reason.STALE_GENERATION, "peer: looks refused", False, FallbackCause.INVALID_REPLY),
+    (Reason.CHECKSUM_MISMATCH, "REPLY payload", False, FallbackCause.INVALID_REPLY),
+    (Reason.MISSING_Q, "sampled step answered without q", False, FallbackCause.INVALID_REPLY),
 ])
-def test_failures_map_to_fallback_causes(reason, detail, cause):
-    assert classify(ProposalFailed(0, 1, 1, reason, detail)) is cause
+def test_failures_map_to_fallback_causes(reason, detail, by_peer, cause):
+    """The cause comes from the event's flag, never from its free-text detail."""
+    assert classify(ProposalFailed(0, 1, 1, reason, detail, by_peer)) is cause
 
 
 def test_expected_accepted_orders_the_presets():

@@ -175,7 +175,7 @@ def test_worker_refuses_a_bad_step(change, reason):
     if change.get("slot") is None:  # the verifier maps the refusal onto its own step
         v.send(step(), now=0.0)
         [f] = v.receive_data(refusal, 0.0)
-        assert f.reason == reason and f.detail.startswith("peer:")
+        assert f.reason == reason and f.by_peer and f.detail.startswith("peer:")
 
 
 def test_worker_refuses_stale_and_duplicate_keys():

@@ -61,7 +61,7 @@ def classify(ev: ProposalFailed) -> FallbackCause:
         return FallbackCause.WATCHDOG_TIMEOUT
     if ev.reason is Reason.CONNECTION_LOST:
         return FallbackCause.CONNECTION_LOST
-    if ev.reason is Reason.WORKER_ABORTED or ev.detail.startswith("peer:"):
+    if ev.reason is Reason.WORKER_ABORTED or ev.by_peer:
         return FallbackCause.WORKER_REFUSED  # a REFUSAL or an ABORTED completion
     return FallbackCause.INVALID_REPLY
 

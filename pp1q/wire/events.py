@@ -62,6 +62,7 @@ class ProposalFailed:
     round_id: int
     reason: Reason
     detail: str = ""
+    by_peer: bool = False  # the worker itself refused the STEP (a REFUSAL frame)
 
 
 @dataclass(frozen=True, slots=True)

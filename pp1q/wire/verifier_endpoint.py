@@ -150,7 +150,8 @@ class VerifierEndpoint(Endpoint):
         elif t is MsgType.COMPLETION:
             self._on_completion(msg, s, events)
         else:
-            self._fail_into(events, msg.slot, s, Reason(msg.reason), f"peer: {msg.detail}")
+            events.append(self._fail(msg.slot, s, Pseudo.FAIL, Reason(msg.reason),
+                                     f"peer: {msg.detail}", by_peer=True))
 
     def _on_handshake(self, msg, t: MsgType, events: list) -> None:
         new = self._next_conn(t)
@@ -237,10 +238,11 @@ class VerifierEndpoint(Endpoint):
     def _fail_into(self, events: list, slot: int, s: SlotTrack, reason: Reason, detail: str):
         events.append(self._fail(slot, s, Pseudo.FAIL, reason, detail))
 
-    def _fail(self, slot: int, s: SlotTrack, how: Pseudo, reason: Reason, detail: str):
+    def _fail(self, slot: int, s: SlotTrack, how: Pseudo, reason: Reason, detail: str,
+              by_peer: bool = False):
         s.state = slot_next(self.role, s.state, how)
         s.invalidate(s.generation)
         s.frames, s.rows = [], []
         self.failures[reason] += 1
-        return ProposalFailed(slot, s.generation, s.round_id, Reason(reason), detail)
+        return ProposalFailed(slot, s.generation, s.round_id, Reason(reason), detail, by_peer)
 
