@@ -36,11 +36,10 @@ from pathlib import Path
 import xxhash
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import wire_vectors  # noqa: E402
 
-from pp1q import context_channel as cc  # noqa: E402
 from pp1q.wire import (  # noqa: E402
     FrameDecoder,
     ProposalReady,
@@ -50,6 +49,7 @@ from pp1q.wire import (  # noqa: E402
     WireConfig,
     WorkerEndpoint,
 )
+from pp1q.wire import context_channel as cc  # noqa: E402
 
 _CONFIG = WireConfig(identity=wire_vectors.IDENTITY, limits=wire_vectors.LIMITS, versions=(1, 2))
 _HELLO = VerifierEndpoint(_CONFIG, session=wire_vectors.SESSION).hello()

@@ -1,6 +1,6 @@
 """Global softmax weights and dyadic24 counts (kernel 1), batched over rows.
 
-Follows pp1q.q.build_row step by step: FP64 x = logits / T, global max, e = exp(x - max),
+Follows pp1q.core.q.build_row step by step: FP64 x = logits / T, global max, e = exp(x - max),
 total, w = e / total, (top-k support, renormalise), then floor(w * 2^24) plus one ticket
 for each of the ``remaining`` largest fractional remainders, ties by lowest global id.
 
@@ -19,8 +19,8 @@ import math
 
 import torch
 
-from pp1q.errors import DistributionError, Reason
-from pp1q.q import MASS
+from pp1q.core.errors import DistributionError, Reason
+from pp1q.core.q import MASS
 
 from .fixed import exact_sum
 from .lookup import SparseCounts, compact
@@ -153,7 +153,7 @@ def ticket_mask(key, kth, remaining, before=None, above_total=None) -> torch.Ten
 
 
 def allocate(w: torch.Tensor) -> torch.Tensor:
-    """Counts [..., n] int64 for normalised FP64 weights w, exactly pp1q.q's rule."""
+    """Counts [..., n] int64 for normalised FP64 weights w, exactly pp1q.core.q's rule."""
     fl, key, eligible = floors(w)
     remaining = MASS - fl.sum(-1)
     check_remaining(remaining, eligible)

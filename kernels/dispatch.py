@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from pp1q.errors import LocalProtocolError, Reason
+from pp1q.core.errors import LocalProtocolError, Reason
 
 from . import counts, residual
 from . import verify_step as torch_verify

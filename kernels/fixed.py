@@ -7,7 +7,7 @@ so every backend and every sharding returns bit-identical ids and counts.
 
 Fixed-point target rows: P_v = floor(p_v * 2^61) (int64). For float32 p every entry
 >= 2^-38 is exact; smaller ones lose under 2^-61 each. S = sum(P) is the row's exact
-normaliser (the rounds use p / S, as pp1q.verify and the oracle normalise p).
+normaliser (the rounds use p / S, as pp1q.core.verify and the oracle normalise p).
 
 Wide products: values below 2^62 are split into 31-bit halves, so a full 124-bit product
 is held as (hi, lo) with lo < 2^62 and no intermediate ever exceeds 2^63 in int64.
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from pp1q.errors import DistributionError, LocalProtocolError, Reason
-from pp1q.q import MASS
+from pp1q.core.errors import DistributionError, LocalProtocolError, Reason
+from pp1q.core.q import MASS
 
 FIXED_BITS = 61  # p <= 1 keeps every P_v <= 2^61; a row total <= 2 keeps S < 2^62
 FIXED_ONE = float(1 << FIXED_BITS)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pp1q.errors import LocalProtocolError, Reason
-from pp1q.q import MASS, DyadicRow
+from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.core.q import MASS, DyadicRow
 
 
 @dataclass(frozen=True)

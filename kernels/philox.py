@@ -1,6 +1,6 @@
-"""Philox4x32-10 and the keyed draws of pp1q.rng, batched in torch (any device).
+"""Philox4x32-10 and the keyed draws of pp1q.core.rng, batched in torch (any device).
 
-Same words as ``pp1q.rng.philox4x32_10`` and Triton's ``tl.philox`` (tests prove it).
+Same words as ``pp1q.core.rng.philox4x32_10`` and Triton's ``tl.philox`` (tests prove it).
 Words are held in int64 (values in [0, 2^32)); 32x32-bit products are formed from
 16-bit halves so that no intermediate leaves int64 (no reliance on signed overflow).
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from pp1q.errors import LocalProtocolError, Reason
-from pp1q.rng import Domain
+from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.core.rng import Domain
 
 _M0 = 0xD2511F53
 _M1 = 0xCD9E8D57
@@ -22,7 +22,7 @@ _W1 = 0xBB67AE85
 _LO32 = 0xFFFFFFFF
 _LO16 = 0xFFFF
 ROUNDS = 10
-DOMAIN_SHIFT = 24  # counter word 3 = domain << 24 | generation (pp1q.rng)
+DOMAIN_SHIFT = 24  # counter word 3 = domain << 24 | generation (pp1q.core.rng)
 MAX_GENERATION = (1 << DOMAIN_SHIFT) - 1  # generation owns the low 24 bits of word 3
 
 
@@ -67,8 +67,8 @@ def keyed_words(seeds, generation, round_id, position, domain: Domain, counter=0
     """Philox words for keyed draws; all arguments broadcast (int64 tensors or ints).
 
     key = (seed low word, seed high word); counter = (counter, position, round,
-    domain << 24 | generation), exactly as pp1q.rng.pack_counter / pack_key. Field
-    ranges are checked as in pp1q.rng, so fields never overlap.
+    domain << 24 | generation), exactly as pp1q.core.rng.pack_counter / pack_key. Field
+    ranges are checked as in pp1q.core.rng, so fields never overlap.
     """
     seeds = torch.as_tensor(seeds, dtype=torch.int64)
     dev = seeds.device

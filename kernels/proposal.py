@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from pp1q.errors import DistributionError, Reason
-from pp1q.q import MASS
+from pp1q.core.errors import DistributionError, Reason
+from pp1q.core.q import MASS
 
 from .lookup import SparseCounts
 from .philox import keyed_u24

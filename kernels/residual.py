@@ -19,14 +19,14 @@ chosen lane always has R > 0, so padding lanes and ids >= vocab can never be ret
 Residual underflow: W == 0 while rejecting cannot happen for a rejection decided by
 ``fixed.accepts_exact`` (rejecting means P_x < c_x S / 2^24, which leaves W >= 1), but
 the kernel is total: for a row with W == 0 it picks from P with the same draw and sets
-the row's ``underflow`` flag (pp1q.verify's rule), which callers count.
+the row's ``underflow`` flag (pp1q.core.verify's rule), which callers count.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pp1q.errors import DistributionError, LocalProtocolError, Reason
+from pp1q.core.errors import DistributionError, LocalProtocolError, Reason
 
 from .fixed import block_sums, check_target, check_totals, draw_threshold, q_units, to_fixed
 from .lookup import SparseCounts

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pp1q.errors import LocalProtocolError, Reason
+from pp1q.core.errors import LocalProtocolError, Reason
 
 MAX_SHARDS = 4  # the emulator's scope: TP1..TP4 vocabulary splits
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from pp1q.errors import LocalProtocolError, Reason
-from pp1q.q import MASS
+from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.core.q import MASS
 
 from .counts import (
     check_max,

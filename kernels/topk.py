@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from pp1q.errors import DistributionError, Reason
+from pp1q.core.errors import DistributionError, Reason
 
 
 def select_positions(values: torch.Tensor, k: int) -> torch.Tensor:

@@ -73,7 +73,7 @@ def to_fixed(p):
 
 @triton.jit
 def keyed_u53(seed, generation, round_id, position, domain: tl.constexpr):
-    """53-bit draw keyed as pp1q.rng: counter (0, pos, round, dom << 24 | gen), key seed."""
+    """53-bit draw keyed as pp1q.core.rng: counter (0, pos, round, dom << 24 | gen), key seed."""
     zero = (position * 0).to(tl.uint32)
     w0, w1, w2, w3 = tl.philox(
         seed,

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pp1q.errors import DistributionError, Reason
-from pp1q.q import MASS
+from pp1q.core.errors import DistributionError, Reason
+from pp1q.core.q import MASS
 
 BLOCK = 1024  # lanes per tile on a GPU (tests pass a small block to cross tile edges)
 _MASS = tl.constexpr(float(MASS))

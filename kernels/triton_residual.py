@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pp1q.errors import DistributionError, LocalProtocolError, Reason
+from pp1q.core.errors import DistributionError, LocalProtocolError, Reason
 
 from .fixed import check_target, check_totals
 from .lookup import SparseCounts

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pp1q.errors import LocalProtocolError, Reason
-from pp1q.rng import Domain
+from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.core.rng import Domain
 
 from .fixed import check_target, check_totals
 from .lookup import SparseCounts

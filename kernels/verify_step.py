@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pp1q.errors import LocalProtocolError, Reason
-from pp1q.rng import Domain
-from pp1q.verify import RoundDecision, RoundKeys
+from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.core.rng import Domain
+from pp1q.core.verify import RoundDecision, RoundKeys
 
 from .fixed import accepts_exact, block_sums, check_target, check_totals, to_fixed
 from .lookup import SparseCounts, count_at
@@ -70,7 +70,7 @@ def step_draws(keys: StepKeys, depth: int):
 
 
 def check_keys(keys: StepKeys, depth: int) -> None:
-    """Key fields within their bit widths (pp1q.rng), before any kernel reads them."""
+    """Key fields within their bit widths (pp1q.core.rng), before any kernel reads them."""
     top = (1 << 32) - 1
     fields = [("generation", keys.generation, MAX_GENERATION), ("round", keys.round_id, top),
               ("position", keys.anchor + depth, top), ("position", keys.anchor, top)]

@@ -20,12 +20,12 @@ from typing import Annotated
 
 import msgspec
 
-from ..metrics import FallbackCause
-from .http import HttpError
+from pp1q.runtime.metrics import FallbackCause
+from pp1q.verifier.http import HttpError
 
 MAX_PROMPT_TOKENS = 65536  # bounds the per-request prefix memory and JSON body size
 MAX_NEW_TOKENS = 4096  # bounds one request's hold on a slot
-MAX_SEED = (1 << 64) - 1  # pp1q.rng keys are 64-bit
+MAX_SEED = (1 << 64) - 1  # pp1q.core.rng keys are 64-bit
 
 
 class GenerateBody(msgspec.Struct, forbid_unknown_fields=True):

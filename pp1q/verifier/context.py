@@ -1,4 +1,4 @@
-"""Verifier side of the context channel (see pp1q.context_channel): hands the worker a
+"""Verifier side of the context channel (see pp1q.wire.context_channel): hands the worker a
 slot's committed prefix for a new generation and waits for the acknowledgement."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import asyncio
 import contextlib
 import logging
 
-from .. import context_channel as cc
-from ..capture import Direction, Protocol
-from ..errors import Reason, RemoteProtocolError
-from ..metrics import FallbackCause, Metrics
-from ..prefix import Prefix
-from ..tls import ClientTls, connect_kwargs
+from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.prefix import Prefix
+from pp1q.runtime.capture import Direction, Protocol
+from pp1q.runtime.metrics import FallbackCause, Metrics
+from pp1q.runtime.tls import ClientTls, connect_kwargs
+from pp1q.wire import context_channel as cc
 
 log = logging.getLogger("pp1q.verifier")
 
@@ -22,7 +22,7 @@ _READ_BYTES = 64 * 1024  # answers are ~40 bytes; one read usually holds several
 class ContextClient:
     def __init__(self, metrics: Metrics, capture=None) -> None:
         self.metrics = metrics
-        # pp1q.capture.CaptureWriter or None. asyncio.open_connection bypasses
+        # pp1q.runtime.capture.CaptureWriter or None. asyncio.open_connection bypasses
         # capture.tap, so this channel records its own reads and writes.
         self._capture = capture
         self._conn: int | None = None  # this connection's id in the capture
@@ -84,7 +84,7 @@ class ContextClient:
 
     async def set_context(self, session: int, slot: int, generation: int, prefix: Prefix):
         """None when acknowledged, else a ``link.Fallback`` saying why not."""
-        from .link import Fallback
+        from pp1q.verifier.link import Fallback
 
         if self.closed.done():
             return Fallback(FallbackCause.CONNECTION_LOST, Reason.CONNECTION_LOST)

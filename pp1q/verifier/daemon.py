@@ -6,17 +6,17 @@ import asyncio
 import contextlib
 import logging
 
-from .. import tls
-from ..config import ConfigError, open_capture, parse_hostport
-from ..metrics import Metrics, serve_until_stopped
-from ..models import ToySpec, ToyTarget
-from ..session_config import DEFAULT_MAX_SUPPORT, verifier_config
-from ..wire import WIRE_V1, WIRE_V2
-from .api import decode_generate
-from .http import HttpError, HttpServer
-from .link import Needs, WorkerLink
-from .rank_launch import rank_plan
-from .scheduler import Scheduler
+from pp1q.models.toy import ToySpec, ToyTarget
+from pp1q.runtime import tls
+from pp1q.runtime.config import ConfigError, open_capture, parse_hostport
+from pp1q.runtime.metrics import Metrics, serve_until_stopped
+from pp1q.verifier.api import decode_generate
+from pp1q.verifier.http import HttpError, HttpServer
+from pp1q.verifier.link import Needs, WorkerLink
+from pp1q.verifier.ranks.launch import rank_plan
+from pp1q.verifier.scheduler import Scheduler
+from pp1q.wire import WIRE_V1, WIRE_V2
+from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
 
 log = logging.getLogger("pp1q.verifier")
 
@@ -92,16 +92,16 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None,
                 child_command: list[str] | None = None, state_cls=None) -> int:
     """Run until ``stop`` is set. ``ready(http_port, metrics_port)`` once listening.
     With ``--ranks N``: rank 0 serves (``child_command`` starts spawned ranks), the
-    other ranks follow it (pp1q.verifier.ranks); the exit status says how it ended.
+    other ranks follow it (pp1q.verifier.ranks.group); the exit status says how it ended.
     ``state_cls``: the ranks' replica class (a planted-bug test overrides it)."""
     plan = rank_plan(settings)
     if plan is not None and plan.rv.rank > 0:
         return await _serve_follower(settings, plan, stop, state_cls)
     group = launch = None
     if plan is not None:
-        from ..launcher import pp1q_command
-        from .rank_launch import Launch
-        from .ranks import EXIT_RANKS_LOST, RankedScheduler, start_group
+        from pp1q.runtime.launcher import pp1q_command
+        from pp1q.verifier.ranks.group import EXIT_RANKS_LOST, RankedScheduler, start_group
+        from pp1q.verifier.ranks.launch import Launch
 
         scheduler_cls = RankedScheduler if scheduler_cls is Scheduler else scheduler_cls
         launch = Launch(plan, settings, child_command or pp1q_command("verifier"))
@@ -141,8 +141,8 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None,
 
 async def _serve_follower(settings: dict, plan, stop: asyncio.Event, state_cls) -> int:
     """Ranks 1..N-1: the target and the replica, no worker link, no HTTP API."""
-    from .follower import serve_follower
-    from .rank_launch import limits_of
+    from pp1q.verifier.ranks.follower import serve_follower
+    from pp1q.verifier.ranks.launch import limits_of
 
     try:
         spec = ToySpec(vocab=settings["vocab"], seed=settings["model_seed"])

@@ -19,17 +19,23 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-from ..capture import Protocol, tap
-from ..errors import LocalProtocolError, Reason, RemoteProtocolError
-from ..metrics import FallbackCause, Metrics
-from ..prefix import Prefix
-from ..tls import ClientTls, connect_kwargs
-from ..wire import Commit, Reset, Step, VerifierEndpoint, WireConfig
-from ..wire.events import Discarded, ProposalFailed, ProposalReady, SessionRefused, SessionStarted
-from ..wire.pool import PayloadPool
-from ..wire.table import Conn
-from .context import ContextClient
-from .watchdog import Watchdog
+from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.core.prefix import Prefix
+from pp1q.runtime.capture import Protocol, tap
+from pp1q.runtime.metrics import FallbackCause, Metrics
+from pp1q.runtime.tls import ClientTls, connect_kwargs
+from pp1q.verifier.context import ContextClient
+from pp1q.verifier.watchdog import Watchdog
+from pp1q.wire import Commit, Reset, Step, VerifierEndpoint, WireConfig
+from pp1q.wire.events import (
+    Discarded,
+    ProposalFailed,
+    ProposalReady,
+    SessionRefused,
+    SessionStarted,
+)
+from pp1q.wire.pool import PayloadPool
+from pp1q.wire.table import Conn
 
 log = logging.getLogger("pp1q.verifier")
 
@@ -105,7 +111,7 @@ class WorkerLink:
                  tls: ClientTls | None = None) -> None:
         self.host, self.port, self.config, self.needs = host, port, config, needs
         self.tls = tls  # mutual TLS for both connections to the worker; None: plain TCP
-        self.capture = capture  # pp1q.capture.CaptureWriter or None
+        self.capture = capture  # pp1q.runtime.capture.CaptureWriter or None
         self.metrics = metrics
         self.step_timeout = step_timeout
         self.reconnect_max_s = reconnect_max_s
@@ -164,7 +170,7 @@ class WorkerLink:
             _, proto = await loop.create_connection(
                 tap(lambda: _WireProtocol(self, endpoint), self.capture, Protocol.WIRE),
                 self.host, self.port, **connect_kwargs(self.tls))
-        except OSError as e:  # a failed TLS handshake too (counted by pp1q.tls)
+        except OSError as e:  # a failed TLS handshake too (counted by pp1q.runtime.tls)
             log.debug("worker %s:%d unreachable: %s", self.host, self.port, e)
             return False
         self.endpoint, self._proto = endpoint, proto

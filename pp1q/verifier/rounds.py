@@ -1,6 +1,6 @@
 """Decisions of one scheduling step, given target rows: pure functions, no I/O.
 
-Sampled rounds follow docs/distribution.md through ``pp1q.verify``; greedy (v1) rounds
+Sampled rounds follow docs/distribution.md through ``pp1q.core.verify``; greedy (v1) rounds
 accept the longest prefix of drafts equal to the target's argmax; target-only steps
 draw in the TARGET_ONLY domain at the position they produce.
 """
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..q import DyadicRow, sample
-from ..rng import proposal_u24
-from ..verify import RoundKeys, target_only_token, verify_round
+from pp1q.core.q import DyadicRow, sample
+from pp1q.core.rng import proposal_u24
+from pp1q.core.verify import RoundKeys, target_only_token, verify_round
 
 
 @dataclass(frozen=True)

@@ -23,17 +23,17 @@ import time
 
 import numpy as np
 
-from ..errors import Reason
-from ..metrics import FallbackCause, Metrics, StepKind
-from ..models import TargetModel
-from ..prefix import Prefix
-from ..verify import RoundKeys
-from ..wire import Commit, Step
-from ..wire.events import ProposalReady
-from . import rounds
-from .api import GenerateRequest, RequestStats
-from .http import HttpError
-from .link import Fallback, WorkerLink
+from pp1q.core.errors import Reason
+from pp1q.core.prefix import Prefix
+from pp1q.core.verify import RoundKeys
+from pp1q.models.toy import TargetModel
+from pp1q.runtime.metrics import FallbackCause, Metrics, StepKind
+from pp1q.verifier import rounds
+from pp1q.verifier.api import GenerateRequest, RequestStats
+from pp1q.verifier.http import HttpError
+from pp1q.verifier.link import Fallback, WorkerLink
+from pp1q.wire import Commit, Step
+from pp1q.wire.events import ProposalReady
 
 MAX_GENERATION = (1 << 24) - 1  # the wire's generation field and the RNG counter are 24-bit
 TARGET_ONLY_GENERATION = 0  # speculative rounds use generations >= 1 on every slot
@@ -198,7 +198,7 @@ class Scheduler:
         m.accepted_tokens.inc(out.accepted)
         m.accepted_length.observe(out.accepted)
 
-    # -- decisions (pp1q.verifier.ranks overrides these four to decide across ranks) -----
+    # -- decisions (pp1q.verifier.ranks.group overrides these four to decide across ranks) -----
 
     async def _job_started(self, job: Job) -> None:
         """A request took its slot (nothing to do in one process)."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from ..wire import VerifierEndpoint
-from ..wire.events import ProposalFailed
+from pp1q.wire import VerifierEndpoint
+from pp1q.wire.events import ProposalFailed
 
 
 class Watchdog:

@@ -4,9 +4,9 @@ Stable public surface: the message classes, ``encode``, ``FrameDecoder``, the
 endpoints and their events, ``Limits``/``DEFAULT_LIMITS``, and the two error classes.
 """
 
-from ..errors import LocalProtocolError, Reason, RemoteProtocolError
-from .endpoint import WireConfig
-from .events import (
+from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.wire.endpoint import WireConfig
+from pp1q.wire.events import (
     Committed,
     Discarded,
     Event,
@@ -18,9 +18,9 @@ from .events import (
     StepRefused,
     StepRequested,
 )
-from .framing import FRAME_VERSION, MAGIC, Frame, FrameDecoder, chain_checksum, encode
-from .limits import DEFAULT_LIMITS, Limits
-from .messages import (
+from pp1q.wire.framing import FRAME_VERSION, MAGIC, Frame, FrameDecoder, chain_checksum, encode
+from pp1q.wire.limits import DEFAULT_LIMITS, Limits
+from pp1q.wire.messages import (
     CONNECTION_SLOT,
     WIRE_V1,
     WIRE_V2,
@@ -39,10 +39,10 @@ from .messages import (
     Step,
     reply_from_row,
 )
-from .pool import PayloadPool
-from .table import Conn, SlotState
-from .verifier_endpoint import VerifierEndpoint
-from .worker_endpoint import WorkerEndpoint
+from pp1q.wire.pool import PayloadPool
+from pp1q.wire.table import Conn, SlotState
+from pp1q.wire.verifier_endpoint import VerifierEndpoint
+from pp1q.wire.worker_endpoint import WorkerEndpoint
 
 __all__ = [
     "CONNECTION_SLOT", "DEFAULT_LIMITS", "FRAME_VERSION", "MAGIC", "WIRE_V1", "WIRE_V2",

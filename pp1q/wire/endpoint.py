@@ -10,12 +10,12 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from ..errors import LocalProtocolError, Reason, RemoteProtocolError
-from .framing import Frame, FrameDecoder
-from .limits import Limits
-from .messages import KNOWN_VERSIONS, Identity, MsgType
-from .pool import PayloadPool
-from .table import Conn, Dir, Role, SlotState, conn_next
+from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.wire.framing import Frame, FrameDecoder
+from pp1q.wire.limits import Limits
+from pp1q.wire.messages import KNOWN_VERSIONS, Identity, MsgType
+from pp1q.wire.pool import PayloadPool
+from pp1q.wire.table import Conn, Dir, Role, SlotState, conn_next
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import Reason
-from ..q import DyadicRow
-from .limits import Limits
-from .messages import Commit, Identity, MsgType, Reply, Step
+from pp1q.core.errors import Reason
+from pp1q.core.q import DyadicRow
+from pp1q.wire.limits import Limits
+from pp1q.wire.messages import Commit, Identity, MsgType, Reply, Step
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ import msgspec
 import numpy as np
 import xxhash
 
-from ..errors import LocalProtocolError, Reason, RemoteProtocolError
-from .limits import (
+from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.wire.limits import (
     DEFAULT_LIMITS,
     ENTRY_BYTES_DENSE,
     ENTRY_BYTES_SPARSE,
@@ -35,7 +35,7 @@ from .limits import (
     MAX_PAYLOAD_CAP,
     Limits,
 )
-from .messages import (
+from pp1q.wire.messages import (
     CONTROL_CLASSES,
     REPLY_HEAD_FIELDS,
     Form,
@@ -44,7 +44,7 @@ from .messages import (
     Reply,
     type_of,
 )
-from .pool import PayloadPool
+from pp1q.wire.pool import PayloadPool
 
 MAGIC = b"PP1Q"
 FRAME_VERSION = 2

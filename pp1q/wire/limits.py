@@ -12,7 +12,7 @@ from typing import Annotated
 
 import msgspec
 
-from ..errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 
 # -- integer field widths (msgspec constraints; a value outside is malformed control) --
 U8 = Annotated[int, msgspec.Meta(ge=0, le=0xFF)]

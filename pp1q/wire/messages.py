@@ -14,9 +14,9 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
-from ..errors import LocalProtocolError, Reason
-from ..q import MASS, DyadicRow
-from .limits import (
+from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.core.q import MASS, DyadicRow
+from pp1q.wire.limits import (
     I32,
     MAX_DETAIL_CHARS,
     MAX_ID_CHARS,
@@ -73,14 +73,14 @@ class _Control(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fiel
 class Identity(_Control):
     """What both ends must agree on exactly (compared field by field at HELLO)."""
 
-    q_semantic_id: IdStr  # pp1q.q.SEMANTIC_ID
+    q_semantic_id: IdStr  # pp1q.core.q.SEMANTIC_ID
     verifier_id: IdStr  # the standard-verifier algorithm id
     vocab: U32  # global vocabulary size (129280 by default)
     id_map_hash: IdStr  # hash of the global token id map (tokenizer)
     draft_id: IdStr  # draft checkpoint identity
     draft_adapted: bool  # False: native drafter for this target; True: adapted
     target_id: IdStr  # target model identity
-    rng_abi: IdStr  # pp1q.rng.RNG_ABI_ID
+    rng_abi: IdStr  # pp1q.core.rng.RNG_ABI_ID
     precision: IdStr  # "fp32-le": q values are little-endian IEEE-754 binary32
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import enum
 
-from ..errors import LocalProtocolError, Reason, RemoteProtocolError
-from .messages import MsgType
+from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.wire.messages import MsgType
 
 
 class Role(enum.StrEnum):

@@ -2,7 +2,7 @@
 
 The same checks serve both directions: a peer's message fails with
 ``RemoteProtocolError``, our own (about to be sent) with ``LocalProtocolError``;
-callers pass the class as ``err``. Row checks call pp1q.q's parsers, which raise
+callers pass the class as ``err``. Row checks call pp1q.core.q's parsers, which raise
 ``RowValidationError`` (a ``RemoteProtocolError``); nothing here renormalises.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..errors import Reason, RemoteProtocolError, RowValidationError
-from ..q import DyadicRow, parse_dense, parse_sparse, validate_dense
-from .limits import Limits
-from .messages import (
+from pp1q.core.errors import Reason, RemoteProtocolError, RowValidationError
+from pp1q.core.q import DyadicRow, parse_dense, parse_sparse, validate_dense
+from pp1q.wire.limits import Limits
+from pp1q.wire.messages import (
     KNOWN_VERSIONS,
     WIRE_V1,
     Commit,

@@ -8,12 +8,18 @@ late frames of it are discarded and counted, never consumed.
 
 from __future__ import annotations
 
-from ..errors import LocalProtocolError, Reason, RemoteProtocolError, RowValidationError
-from .endpoint import Endpoint, SlotTrack, WireConfig
-from .events import Discarded, ProposalFailed, ProposalReady, SessionRefused, SessionStarted
-from .framing import Frame, chain_checksum, encode
-from .limits import DEFAULT_STEP_TIMEOUT_S
-from .messages import (
+from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError, RowValidationError
+from pp1q.wire.endpoint import Endpoint, SlotTrack, WireConfig
+from pp1q.wire.events import (
+    Discarded,
+    ProposalFailed,
+    ProposalReady,
+    SessionRefused,
+    SessionStarted,
+)
+from pp1q.wire.framing import Frame, chain_checksum, encode
+from pp1q.wire.limits import DEFAULT_STEP_TIMEOUT_S
+from pp1q.wire.messages import (
     CONNECTION_SLOT,
     Completion,
     Form,
@@ -25,9 +31,9 @@ from .messages import (
     Step,
     type_of,
 )
-from .pool import PayloadPool
-from .table import Conn, Dir, Pseudo, Role, SlotState, conn_next, slot_next
-from .validate import (
+from pp1q.wire.pool import PayloadPool
+from pp1q.wire.table import Conn, Dir, Pseudo, Role, SlotState, conn_next, slot_next
+from pp1q.wire.validate import (
     Rows,
     check_abort_reason,
     check_answer_limits,

@@ -7,12 +7,19 @@ write ``data_to_send()`` after every ``receive_data()``.
 
 from __future__ import annotations
 
-from ..errors import LocalProtocolError, Reason, RemoteProtocolError
-from .endpoint import Endpoint, SlotTrack, WireConfig
-from .events import Committed, SessionRefused, SessionStarted, SlotReset, StepRefused, StepRequested
-from .framing import Frame, chain_checksum, encode, payload_checksum_of
-from .limits import Limits
-from .messages import (
+from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.wire.endpoint import Endpoint, SlotTrack, WireConfig
+from pp1q.wire.events import (
+    Committed,
+    SessionRefused,
+    SessionStarted,
+    SlotReset,
+    StepRefused,
+    StepRequested,
+)
+from pp1q.wire.framing import Frame, chain_checksum, encode, payload_checksum_of
+from pp1q.wire.limits import Limits
+from pp1q.wire.messages import (
     CONNECTION_SLOT,
     Commit,
     Completion,
@@ -28,9 +35,15 @@ from .messages import (
     Step,
     type_of,
 )
-from .pool import PayloadPool
-from .table import Conn, Dir, Role, SlotState, conn_next, slot_next
-from .validate import check_commit, check_identity, check_reply, check_step, choose_version
+from pp1q.wire.pool import PayloadPool
+from pp1q.wire.table import Conn, Dir, Role, SlotState, conn_next, slot_next
+from pp1q.wire.validate import (
+    check_commit,
+    check_identity,
+    check_reply,
+    check_step,
+    choose_version,
+)
 
 
 class WorkerEndpoint(Endpoint):
@@ -197,5 +210,5 @@ def _check_own_reply(reply: Reply, step: Step, limits: Limits, vocab: int) -> No
         raise LocalProtocolError(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries")
     try:
         check_reply(reply, step, vocab, LocalProtocolError)
-    except RemoteProtocolError as e:  # pp1q.q's parsers speak for received rows
+    except RemoteProtocolError as e:  # pp1q.core.q's parsers speak for received rows
         raise LocalProtocolError(e.reason, e.detail) from None

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .. import context_channel as cc
-from ..errors import Reason, RemoteProtocolError
-from ..metrics import Metrics
-from ..models import DraftModel
-from ..wire import WireConfig, WorkerEndpoint
-from ..wire.events import (
+from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.models.toy import DraftModel
+from pp1q.runtime.metrics import Metrics
+from pp1q.wire import WireConfig, WorkerEndpoint
+from pp1q.wire import context_channel as cc
+from pp1q.wire.events import (
     Committed,
     SessionRefused,
     SessionStarted,
@@ -24,8 +24,8 @@ from ..wire.events import (
     StepRefused,
     StepRequested,
 )
-from .drafting import StepDrafter
-from .state import StateRefusedError, WorkerState
+from pp1q.worker.drafting import StepDrafter
+from pp1q.worker.state import StateRefusedError, WorkerState
 
 log = logging.getLogger("pp1q.worker")
 

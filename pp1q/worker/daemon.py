@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .. import tls
-from ..capture import tap
-from ..config import ConfigError, open_capture, parse_hostport
-from ..metrics import Metrics, serve_until_stopped
-from ..models import ToyDrafter, ToySpec
-from ..session_config import parse_versions, worker_config
-from .connection import WorkerConnection
-from .state import WorkerState
+from pp1q.models.toy import ToyDrafter, ToySpec
+from pp1q.runtime import tls
+from pp1q.runtime.capture import tap
+from pp1q.runtime.config import ConfigError, open_capture, parse_hostport
+from pp1q.runtime.metrics import Metrics, serve_until_stopped
+from pp1q.wire.session_config import parse_versions, worker_config
+from pp1q.worker.connection import WorkerConnection
+from pp1q.worker.state import WorkerState
 
 log = logging.getLogger("pp1q.worker")
 

@@ -15,13 +15,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..errors import Pp1qError, Reason
-from ..metrics import Metrics
-from ..models import DraftModel
-from ..wire import Form, Status, Step, WorkerEndpoint, reply_from_row
-from ..wire.validate import step_form
-from .proposer import ProposalSpec, propose, propose_greedy
-from .state import StateRefusedError, WorkerState
+from pp1q.core.errors import Pp1qError, Reason
+from pp1q.models.toy import DraftModel
+from pp1q.runtime.metrics import Metrics
+from pp1q.wire import Form, Status, Step, WorkerEndpoint, reply_from_row
+from pp1q.wire.validate import step_form
+from pp1q.worker.proposer import ProposalSpec, propose, propose_greedy
+from pp1q.worker.state import StateRefusedError, WorkerState
 
 log = logging.getLogger("pp1q.worker")
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..models import DraftModel
-from ..q import DyadicRow, build_row, sample
-from ..rng import proposal_u24
+from pp1q.core.q import DyadicRow, build_row, sample
+from pp1q.core.rng import proposal_u24
+from pp1q.models.toy import DraftModel
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import Reason
-from ..prefix import Prefix
+from pp1q.core.errors import Reason
+from pp1q.core.prefix import Prefix
 
 MAX_SESSIONS_TRACKED = 64  # verifier connections one worker serves; bounds this table
 

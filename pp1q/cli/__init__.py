@@ -1,0 +1,49 @@
+"""The ``pp1q`` command. Each subcommand lives in its own module under pp1q.cli.
+
+A command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int``; it is imported only when its subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "selfcheck": "pp1q.cli.selfcheck",
+    "bench": "pp1q.cli.bench",
+    "worker": "pp1q.cli.worker",
+    "verifier": "pp1q.cli.verifier",
+    "generate": "pp1q.cli.generate",
+    "demo": "pp1q.cli.demo",
+    "replay": "pp1q.cli.replay",
+    "chaos": "pp1q.cli.chaos",
+    "soak": "pp1q.cli.soak",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="pp1q",
+        description="Exact draft-distribution transport for remote speculative sampling.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules = {}
+    wanted = argv[0] if argv and not argv[0].startswith("-") else None
+    for name, path in COMMANDS.items():
+        # Help text for every command, but only the chosen one's heavy imports.
+        if wanted in (None, name) or wanted not in COMMANDS:
+            mod = importlib.import_module(path)
+            modules[name] = mod
+            p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+            mod.add_arguments(p)
+        else:
+            sub.add_parser(name)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(modules[args.command].run(args) or 0)
+

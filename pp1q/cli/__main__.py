@@ -1,0 +1,5 @@
+"""``python -m pp1q.cli``: the ``pp1q`` command (spawned ranks and tests use this form)."""
+
+from pp1q.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""Shared start-up of the two daemons: settings, logging, event loop, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+
+def run_daemon(args, role: str, settings_table, serve) -> int:
+    """Resolve settings and run ``serve(settings, stop_event)`` until SIGINT/SIGTERM."""
+    from pp1q.runtime.config import ConfigError, resolve
+
+    try:
+        settings = resolve(args, role, settings_table)
+    except ConfigError as e:
+        print(f"pp1q {role}: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings["log_level"].upper(),
+                        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # non-Linux: the standard loop works, only slower
+        uvloop = None
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await serve(settings, stop)
+
+    try:
+        if uvloop is not None:
+            return int(uvloop.run(main()) or 0)
+        return int(asyncio.run(main()) or 0)
+    except ConfigError as e:
+        print(f"pp1q {role}: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,136 @@
+"""``pp1q demo``: a worker and a verifier on loopback, a batch of requests, a summary."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+
+HELP = "start a worker and a verifier on loopback, run a batch of requests, print a summary"
+
+
+
+def add_arguments(p) -> None:
+    from pp1q.models.toy import DRAFT_PRESETS
+
+    p.add_argument("--vocab", type=int, default=129280, help="toy vocabulary (default 129280)")
+    p.add_argument("--model-seed", type=int, default=0)
+    p.add_argument("--draft-preset", default="close", choices=sorted(DRAFT_PRESETS),
+                   help="toy drafter's distance from the target (default close)")
+    p.add_argument("--requests", type=int, default=16, help="requests in the batch (16)")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight (4 slots)")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per request (48)")
+    p.add_argument("--top-k", type=int, default=32, help="proposal support, 0 = dense (32)")
+    p.add_argument("--target-delay-ms", type=float, default=50.0,
+                   help="simulated forward-pass latency of the toy target (50 ms; 0 = raw toy)")
+    p.add_argument("--seed", type=int, default=1, help="first request seed (1)")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="verifier ranks (torch.distributed, gloo; default 1)")
+    p.add_argument("--keep", action="store_true",
+                   help="leave both daemons running after the summary until Ctrl-C")
+
+
+def _batch(url: str, prompts, args, speculative: bool, label: str):
+    from pp1q.tools.client import run_batch
+
+    done = [0, 0]  # requests, tokens
+    tty = sys.stdout.isatty()
+
+    def progress(answer: dict, elapsed: float) -> None:
+        done[0] += 1
+        done[1] += len(answer["token_ids"])
+        _progress(label, done, len(prompts), elapsed, tty)
+
+    top_k = args.top_k if 0 < args.top_k < args.vocab else None  # k >= vocab: dense
+    options = {"speculative": speculative, "top_k": top_k}
+    out = run_batch(url, prompts, args.max_tokens, concurrency=args.concurrency,
+                    first_seed=args.seed, options=options, on_answer=progress)
+    if tty:
+        print()
+    return out
+
+
+def _progress(label: str, done, total: int, elapsed: float, tty: bool) -> None:
+    width = 24
+    filled = width * done[0] // total
+    line = (f"{label:>12} [{'#' * filled}{'.' * (width - filled)}] {done[0]:3d}/{total} "
+            f"requests, {done[1]:5d} tokens, {done[1] / max(elapsed, 1e-9):7.1f} tokens/s")
+    if tty:
+        print("\r" + line, end="", flush=True)
+    elif done[0] == total or done[0] % max(1, total // 4) == 0:
+        print(line, flush=True)
+
+
+def run(args) -> int:
+    from pp1q.runtime.launcher import demo_prompts, start_pair
+    from pp1q.tools.client import ApiError
+
+    log_dir = tempfile.mkdtemp(prefix="pp1q-demo-")
+    print(f"pp1q demo: toy DSpark-like drafter ({args.draft_preset}) and toy target, vocabulary "
+          f"{args.vocab}, depth 5, {'dense' if args.top_k == 0 else f'top-{args.top_k}'} q, "
+          f"target forward {args.target_delay_ms:g} ms (simulated)")
+    print("starting worker and verifier on 127.0.0.1 ...", flush=True)
+    daemons = []
+    try:
+        worker, verifier, url = start_pair(
+            log_dir, vocab=args.vocab, model_seed=args.model_seed, preset=args.draft_preset,
+            top_k=args.top_k, target_delay_ms=args.target_delay_ms, ranks=args.ranks)
+        daemons = [worker, verifier]
+        prompts = demo_prompts(args.requests, args.vocab, args.seed)
+        spec, spec_s = _batch(url, prompts, args, True, "speculative")
+        base, base_s = _batch(url, prompts, args, False, "target-only")
+        _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url)
+        if args.keep:
+            print(f"\ndaemons left running (logs in {log_dir}); Ctrl-C to stop. Try:\n"
+                  f"  pp1q generate --url {url} --prompt 1,2,3 --max-tokens 16")
+            while all(d.alive() for d in daemons):
+                time.sleep(1)
+        return 0
+    except (ApiError, RuntimeError, OSError) as e:
+        print(f"pp1q demo failed: {e}", file=sys.stderr)
+        for d in daemons:
+            print(f"--- {d.role} log ({d.log_path}), last lines:\n{d.log_tail()}",
+                  file=sys.stderr)
+        if not daemons:
+            print(f"daemon logs: {log_dir}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for d in reversed(daemons):
+            d.stop()
+
+
+def _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url) -> None:
+    from pp1q.models.toy import toy_pair
+    from pp1q.tools.theory import expected_accepted
+
+    tokens = sum(len(a["token_ids"]) for a in spec)
+    base_tokens = sum(len(a["token_ids"]) for a in base)
+    rounds = sum(a["stats"]["rounds"] for a in spec)
+    accepted = sum(a["stats"]["accepted"] for a in spec)
+    drafted = sum(a["stats"]["drafted"] for a in spec)
+    fallbacks: dict[str, int] = {}
+    for a in spec:
+        for cause, n in a["stats"]["fallbacks"].items():
+            fallbacks[cause] = fallbacks.get(cause, 0) + n
+    print("computing the theoretical expectation for these models ...", flush=True)
+    drafter, target = toy_pair(args.vocab, args.model_seed, args.draft_preset)
+    # contexts like the batch's: its prompts, about as many rounds as a request runs
+    mean, err = expected_accepted(drafter, target, prompts[:8],
+                                  rounds_per_prompt=max(4, args.max_tokens // 3),
+                                  top_k=None if not 0 < args.top_k < args.vocab else args.top_k)
+    rate, base_rate = tokens / spec_s, base_tokens / base_s
+    print("\nsummary")
+    print(f"  speculative  {tokens:6d} tokens in {spec_s:6.2f} s = {rate:8.1f} tokens/s")
+    print(f"  target-only  {base_tokens:6d} tokens in {base_s:6.2f} s = {base_rate:8.1f} tokens/s"
+          f"   (speed-up x{rate / base_rate:.2f})")
+    measured = accepted / rounds if rounds else float("nan")
+    print(f"  accepted drafts per round: measured {measured:.2f} ({accepted}/{drafted} over "
+          f"{rounds} rounds), expected {mean:.2f} +- {err:.2f} for these models")
+    print("  fallbacks by cause: "
+          + (", ".join(f"{k}={v}" for k, v in fallbacks.items() if v) or "none"))
+    where = "served" if args.keep else "were served (until the demo ended; --keep leaves them)"
+    print(f"  metrics {where} at http://127.0.0.1:{worker.metrics_port}/metrics (worker), "
+          f"http://127.0.0.1:{verifier.metrics_port}/metrics (verifier)")
+    print(f"  API: POST {url}/v1/generate, GET {url}/healthz")

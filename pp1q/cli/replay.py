@@ -1,0 +1,160 @@
+"""``pp1q replay``: decode a capture like a protocol analyser, or replay it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+HELP = "decode a capture file (--capture) like a protocol analyser, or replay it"
+
+EXIT_DIVERGED = 1  # the replay endpoint refused or re-encoded a captured frame differently
+EXIT_BAD_CAPTURE = 2  # corrupt, truncated or unknown capture file
+
+
+def add_arguments(p) -> None:
+    p.add_argument("file", metavar="FILE", help="a capture written by --capture (.pp1qcap)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="a detail line per REPLY: support size, sampled id, its q, checksum, "
+                        "row validity")
+    p.add_argument("--verify", action="store_true",
+                   help="replay the worker's frames through a fresh in-memory verifier "
+                        "endpoint driven by the verifier's frames; print events and commits")
+    p.add_argument("--reverify", action="store_true",
+                   help="--verify, and decide every validated round again with the target "
+                        "named in HELLO (pp1q's toy targets)")
+    p.add_argument("--step-timeout", type=float, metavar="S",
+                   help="watchdog for --verify (default: step_timeout_s from the capture)")
+    p.add_argument("--json", action="store_true",
+                   help="machine-readable output: one JSON object per line (analysis) or "
+                        "one report object (--verify)")
+    p.add_argument("--allow-truncated", action="store_true",
+                   help="read a capture cut inside its last record (daemon killed mid-write)")
+
+
+def run(args) -> int:
+    from pp1q.runtime.capture import CaptureError, CaptureReader
+
+    try:
+        reader = CaptureReader(args.file, allow_truncated=args.allow_truncated)
+        code = _verify(args, reader) if args.verify or args.reverify else _analyse(args, reader)
+    except BrokenPipeError:  # `pp1q replay FILE | head`: the reader has seen enough
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except CaptureError as e:
+        sys.stdout.flush()
+        print(f"pp1q replay: {args.file}: {e}", file=sys.stderr)
+        return EXIT_BAD_CAPTURE
+    except OSError as e:
+        print(f"pp1q replay: {args.file}: {e.strerror}", file=sys.stderr)
+        return EXIT_BAD_CAPTURE
+    if reader.truncated is not None:
+        print(f"pp1q replay: warning: {reader.truncated}; read up to there", file=sys.stderr)
+    return code
+
+
+def _analyse(args, reader) -> int:
+    from pp1q.tools.replay import decode
+    from pp1q.tools.replay.analyse import Analyser
+
+    h = reader.header
+    if not args.json:
+        print(f"# {args.file}: capture v{h.version}, recorded by the {h.role.name.lower()}")
+    analyser = Analyser(verbose=args.verbose)
+    counts: dict[str, int] = {}
+    for item in decode(h.role, reader):
+        counts[item.what] = counts.get(item.what, 0) + 1
+        if args.json:
+            print(json.dumps(_item_json(item)))
+        else:
+            for line in analyser.lines(item):
+                print(line)
+    if not args.json:
+        print("# " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    return 0
+
+
+def _item_json(item) -> dict:
+    import msgspec
+
+    out = {"time_ns": item.time_ns, "conn": item.conn, "what": item.what,
+           "dir": str(item.flow) if item.flow else None}
+    if item.meta:
+        out["meta"] = item.meta
+    if item.error is not None:
+        out["reason"], out["detail"] = item.error.reason.value, item.error.detail
+    m = item.message
+    if m is not None:
+        fields = msgspec.structs.asdict(m)
+        fields.pop("ids", None)
+        fields.pop("q", None)
+        out["type"] = type(m).__name__
+        out["fields"] = msgspec.to_builtins(fields)
+        if item.frame is not None and item.frame.error is not None:
+            out["frame_error"] = item.frame.error.reason.value
+    return out
+
+
+def _verify(args, reader) -> int:
+    from pp1q.tools.replay import Reverifier, VerifierReplay
+    from pp1q.tools.replay.analyse import describe_event
+
+    reverifier = None
+    if args.reverify:
+        target = _target_of(reader)
+        if target is None:
+            print("pp1q replay: --reverify: the HELLO's target is not one pp1q can rebuild",
+                  file=sys.stderr)
+            return EXIT_BAD_CAPTURE
+        reverifier = Reverifier(target)
+    report = VerifierReplay(reader.header.role, step_timeout=args.step_timeout,
+                            reverifier=reverifier).run(reader)
+    if args.json:
+        print(json.dumps(_report_json(report), indent=1))
+        return 0 if report.ok else EXIT_DIVERGED
+    t0 = report.start_ns or 0
+    rows = [(h.time_ns, h.conn, describe_event(h.event)) for h in report.events]
+    rows += [(c.time_ns, c.conn, f"COMMIT          s{c.slot} g{c.generation} r{c.round_id} "
+                                 f"accepted={c.accepted} token={c.token}")
+             for c in report.commits]
+    rows += [(e.time_ns, e.conn, f"STREAM_ERROR    {e.event}") for e in report.stream_errors]
+    rows += [(d.time_ns, d.conn, f"!! DIVERGENCE   {d.what}") for d in report.divergences]
+    for t, conn, text in sorted(rows, key=lambda r: r[0]):
+        print(f"{(t - t0) / 1e9:11.6f}  c{conn:<3} {text}")
+    summary = (f"# {len(report.ready)} proposals ready, {len(report.failures)} failed, "
+               f"{len(report.commits)} commits, {len(report.divergences)} divergences")
+    if reverifier is not None:
+        summary += f", {report.rechecked} commits re-decided"
+        if report.not_rechecked:
+            summary += f" ({report.not_rechecked} rounds without captured context)"
+    print(summary)
+    return 0 if report.ok else EXIT_DIVERGED
+
+
+def _target_of(reader):
+    """The target named in the capture's first HELLO (read ahead on a second pass)."""
+    from pp1q.tools.replay import decode, target_from_identity
+    from pp1q.wire import Hello
+
+    for item in decode(reader.header.role, reader):
+        if isinstance(item.message, Hello):
+            return target_from_identity(item.message.identity.target_id)
+    return None
+
+
+def _report_json(report) -> dict:
+    return {
+        "ok": report.ok,
+        "commits": [c.as_json() for c in report.commits],
+        "failures": [{"slot": f.slot, "generation": f.generation, "round_id": f.round_id,
+                      "reason": f.reason.value, "detail": f.detail} for f in report.failures],
+        "proposals_ready": len(report.ready),
+        "divergences": [{"time_ns": d.time_ns, "conn": d.conn, "what": d.what,
+                         "reason": d.reason.value if d.reason else None}
+                        for d in report.divergences],
+        "stream_errors": [{"reason": e.event.reason.value, "detail": e.event.detail}
+                          for e in report.stream_errors],
+        "rechecked": report.rechecked,
+        "not_rechecked": report.not_rechecked,
+    }

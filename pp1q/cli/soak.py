@@ -1,0 +1,49 @@
+"""``pp1q soak``: real daemons, four concurrent requests, random faults, a summary."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import tempfile
+
+HELP = "run concurrent requests against real daemons with random faults; report and check"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--minutes", type=float, default=None, help="how long to run (minutes)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="how long to run (seconds; overrides --minutes; default 60)")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight (4)")
+    p.add_argument("--vocab", type=int, default=1024, help="toy vocabulary (1024)")
+    p.add_argument("--watchdog-ms", type=int, default=300, help="verifier STEP watchdog (300)")
+    p.add_argument("--target-delay-ms", type=float, default=40.0,
+                   help="simulated target forward pass (40 ms; keeps the soak near one core)")
+    p.add_argument("--crash-every-s", type=float, default=300.0,
+                   help="kill and restart the worker this often (300 s; 0 = never)")
+    p.add_argument("--seed", type=int, default=1, help="seed of every random choice (1)")
+    p.add_argument("--progress-s", type=float, default=None,
+                   help="seconds between progress lines (default: a 30th of the run, >= 5)")
+    p.add_argument("--log-dir", default=None, help="daemon logs here (default: a temp dir)")
+
+
+def run(args) -> int:
+    from pp1q.tools.chaos.soak import SoakConfig, run_soak
+
+    seconds = args.seconds if args.seconds is not None else (
+        60.0 * args.minutes if args.minutes is not None else 60.0)
+    if seconds <= 0 or args.concurrency < 1:
+        print("pp1q soak: --minutes/--seconds and --concurrency must be positive")
+        return 2
+    progress = args.progress_s or max(5.0, seconds / 30)
+    cfg = SoakConfig(seconds=seconds, concurrency=args.concurrency, vocab=args.vocab,
+                     watchdog_ms=args.watchdog_ms, target_delay_ms=args.target_delay_ms,
+                     crash_every_s=args.crash_every_s, seed=args.seed, progress_s=progress)
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="pp1q-soak-")
+    print(f"pp1q soak: {seconds:g} s, {cfg.concurrency} concurrent requests, vocab {cfg.vocab},"
+          f" watchdog {cfg.watchdog_ms} ms, seed {cfg.seed}; daemon logs in {log_dir}",
+          flush=True)
+    # SIGTERM unwinds like Ctrl-C, so the daemons are stopped and not left orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    report = run_soak(cfg, log_dir, progress=lambda line: print(line, flush=True))
+    print(report.format(), flush=True)
+    return 1 if report.problems() else 0

@@ -1,0 +1,130 @@
+"""Start the daemons as child processes and learn their ports (demo, tests, benchmarks).
+
+Each daemon prints one line when it listens, naming its ports (``pp1q worker listening
+on HOST:PORT metrics on HOST:PORT``, ``pp1q verifier HTTP on HOST:PORT, ... metrics on
+HOST:PORT``); binding port 0 and reading that line avoids port races.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+STARTUP_TIMEOUT_S = 60.0  # toy weights at 129280 tokens take a few seconds on a small CPU
+STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL after this long
+_PORT_LINE = re.compile(r"(?:listening on|HTTP on) [^ ]*:(\d+).*?(?:metrics on [^ ]*:(\d+))?$")
+
+
+def pp1q_command(role: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pp1q.cli", role, *args]
+
+
+def daemon_env() -> dict[str, str]:
+    """The child's environment: one BLAS thread (see pp1q.cli.worker)."""
+    return {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+
+
+class DaemonProcess:
+    """A daemon child whose first stdout line names its ports; stderr goes to ``log_path``."""
+
+    def __init__(self, role: str, cmd: list[str], log_path: str, cwd: str | None = None) -> None:
+        self.role, self.log_path = role, log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - lives as long as the child
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     env=daemon_env(), cwd=cwd)
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        line = self._first_line()
+        m = _PORT_LINE.search(line)
+        if not m:
+            self.stop()
+            raise RuntimeError(f"{role} did not start ({line!r}); log:\n{self.log_tail()}")
+        self.port = int(m.group(1))
+        self.metrics_port = int(m.group(2)) if m.group(2) else None
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _first_line(self) -> str:
+        box: list[str] = []
+        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(STARTUP_TIMEOUT_S)
+        return box[0].strip() if box else ""
+
+    def _drain(self) -> None:
+        for _ in self.proc.stdout:
+            pass
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: the process dies mid-whatever, as a crash would."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(STOP_TIMEOUT_S)
+        self._log.flush()
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(STOP_TIMEOUT_S)
+        if not self._log.closed:
+            self._log.close()
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self._log.closed:  # stop() closes it; the file is still there to read
+            self._log.flush()
+        with open(self.log_path) as f:
+            return "".join(f.readlines()[-lines:])
+
+
+def start_pair(log_dir: str, *, vocab: int, model_seed: int = 0, preset: str = "close",
+               top_k: int = 32, target_delay_ms: float = 0.0,
+               connect_timeout: float = STARTUP_TIMEOUT_S, ranks: int = 1):
+    """A worker and a verifier on loopback (ports picked by the OS), connected.
+
+    Returns (worker, verifier, url); both are stopped again if the pair does not come up.
+    """
+    from pp1q.tools.client import Client
+
+    common = ["--vocab", str(vocab), "--model-seed", str(model_seed), "--metrics-port", "0"]
+    worker = DaemonProcess("worker", pp1q_command(
+        "worker", "--listen", "127.0.0.1:0", "--draft-preset", preset, *common),
+        os.path.join(log_dir, "worker.log"))
+    try:
+        verifier = DaemonProcess("verifier", pp1q_command(
+            "verifier", "--worker", f"127.0.0.1:{worker.port}", "--http", "127.0.0.1:0",
+            "--top-k", str(top_k), "--target-delay-ms", str(target_delay_ms),
+            "--ranks", str(ranks), *common),
+            os.path.join(log_dir, "verifier.log"))
+    except BaseException:
+        worker.stop()
+        raise
+    url = f"http://127.0.0.1:{verifier.port}"
+    client = Client(url, timeout=5)
+    try:
+        client.wait_connected(connect_timeout)
+    except BaseException:
+        verifier.stop()
+        worker.stop()
+        raise
+    finally:
+        client.close()
+    return worker, verifier, url
+
+
+def demo_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    """n prompts of 8 token ids, drawn from ``seed``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, vocab, size=8)] for _ in range(n)]

@@ -1,0 +1,182 @@
+"""Prometheus metrics of the worker and verifier daemons.
+
+Conventions (../shared/ANCHORS.md): one prefix ``pp1q_``, base units (seconds, bytes),
+counters end in ``_total``, identity in ``pp1q_build_info``, and label values only from
+closed sets: ``pp1q.core.errors.Reason`` for validation failures and ``FallbackCause`` below
+for fallbacks. Each daemon owns a ``CollectorRegistry`` (never the process-global one),
+so tests can run several daemons in one process; ``serve`` publishes it from
+prometheus_client's own thread, which keeps scrapes off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import start_http_server
+
+from pp1q import __version__
+from pp1q.core.errors import Reason
+
+PREFIX = "pp1q"
+MAX_DEPTH_BUCKET = 8  # accepted-length buckets 0..8 cover the fixed depth 5 with room
+ROUND_LATENCY_BUCKETS = (  # seconds: loopback toy rounds are ms, dense 129280 rounds tens of ms
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class FallbackCause(enum.StrEnum):
+    """Why a speculative round was discarded and replaced by one target-only step."""
+
+    WATCHDOG_TIMEOUT = "watchdog_timeout"  # no validated COMPLETION before the STEP deadline
+    INVALID_REPLY = "invalid_reply"  # a frame failed validation (reason in validation_failures)
+    CONNECTION_LOST = "connection_lost"  # the worker connection dropped with the proposal open
+    WORKER_UNAVAILABLE = "worker_unavailable"  # no live session to the worker at STEP time
+    WORKER_REFUSED = "worker_refused"  # the worker answered the STEP with a refusal
+
+
+class PeerRefusal(enum.StrEnum):
+    """Why this daemon refused a peer before any session existed (closed set)."""
+
+    TLS_HANDSHAKE = "tls_handshake"  # no certificate, untrusted CA, expired, wrong name, not TLS
+    IDENTITY_MISMATCH = "identity_mismatch"  # HELLO identity differs from our configuration
+    HELLO_INCOMPATIBLE = "hello_incompatible"  # no common wire version, or limits too small
+
+
+class StepKind(enum.StrEnum):
+    """How the verifier produced tokens in one scheduling step of a request."""
+
+    SPECULATIVE = "speculative"  # a verified v2 proposal
+    GREEDY = "greedy"  # a v1 greedy (temperature 0) proposal
+    TARGET_ONLY = "target_only"  # requested speculative=false
+    FALLBACK = "fallback"  # target-only after a discarded proposal
+
+
+class RankFailure(enum.StrEnum):
+    """Why verifier ranks (``--ranks N``) could not act together (docs/operations.md)."""
+
+    RANK_LOST = "rank_lost"  # a collective failed: a rank's connection closed (crash, network)
+    RANK_TIMEOUT = "rank_timeout"  # a collective exceeded rank_timeout_s: a hung or stalled rank
+    DIGEST_MISMATCH = "digest_mismatch"  # a rank's committed state differs from rank 0's
+    RANK_REFUSED = "rank_refused"  # a rank voted no for another reason; every rank discarded
+
+
+class Metrics:
+    """Every pp1q metric, registered in this daemon's own registry."""
+
+    def __init__(self, role: str, identity: dict[str, str] | None = None) -> None:
+        self.role = role
+        r = self.registry = CollectorRegistry(auto_describe=True)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"{PREFIX}_{name}", doc, labels, registry=r)
+
+        self.info = Info(f"{PREFIX}_build", "Daemon identity: role, version, models, wire",
+                         registry=r)
+        self.info.info({"role": role, "version": __version__, **(identity or {})})
+        # verifier: rounds and tokens
+        self.rounds = counter("rounds", "Verification steps completed, by kind", ("kind",))
+        self.drafted_tokens = counter("drafted_tokens", "Draft tokens received and verified")
+        self.accepted_tokens = counter("accepted_tokens", "Draft tokens accepted")
+        self.generated_tokens = counter("generated_tokens", "Tokens committed to requests")
+        self.accepted_length = Histogram(
+            f"{PREFIX}_accepted_length", "Accepted draft tokens per verified round",
+            buckets=tuple(float(i) for i in range(MAX_DEPTH_BUCKET + 1)), registry=r)
+        self.round_latency = Histogram(
+            f"{PREFIX}_round_latency_seconds",
+            "STEP sent to decision made (verifier) or STEP received to COMPLETION sent (worker)",
+            buckets=ROUND_LATENCY_BUCKETS, registry=r)
+        self.fallbacks = counter("fallbacks", "Proposals discarded for a target-only step",
+                                 ("cause",))
+        self.validation_failures = counter(
+            "validation_failures", "Frames or rows refused by validation", ("reason",))
+        self.watchdog_timeouts = counter("watchdog_timeouts", "STEP deadlines that expired")
+        self.generation_invalidations = counter(
+            "generation_invalidations",
+            "Generations invalidated after a discarded proposal (RESET sent or received; "
+            "the RESET that releases a finished request's slot is not counted)")
+        self.late_replies = counter("late_replies_discarded",
+                                    "Frames of an invalidated generation discarded unread")
+        self.reconnects = counter("reconnects", "Worker sessions re-established after a loss")
+        self.peers_refused = counter(
+            "peers_refused", "Peers this daemon refused before a session (TLS handshake or "
+            "HELLO), by reason", ("reason",))
+        self.reply_bytes = counter(
+            "reply_bytes", "Wire bytes from worker to verifier (REPLY, COMPLETION, HELLO answer,"
+            " refusals): sent (worker) or received (verifier)")
+        self.requests = counter("requests", "Generation requests finished, by outcome",
+                                ("outcome",))
+        self.slots_in_use = Gauge(f"{PREFIX}_slots_in_use", "Request slots currently held",
+                                  registry=r)
+        # verifier ranks (--ranks N)
+        self.rank_world_size = Gauge(f"{PREFIX}_rank_world_size",
+                                     "Verifier ranks in this daemon's group (1: no group)",
+                                     registry=r)
+        self.rank_world_size.set(1)
+        self.rank_failures = counter("rank_failures", "Verifier rank failures, by cause",
+                                     ("cause",))
+        self.rank_exchanges = counter("rank_exchanges",
+                                      "Exchanges among verifier ranks (op batches, heartbeats)")
+        self.rank_decisions = counter("rank_decisions",
+                                      "Rounds and target-only steps this rank decided")
+        # worker
+        self.steps = counter("steps", "STEP messages accepted for drafting (worker)")
+        for cause in FallbackCause:  # expose zeros: a scrape shows every cause
+            self.fallbacks.labels(cause=cause.value)
+        for kind in StepKind:
+            self.rounds.labels(kind=kind.value)
+        for failure in RankFailure:
+            self.rank_failures.labels(cause=failure.value)
+        for refusal in PeerRefusal:
+            self.peers_refused.labels(reason=refusal.value)
+
+    def validation_failure(self, reason: Reason) -> None:
+        self.validation_failures.labels(reason=Reason(reason).value).inc()
+
+    def peer_refused(self, reason: PeerRefusal) -> None:
+        self.peers_refused.labels(reason=PeerRefusal(reason).value).inc()
+
+    def hello_refused(self, reason: Reason) -> None:
+        """We refused the peer's HELLO (or its answer) for ``reason``."""
+        self.peer_refused(PeerRefusal.IDENTITY_MISMATCH if reason is Reason.WRONG_IDENTITY
+                          else PeerRefusal.HELLO_INCOMPATIBLE)
+
+    def fallback(self, cause: FallbackCause) -> None:
+        self.fallbacks.labels(cause=FallbackCause(cause).value).inc()
+
+    def serve(self, host: str, port: int):
+        """Serve /metrics from a thread; returns the WSGI server (``.server_port``)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server
+
+    @contextlib.contextmanager
+    def served(self, host: str, port: int | None):
+        """Serve /metrics while the block runs (``port`` None: not at all); yields the
+        bound port (``port`` 0 picks a free one) or None."""
+        if port is None:
+            yield None
+            return
+        server = self.serve(host, port)
+        try:
+            yield server.server_port
+        finally:
+            server.shutdown()
+            server.server_close()
+
+    def value(self, name: str, **labels: str) -> float:
+        """Current value of one sample (tests and summaries)."""
+        v = self.registry.get_sample_value(name, labels or None)
+        return 0.0 if v is None else float(v)
+
+
+async def serve_until_stopped(metrics: Metrics, settings: dict, banner: str, port: int,
+                              stop: asyncio.Event, ready=None) -> None:
+    """A daemon's main wait: /metrics up, one banner line naming the ports on stdout
+    (pp1q.runtime.launcher reads it), ``ready(port, metrics_port)``, then wait for ``stop``."""
+    host = settings["metrics_host"]
+    with metrics.served(host, settings["metrics_port"]) as mport:
+        print(banner + (f", metrics on {host}:{mport}" if mport else ""), flush=True)
+        if ready is not None:
+            ready(port, mport)
+        await stop.wait()

@@ -1,0 +1,13 @@
+"""Benchmark suites behind ``pp1q bench``. Speed lives here, never in tests.
+
+Each suite module defines ``TITLE`` and ``run(quick: bool) -> list[str]`` returning the
+lines to print: ratios measured side by side in the same run (ours vs the physical
+limit and vs the peer approach).
+"""
+
+SUITES = {
+    "q": "pp1q.tools.bench.q",
+    "wire": "pp1q.tools.bench.wire",
+    "kernels": "pp1q.tools.bench.kernels",
+    "round": "pp1q.tools.bench.round",
+}

@@ -1,0 +1,229 @@
+"""Per-round overhead of the daemons' transport, side by side with raw sockets and ZMQ.
+
+One round = 4 requests x depth 5 at vocabulary 129280: 4 STEPs out, 20 REPLY frames
+(dense FP32 q, or sparse top-32) and 4 COMPLETIONs back. Every column sends the same
+row bytes over loopback TCP to this process from a child process, in the same run:
+
+- raw: blocking sockets, header and payload in one sendmsg per frame, recv_into one
+  preallocated buffer (the physical floor for these bytes through the kernel);
+- zmq: pyzmq PAIR sockets, multipart (msgspec header, payload arrays), zero-copy
+  receive and msgspec decode (the vLLM engine-core style); skipped without pyzmq;
+- ours: the daemons' adapters (WorkerConnection -> WorkerLink, uvloop, BufferedProtocol),
+  every row validated (dyadic counts, support, checksums, COMPLETION totals); "+verify"
+  adds standard verification of the 4 requests against precomputed target rows and the
+  COMMITs. Model compute is excluded on both sides (canned q rows, canned target p).
+
+Then tokens/s of the demo pair (real models), speculative vs target-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from pp1q.tools.bench.round_peer import (
+    DEPTH,
+    REQUESTS,
+    STEP_BYTES_RAW,
+    TOP_K,
+    VOCAB,
+    RowHeader,
+    frames,
+)
+
+TITLE = ("Daemons: round overhead, 4 requests x depth 5 at V=129280, vs raw loopback and "
+         "pyzmq+msgspec (same bytes, same run); demo pair tokens/s")
+
+
+class _Peer:
+    def __init__(self, mode: str, form: str) -> None:
+        from pp1q.runtime.launcher import daemon_env
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pp1q.tools.bench.round_peer", mode, form],
+            stdout=subprocess.PIPE, text=True, env=daemon_env())
+        line = self.proc.stdout.readline()
+        if not line.startswith("port "):
+            self.close()
+            raise RuntimeError(f"{mode} peer did not start: {line!r}")
+        self.port = int(line.split()[1])
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _median_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1e3
+
+
+def time_raw(form: str, rounds: int) -> float:
+    parts = frames(form)
+    total = sum(len(h) + len(p) for h, p in parts)
+    buf = memoryview(bytearray(total))
+    step = bytes(STEP_BYTES_RAW)
+    peer = _Peer("raw", form)
+    try:
+        sock = socket.create_connection(("127.0.0.1", peer.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            sock.sendall(step)
+            got = 0
+            while got < total:
+                got += sock.recv_into(buf[got:])
+            times.append(time.perf_counter() - t0)
+        sock.close()
+    finally:
+        peer.close()
+    return _median_ms(times[1:])
+
+
+def time_zmq(form: str, rounds: int) -> float | None:
+    try:
+        import msgspec
+        import zmq
+    except ImportError:
+        return None
+    peer = _Peer("zmq", form)
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.PAIR)
+        sock.connect(f"tcp://127.0.0.1:{peer.port}")
+        dec = msgspec.msgpack.Decoder(RowHeader)
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            sock.send(bytes(STEP_BYTES_RAW))
+            for _ in range(REQUESTS * DEPTH):
+                msg = sock.recv_multipart(copy=False)
+                head = dec.decode(msg[0].buffer)
+                q = np.frombuffer(msg[-1].buffer, dtype="<f4", count=head.entries)
+                if head.sparse:
+                    np.frombuffer(msg[1].buffer, dtype="<i4", count=head.entries)
+                del q
+            times.append(time.perf_counter() - t0)
+        sock.close(linger=0)
+    finally:
+        ctx.term()
+        peer.close()
+    return _median_ms(times[1:])
+
+
+def time_ours(form: str, rounds: int, check_outgoing: bool = True) -> tuple[float, float]:
+    """(transport + validation, + verification and commit) median ms per round."""
+    import uvloop
+
+    peer = _Peer("ours" if check_outgoing else "ours-unchecked", form)
+    try:
+        return uvloop.run(_ours(peer.port, form, rounds))
+    finally:
+        peer.close()
+
+
+async def _ours(port: int, form: str, rounds: int) -> tuple[float, float]:
+    from pp1q.core.verify import RoundKeys, verify_round
+    from pp1q.models.toy import ToySpec, softmax64
+    from pp1q.runtime.metrics import Metrics
+    from pp1q.verifier.link import Needs, WorkerLink
+    from pp1q.wire import Commit, Step
+    from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
+
+    top_k = 0 if form == "dense" else TOP_K
+    config = verifier_config(ToySpec(vocab=VOCAB), (2,), REQUESTS, DEPTH, DEFAULT_MAX_SUPPORT)
+    link = WorkerLink("127.0.0.1", port, config, Needs(REQUESTS, DEPTH, TOP_K),
+                      Metrics("verifier"), step_timeout=10.0, reconnect_max_s=1.0)
+    stop = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(link.run(stop))
+    if not await link.wait_ready(30.0):
+        raise RuntimeError("bench worker peer did not answer HELLO")
+    rng = np.random.default_rng(7)
+    p = [softmax64(rng.normal(size=(DEPTH + 1, VOCAB)) * 3.0) for _ in range(REQUESTS)]
+    anchors = [10] * REQUESTS
+    wire_t, total_t = [], []
+    for r in range(1, rounds + 1):
+        steps = [Step(session=link.session, slot=s, generation=1, round_id=r, anchor=anchors[s],
+                      first_position=anchors[s] + 1, prefix_digest=0, depth=DEPTH,
+                      temperature=1.0, top_k=top_k, context_version=0, seed=s)
+                 for s in range(REQUESTS)]
+        t0 = time.perf_counter()
+        ready = await asyncio.gather(*(link.propose(st) for st in steps))
+        t1 = time.perf_counter()
+        for st, pr in zip(steps, ready, strict=True):
+            d = verify_round(p[st.slot], pr.q_rows, pr.draft_ids,
+                             RoundKeys(st.seed, 1, r, st.first_position))
+            committed = st.anchor + d.accepted + 1
+            link.commit(Commit(session=st.session, slot=st.slot, generation=1, round_id=r,
+                               accepted=d.accepted, token=d.token, committed=committed))
+            anchors[st.slot] = committed
+        t2 = time.perf_counter()
+        wire_t.append(t1 - t0)
+        total_t.append(t2 - t0)
+    stop.set()
+    await task
+    return _median_ms(wire_t[1:]), _median_ms(total_t[1:])
+
+
+def demo_rates(quick: bool, target_delay_ms: float) -> tuple[float, float, float]:
+    """(speculative tokens/s, target-only tokens/s, accepted drafts per round)."""
+    from pp1q.runtime.launcher import demo_prompts, start_pair
+    from pp1q.tools.client import run_batch
+
+    requests, max_tokens = (4, 16) if quick else (16, 48)
+    log_dir = tempfile.mkdtemp(prefix="pp1q-bench-")
+    worker, verifier, url = start_pair(log_dir, vocab=VOCAB, target_delay_ms=target_delay_ms)
+    try:
+        prompts = demo_prompts(requests, VOCAB, 1)
+        rates = []
+        for speculative in (True, False):
+            answers, seconds = run_batch(url, prompts, max_tokens, concurrency=REQUESTS,
+                                         first_seed=1, options={"speculative": speculative})
+            rates.append(sum(len(a["token_ids"]) for a in answers) / seconds)
+            if speculative:
+                rounds = sum(a["stats"]["rounds"] for a in answers)
+                accepted = sum(a["stats"]["accepted"] for a in answers) / max(rounds, 1)
+    finally:
+        verifier.stop()
+        worker.stop()
+    return rates[0], rates[1], accepted
+
+
+def run(quick: bool) -> list[str]:
+    lines = [f"{'form':<7}{'raw ms':>9}{'zmq ms':>9}{'ours ms':>9}{'+verify':>9}"
+             f"{'zmq/raw':>9}{'ours/raw':>10}{'+verify/raw':>12}  worker self-check"]
+    for form in ("dense", "sparse"):
+        rounds = (8 if quick else 40) if form == "dense" else (30 if quick else 300)
+        raw = time_raw(form, rounds)
+        zmq = time_zmq(form, rounds)
+        zmq_ms = f"{zmq:9.3f}" if zmq is not None else f"{'n/a':>9}"
+        zmq_ratio = f"{zmq / raw:9.2f}" if zmq is not None else f"{'n/a':>9}"
+        for check in (True, False):
+            ours, full = time_ours(form, rounds, check)
+            lines.append(f"{form:<7}{raw:9.3f}{zmq_ms}{ours:9.3f}{full:9.3f}{zmq_ratio}"
+                         f"{ours / raw:10.2f}{full / raw:12.2f}  {'on' if check else 'off'}")
+    if _zmq_missing():
+        lines.append("zmq: pyzmq not installed (pip install pyzmq) -- column skipped")
+    lines.append("medians per round; 'ours' = transport + validation, '+verify' adds "
+                 "standard verification and COMMIT (model compute excluded)")
+    for delay in (0.0, 50.0):
+        spec, base, acc = demo_rates(quick, delay)
+        lines.append(f"demo pair, target forward {delay:g} ms: speculative {spec:7.1f} tokens/s, "
+                     f"target-only {base:7.1f} tokens/s (x{spec / base:.2f}), "
+                     f"{acc:.2f} accepted drafts/round")
+    return lines
+
+
+def _zmq_missing() -> bool:
+    try:
+        import zmq  # noqa: F401
+    except ImportError:
+        return True
+    return False

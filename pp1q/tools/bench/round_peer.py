@@ -1,0 +1,177 @@
+"""Worker-side peers of ``pp1q bench round``, each run as a child process:
+
+    python -m pp1q.tools.bench.round_peer {ours,ours-unchecked,raw,zmq} {dense,sparse}
+
+``ours``: the real worker adapter (WorkerConnection, WorkerEndpoint) answering STEPs with
+canned q rows, so no model compute is timed. ``raw``: blocking sockets sending the very
+same frames (header and payload in one sendmsg per frame). ``zmq``: pyzmq multipart
+messages of a msgspec header plus the same payload arrays (the vLLM engine-core style).
+Each prints ``port N`` once listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+
+import msgspec
+import numpy as np
+
+from pp1q.core.q import build_row, sample
+from pp1q.models.toy import ToySpec
+from pp1q.runtime.metrics import Metrics
+from pp1q.wire import Completion, Form, Status, Step, encode, reply_from_row
+from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, worker_config
+from pp1q.worker.connection import WorkerConnection
+from pp1q.worker.drafting import StepDrafter
+from pp1q.worker.state import WorkerState
+
+VOCAB = 129280
+REQUESTS = 4
+DEPTH = 5
+TOP_K = 32
+STEP_BYTES_RAW = 64  # the raw and zmq peers' stand-in for a STEP: a fixed small request
+
+
+def canned_rows(form: str) -> list[list[tuple[int, object]]]:
+    """[REQUESTS][DEPTH] (token, DyadicRow): fixed seeds, the same in every process."""
+    rng = np.random.default_rng(2024)
+    top_k = None if form == "dense" else TOP_K
+    out = []
+    for _ in range(REQUESTS):
+        chain = []
+        for _ in range(DEPTH):
+            row = build_row(rng.normal(size=VOCAB) * 3.0, top_k=top_k)
+            chain.append((sample(row, int(rng.integers(1 << 24))), row))
+        out.append(chain)
+    return out
+
+
+def frames(form: str) -> list[tuple[bytes, bytes]]:
+    """The (header + control, payload) parts of every REPLY and COMPLETION of a round."""
+    out = []
+    for slot, chain in enumerate(canned_rows(form)):
+        for i, (token, row) in enumerate(chain, start=1):
+            msg = reply_from_row(session=1, slot=slot, generation=1, round_id=1, index=i,
+                                 position=10 + i, token=token, row=row,
+                                 form=Form.DENSE if form == "dense" else Form.SPARSE)
+            data = encode(msg)
+            n = sum(len(p) for p in msg.payload_parts())
+            out.append((data[: len(data) - n], data[len(data) - n:]))
+        done = encode(Completion(session=1, slot=slot, generation=1, round_id=1,
+                                 first_position=11, context_version=0, rows=DEPTH,
+                                 reply_bytes=0, reply_checksum=0, status=int(Status.OK),
+                                 reason=""))
+        out.append((done, b""))
+    return out
+
+
+# -- ours ------------------------------------------------------------------------
+
+
+class CannedDrafter(StepDrafter):
+    """Replies with precomputed rows: the benchmark times transport, not the model."""
+
+    rows: dict[int, list[list[tuple[int, object]]]] = {}
+
+    def _prefix(self, step: Step) -> list[int]:
+        return []
+
+    def _rows(self, step: Step, prefix: list[int]):
+        yield from self.rows[step.top_k][step.slot % REQUESTS][: step.depth]
+
+
+def serve_ours(form: str, check_outgoing: bool = True) -> None:
+    import uvloop
+
+    CannedDrafter.rows = {(0 if form == "dense" else TOP_K): canned_rows(form)}
+    logging.basicConfig(level=logging.ERROR)
+    spec = ToySpec(vocab=VOCAB, seed=0)
+    config = worker_config(spec, (2,), DEFAULT_MAX_SUPPORT)
+
+    async def main() -> None:
+        metrics, state = Metrics("worker"), WorkerState()
+        server = await asyncio.get_running_loop().create_server(
+            lambda: WorkerConnection(config, state, None, metrics, drafter_cls=CannedDrafter,
+                                     check_outgoing=check_outgoing), "127.0.0.1", 0)
+        print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+# -- raw -------------------------------------------------------------------------
+
+
+def _listen() -> socket.socket:
+    srv = socket.create_server(("127.0.0.1", 0))
+    print(f"port {srv.getsockname()[1]}", flush=True)
+    return srv
+
+
+def serve_raw(form: str) -> None:
+    parts = frames(form)
+    srv = _listen()
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    step = memoryview(bytearray(STEP_BYTES_RAW))
+    while True:
+        got = 0
+        while got < STEP_BYTES_RAW:
+            n = conn.recv_into(step[got:])
+            if not n:
+                return
+            got += n
+        for head, payload in parts:
+            conn.sendmsg([head, payload] if payload else [head])
+
+
+# -- zmq + msgspec ---------------------------------------------------------------
+
+
+class RowHeader(msgspec.Struct, array_like=True):
+    slot: int
+    index: int
+    token: int
+    entries: int
+    sparse: bool
+
+
+def serve_zmq(form: str) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    print(f"port {port}", flush=True)
+    enc = msgspec.msgpack.Encoder()
+    rows = canned_rows(form)
+    sparse = form != "dense"
+    msgs = []
+    for slot, chain in enumerate(rows):
+        for i, (token, row) in enumerate(chain, start=1):
+            if sparse:
+                ids, q = row.to_sparse()
+                body = [ids.astype("<i4"), q.astype("<f4")]
+            else:
+                body = [row.to_dense()]
+            msgs.append((RowHeader(slot, i, token, int(body[-1].size), sparse), body))
+    while True:
+        sock.recv(copy=False)  # the STEP stand-in
+        for head, body in msgs:
+            sock.send_multipart([enc.encode(head), *body], copy=False)
+
+
+def main(argv: list[str]) -> int:
+    mode, form = argv[:2]
+    if mode == "ours-unchecked":  # the worker's own outgoing row checks switched off
+        serve_ours(form, check_outgoing=False)
+    else:
+        {"ours": serve_ours, "raw": serve_raw, "zmq": serve_zmq}[mode](form)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

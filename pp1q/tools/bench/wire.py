@@ -1,0 +1,177 @@
+"""Wire v2: decode + validate a 4-request x depth-5 reply set, against np.copy.
+
+Dense: 20 rows of 129280 FP32 values (10.34 MB of q) through the VerifierEndpoint,
+from bytes to ``ProposalReady`` with every check done, timed against ``np.copy`` of
+the same bytes in the same run (the cost of touching them once). Sparse k=32: the
+same path per row, where fixed per-frame costs dominate.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from pp1q.core.q import SEMANTIC_ID, build_row, parse_dense, sample
+from pp1q.core.rng import RNG_ABI_ID, proposal_u24
+from pp1q.wire import (
+    Form,
+    FrameDecoder,
+    Identity,
+    Limits,
+    PayloadPool,
+    ProposalReady,
+    Step,
+    VerifierEndpoint,
+    WireConfig,
+    WorkerEndpoint,
+    reply_from_row,
+)
+
+TITLE = "Wire v2 (decode + validate, 4 requests x depth 5)"
+VOCAB = 129280
+REQUESTS, DEPTH = 4, 5
+SESSION = 1
+
+
+def _config() -> WireConfig:
+    ident = Identity(q_semantic_id=SEMANTIC_ID, verifier_id="standard-v1", vocab=VOCAB,
+                     id_map_hash="bench", draft_id="bench", draft_adapted=False,
+                     target_id="bench", rng_abi=RNG_ABI_ID, precision="fp32-le")
+    return WireConfig(identity=ident, limits=Limits.make(vocab=VOCAB, max_support=256),
+                      versions=(2,))
+
+
+def _steps(top_k: int) -> list[Step]:
+    return [Step(session=SESSION, slot=s, generation=1, round_id=1, anchor=99,
+                 first_position=100, prefix_digest=0, depth=DEPTH, temperature=0.8,
+                 top_k=top_k, context_version=0, seed=s) for s in range(REQUESTS)]
+
+
+def _round(top_k: int, seed: int = 0):
+    """(verifier factory, worker bytes) for one round of REQUESTS steps."""
+    cfg = _config()
+    rng = np.random.default_rng(seed)
+    v0 = VerifierEndpoint(cfg, session=SESSION)
+    w = WorkerEndpoint(cfg, check_outgoing=False)
+    w.receive_data(v0.hello(), 0.0)
+    answer = w.data_to_send()
+    v0.receive_data(answer, 0.0)
+    steps = _steps(top_k)
+    w.receive_data(b"".join(v0.send(s, now=0.0) for s in steps), 0.0)
+    frames = []
+    for st in steps:
+        for i in range(DEPTH):
+            # logits spread like a real drafter's: a few strong tokens, a long tail
+            row = build_row(rng.standard_normal(VOCAB) * 3.0, temperature=0.8,
+                            top_k=top_k or None)
+            tok = sample(row, proposal_u24(st.seed, 1, 1, st.first_position + i))
+            frames.append(w.send(reply_from_row(
+                session=SESSION, slot=st.slot, generation=1, round_id=1, index=i + 1,
+                position=st.first_position + i, token=tok, row=row,
+                form=Form.SPARSE if top_k else Form.DENSE)))
+        frames.append(w.send(w.completion(st.slot)))
+
+    # steady state of a daemon: payload buffers preallocated once, reused every round
+    pool = PayloadPool(4 * REQUESTS * DEPTH * cfg.limits.max_payload)
+    pool.preallocate(cfg.limits.dense_row_bytes, 2 * REQUESTS * DEPTH)
+
+    def fresh_verifier() -> VerifierEndpoint:
+        v = VerifierEndpoint(cfg, session=SESSION, pool=pool)
+        v.hello()
+        v.receive_data(answer, 0.0)
+        for st in steps:
+            v.send(st, now=0.0)
+        return v
+
+    fresh_verifier.pool = pool
+    return fresh_verifier, b"".join(frames)
+
+
+def _best(fn, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _validated(v: VerifierEndpoint, events) -> None:
+    ready = [e for e in events if isinstance(e, ProposalReady)]
+    if len(ready) != REQUESTS:
+        raise RuntimeError(f"benchmark round did not validate: {events!r}")
+
+
+def _feed_chunks(v: VerifierEndpoint, stream: bytes, chunk: int) -> list:
+    mv, out = memoryview(stream), []
+    for i in range(0, len(stream), chunk):
+        out += v.receive_data(mv[i:i + chunk], 0.0)
+    return out
+
+
+def _feed_recv_into(v: VerifierEndpoint, stream: bytes) -> list:
+    """BufferedProtocol path: the copy into get_buffer() stands in for recv_into."""
+    mv, pos, out = memoryview(stream), 0, []
+    while pos < len(stream):
+        buf = v.get_buffer()
+        n = min(len(buf), len(stream) - pos)
+        buf[:n] = mv[pos:pos + n]
+        pos += n
+        out += v.buffer_updated(n, 0.0)
+    return out
+
+
+def run(quick: bool = False) -> list[str]:
+    reps = 3 if quick else 15
+    lines = []
+    fresh, stream = _round(top_k=0)
+    raw = np.frombuffer(stream, dtype=np.uint8)
+    t_copy = _best(lambda: np.copy(raw), reps)
+
+    def whole():
+        v = fresh()
+        _validated(v, v.receive_data(stream, 0.0))
+
+    def chunks():
+        v = fresh()
+        _validated(v, _feed_chunks(v, stream, 64 * 1024))
+
+    def recv_into():
+        v = fresh()
+        _validated(v, _feed_recv_into(v, stream))
+
+    def decode_only():
+        FrameDecoder(_config().limits, fresh.pool).feed(stream)
+
+    whole()  # warm up (and prove the round validates)
+    t_whole, t_chunks = _best(whole, reps), _best(chunks, reps)
+    t_recv, t_dec = _best(recv_into, reps), _best(decode_only, reps)
+    q_bytes = REQUESTS * DEPTH * VOCAB * 4
+    lines.append(f"dense: {len(stream):,} frame bytes ({q_bytes:,} of q), "
+                 f"np.copy {t_copy * 1e3:.2f} ms ({len(stream) / t_copy / 1e9:.1f} GB/s)")
+    for name, t in [("decode only (framing, checksums)", t_dec),
+                    ("decode + validate, one feed", t_whole),
+                    ("decode + validate, 64 KiB feeds", t_chunks),
+                    ("decode + validate, recv_into path", t_recv)]:
+        lines.append(f"  {name:<36} {t * 1e3:7.2f} ms  = {t / t_copy:5.1f}x np.copy")
+    row = build_row(np.random.default_rng(1).standard_normal(VOCAB) * 3.0, temperature=0.8)
+    q = row.to_dense()
+    t_parse = _best(lambda: parse_dense(q, VOCAB), reps * 4)
+    lines.append(f"  parse_dense per row (support {row.support_size:,}): {t_parse * 1e6:.0f} us"
+                 f" = {t_parse * REQUESTS * DEPTH / t_copy:.1f}x np.copy for 20 rows")
+
+    fresh_s, stream_s = _round(top_k=32)
+
+    def sparse():
+        v = fresh_s()
+        _validated(v, v.receive_data(stream_s, 0.0))
+
+    sparse()
+    t_sparse = _best(sparse, reps * 4)
+    t_sparse_copy = _best(lambda: np.copy(np.frombuffer(stream_s, np.uint8)), reps * 4)
+    rows = REQUESTS * DEPTH
+    lines.append(f"sparse k=32: {len(stream_s):,} frame bytes, decode + validate "
+                 f"{t_sparse / rows * 1e6:.1f} us/row ({t_sparse * 1e3:.2f} ms per round; "
+                 f"np.copy {t_sparse_copy * 1e6:.1f} us)")
+    return lines

@@ -1,0 +1,123 @@
+"""What the proxy saw delivered, checked against what the verifier committed.
+
+The proxy sits on the wire, so it can prove two promises without trusting either
+daemon's own counters:
+
+- zero partial commits: every COMMIT (verifier -> worker) names a proposal whose REPLY
+  rows 1..depth reached the verifier exactly once each, in order and byte-identical to
+  what the worker sent, followed by an intact COMPLETION, and no frame of which took a
+  poisoning fault; ``committed`` = anchor + accepted + 1.
+- zero sampled ids without q: every row of a committed sampled proposal (STEP
+  temperature > 0) carried a q row (dense or sparse) with q(token) > 0.
+
+Anything else is appended to ``violations``. State is dropped per slot at RESET and
+per connection at close, so a long soak keeps it bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from pp1q.tools.chaos.frames import Piece
+from pp1q.wire import Form, MsgType
+
+Key = tuple[int, int, int, int]  # connection, slot, generation, round
+
+
+def q_at_token(piece: Piece, reply) -> float:
+    """q(token) read from a REPLY payload (0.0 when absent or unreadable)."""
+    payload, token, n = piece.payload, reply.token, reply.entries
+    if reply.form == Form.DENSE and 0 <= token < n and len(payload) == 4 * n:
+        return float(np.frombuffer(payload, "<f4", 1, 4 * token)[0])
+    if reply.form == Form.SPARSE and len(payload) == 8 * n:
+        ids = np.frombuffer(payload, "<i4", n)
+        at = np.flatnonzero(ids == token)
+        if at.size == 1:
+            return float(np.frombuffer(payload, "<f4", n, 4 * n)[at[0]])
+    return 0.0
+
+
+class WireAudit:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._steps: dict[Key, object] = {}
+        self._rows: dict[Key, list[tuple[int, bool, float]]] = {}  # index, intact, q(token)
+        self._completed: set[Key] = set()
+        self._poisoned: set[Key] = set()
+        self.violations: list[str] = []
+        self.commits = 0  # proposals committed
+        self.committed_drafts = 0  # draft tokens accepted in them
+        self.sampled_rows = 0  # rows of committed sampled proposals, each checked for q
+
+    def poison(self, conn: int, message) -> None:
+        with self._lock:
+            self._poisoned.add(_key(conn, message))
+
+    def delivered(self, conn: int, to_worker: bool, piece: Piece, message, intact: bool) -> None:
+        """One frame written to its receiver; ``message`` is its decoded control part."""
+        if message is None:
+            return
+        with self._lock:
+            t = piece.mtype
+            if to_worker and t == MsgType.STEP:
+                self._steps[_key(conn, message)] = message
+            elif to_worker and t == MsgType.COMMIT:
+                self._check_commit(_key(conn, message), message)
+            elif to_worker and t == MsgType.RESET:
+                self._forget(lambda k: k[:2] == (conn, message.slot)
+                             and k[2] <= message.generation)
+            elif not to_worker and t == MsgType.REPLY:
+                q = q_at_token(piece, message) if message.form != Form.TOKEN_ONLY else 0.0
+                self._rows.setdefault(_key(conn, message), []).append(
+                    (message.index, intact, q))
+            elif not to_worker and t == MsgType.COMPLETION and intact:
+                self._completed.add(_key(conn, message))
+
+    def connection_closed(self, conn: int) -> None:
+        with self._lock:
+            self._forget(lambda k: k[0] == conn)
+
+    def _check_commit(self, key: Key, commit) -> None:
+        step = self._steps.get(key)
+        rows = self._rows.get(key, [])
+        where = f"COMMIT slot {key[1]} gen {key[2]} round {key[3]}"
+        self.commits += 1
+        self.committed_drafts += commit.accepted
+        if step is None:
+            self.violations.append(f"{where}: no STEP seen")
+            return
+        want = list(range(1, step.depth + 1))
+        if key in self._poisoned:
+            self.violations.append(f"{where}: a frame of this proposal was faulted")
+        if [i for i, _, _ in rows] != want or not all(ok for _, ok, _ in rows):
+            self.violations.append(f"{where}: rows delivered {[(i, ok) for i, ok, _ in rows]}")
+        if key not in self._completed:
+            self.violations.append(f"{where}: no intact COMPLETION delivered")
+        if not 0 <= commit.accepted <= step.depth or \
+                commit.committed != step.anchor + commit.accepted + 1:
+            self.violations.append(f"{where}: accepted {commit.accepted}, committed "
+                                   f"{commit.committed}, anchor {step.anchor}")
+        if step.temperature > 0 or step.top_k > 0:
+            self.sampled_rows += len(rows)
+            missing = [i for i, _, q in rows if not q > 0.0]
+            if missing:
+                self.violations.append(f"{where}: rows {missing} without q(token) > 0")
+        self._forget(lambda k: k == key)
+
+    def _forget(self, gone) -> None:
+        for d in (self._steps, self._rows):
+            for k in [k for k in d if gone(k)]:
+                del d[k]
+        self._completed = {k for k in self._completed if not gone(k)}
+        self._poisoned = {k for k in self._poisoned if not gone(k)}
+
+    def pending(self) -> int:
+        """Proposals still tracked (bounded: the soak checks it stays small)."""
+        with self._lock:
+            return len(self._steps)
+
+
+def _key(conn: int, message) -> Key:
+    return conn, message.slot, message.generation, getattr(message, "round_id", 0)

@@ -1,0 +1,112 @@
+"""Cutting a byte stream into wire v2 frames, and editing frames, for the fault proxy.
+
+The header layout is docs/wire.md section 2 (magic, version, type, flags, control_len,
+payload_len, payload_xxh3, head_xxh3; little-endian). The proxy must forward anything,
+including frames an earlier fault broke, so the cutter validates nothing but the two
+declared lengths: a length above the wire's hard caps (or a bad magic) means the stream
+can no longer be framed, and the rest of it is passed through as raw bytes. That keeps
+"bounds before memory" true for the proxy too: it never buffers more than one frame of
+at most HEADER + MAX_CONTROL + MAX_PAYLOAD_CAP bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import msgspec
+import xxhash
+
+from pp1q.wire import MAGIC, MsgType
+from pp1q.wire.limits import HEADER_BYTES, MAX_CONTROL_BYTES, MAX_PAYLOAD_CAP
+from pp1q.wire.messages import CONTROL_CLASSES
+
+HEAD = struct.Struct("<4sBBHII")  # magic, version, type, flags, control_len, payload_len
+_U64 = struct.Struct("<Q")
+PAYLOAD_SUM_AT = 16  # payload_xxh3
+HEAD_SUM_AT = 24  # head_xxh3 over bytes 0..23 followed by the control part
+PAYLOAD_LEN_AT = 12
+_decoders = {t: msgspec.msgpack.Decoder(cls) for t, cls in CONTROL_CLASSES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One unit the proxy forwards: a whole frame, or raw bytes of an unframeable stream."""
+
+    data: bytes
+    mtype: int | None = None  # MsgType of a frame; None for raw bytes
+    control_len: int = 0
+
+    @property
+    def is_frame(self) -> bool:
+        return self.mtype is not None
+
+    def message(self):
+        """The decoded control part (REPLY: its head fields), or None if it does not decode."""
+        if self.mtype not in _decoders:
+            return None
+        control = self.data[HEADER_BYTES: HEADER_BYTES + self.control_len]
+        try:
+            return _decoders[self.mtype].decode(control)
+        except msgspec.MsgspecError:
+            return None
+
+    @property
+    def payload(self) -> bytes:
+        return self.data[HEADER_BYTES + self.control_len:]
+
+
+class FrameCutter:
+    """``feed(bytes) -> [Piece]``: whole frames while the stream frames, raw bytes after."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self.raw = False  # the stream stopped framing (bad magic or an impossible length)
+
+    def feed(self, data: bytes) -> list[Piece]:
+        if self.raw:
+            return [Piece(bytes(data))] if data else []
+        self._buf += data
+        out: list[Piece] = []
+        while len(self._buf) >= HEADER_BYTES:
+            magic, _version, mtype, _flags, clen, plen = HEAD.unpack_from(self._buf)
+            if magic != MAGIC or clen > MAX_CONTROL_BYTES or plen > MAX_PAYLOAD_CAP:
+                self.raw = True  # forward as is: the receiver must refuse it, not us
+                out.append(Piece(bytes(self._buf)))
+                self._buf.clear()
+                return out
+            n = HEADER_BYTES + clen + plen
+            if len(self._buf) < n:
+                break
+            out.append(Piece(bytes(self._buf[:n]), mtype, clen))
+            del self._buf[:n]
+        return out
+
+
+def flip_bit(piece: Piece, region: str, offset: int, bit: int = 0) -> bytes:
+    """The frame with one bit flipped at ``offset`` of ``region`` (header, control,
+    payload; the offset wraps within the region so any value hits it)."""
+    start, end = {
+        "header": (0, HEADER_BYTES),
+        "control": (HEADER_BYTES, HEADER_BYTES + piece.control_len),
+        "payload": (HEADER_BYTES + piece.control_len, len(piece.data)),
+    }[region]
+    if end <= start:
+        raise ValueError(f"{MsgType(piece.mtype).name} frame has no {region} bytes")
+    out = bytearray(piece.data)
+    out[start + offset % (end - start)] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+def truncate_reframed(piece: Piece, keep: int) -> bytes:
+    """The frame with its payload cut to ``keep`` bytes and the header made consistent
+    again (payload_len and both checksums recomputed): a sender that writes a short row,
+    which only the receiver's size checks can catch."""
+    cut = HEADER_BYTES + piece.control_len + max(0, min(keep, len(piece.payload) - 1))
+    out = bytearray(piece.data[:cut])
+    payload = bytes(out[HEADER_BYTES + piece.control_len:])
+    struct.pack_into("<I", out, PAYLOAD_LEN_AT, len(payload))
+    _U64.pack_into(out, PAYLOAD_SUM_AT, xxhash.xxh3_64_intdigest(payload))
+    control = bytes(out[HEADER_BYTES: HEADER_BYTES + piece.control_len])
+    _U64.pack_into(out, HEAD_SUM_AT, xxhash.xxh3_64_intdigest(bytes(out[:HEAD_SUM_AT]) + control))
+    return bytes(out)

@@ -1,0 +1,289 @@
+"""Soak: concurrent requests against real daemons for a while, with random faults.
+
+``run_soak`` starts a worker, the fault proxy and a verifier (pp1q.tools.chaos.rig), keeps
+``concurrency`` requests in flight until the time is up (random prompts, lengths, seeds
+and proposal supports, all from one seeded generator), and meanwhile:
+
+- every REPLY / COMPLETION frame may take a random frame fault (drop, bit flip,
+  truncate, duplicate, reorder, stale replay, a delay past the watchdog, a disconnect
+  in the middle of a frame), each with a small fixed probability;
+- a chaos thread injects stream faults at random times (a pause or a blackhole longer
+  than the watchdog, a reset of the connection) and, every ``crash_every_s``, kills the
+  worker and starts a new one on the same port.
+
+It reports requests completed, fallbacks by cause, validation failures by reason,
+injections by kind, the slot high-water marks (sampled from /metrics), RSS of both
+daemons (/proc/PID/status) at start, after warm-up and at the end, and checks: no
+request failed or came back short, the wire audit found nothing, no slot is held once
+the requests are done, and RSS growth after warm-up stays within ``RSS_GROWTH_BOUND``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pp1q.runtime.metrics import FallbackCause
+from pp1q.tools.chaos.faults import (
+    BitFlip,
+    Delay,
+    Direction,
+    Disconnect,
+    Drop,
+    Duplicate,
+    Reorder,
+    Replay,
+    Rule,
+    Truncate,
+)
+from pp1q.tools.chaos.rig import Rig, delta, value
+from pp1q.tools.client import ApiError
+from pp1q.wire import MsgType
+
+RSS_GROWTH_BOUND_KIB = 32 * 1024  # per daemon, warm-up to end: pools are preallocated
+WARMUP_REQUESTS = 40  # RSS baseline after these (imports, pools, allocator arenas settle)
+SETTLE_S = 10.0  # after the last request: slots must be free by then
+SAMPLE_S = 0.25  # slot gauge sampling period (the high-water mark is a sampled maximum)
+FRAME_FAULT_P = 0.002  # per matching frame and fault kind
+STREAM_FAULT_MEAN_S = 8.0  # mean gap between stream faults (exponential)
+
+
+@dataclass
+class SoakConfig:
+    seconds: float
+    concurrency: int = 4
+    vocab: int = 1024
+    watchdog_ms: int = 300
+    target_delay_ms: float = 40.0  # simulated forward pass: keeps the soak near one core
+    crash_every_s: float = 300.0  # worker kill + restart period (0: never)
+    seed: int = 1
+    progress_s: float = 10.0
+
+
+@dataclass
+class SoakReport:
+    seconds: float = 0.0
+    requests: int = 0
+    tokens: int = 0
+    failed: list[str] = field(default_factory=list)
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    validation: dict[str, int] = field(default_factory=dict)
+    injections: dict[str, int] = field(default_factory=dict)
+    worker_restarts: int = 0
+    reconnects: int = 0
+    late_discarded: int = 0
+    verified_rounds: int = 0
+    audit_commits: int = 0
+    audit_sampled_rows: int = 0
+    audit_violations: list[str] = field(default_factory=list)
+    slots_hwm: dict[str, int] = field(default_factory=dict)
+    slots_left: dict[str, int] = field(default_factory=dict)
+    rss_kib: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # start, warm, end
+
+    def problems(self) -> list[str]:
+        out = [f"request failed: {f}" for f in self.failed[:5]]
+        out += [f"audit: {v}" for v in self.audit_violations[:5]]
+        out += [f"{role} holds {n} slots after the run" for role, n in self.slots_left.items()
+                if n]
+        for role, (_start, warm, end) in self.rss_kib.items():
+            if role == "worker" and self.worker_restarts:
+                continue  # the end figure is of a newer worker process
+            if end - warm > RSS_GROWTH_BOUND_KIB:
+                out.append(f"{role} RSS grew {(end - warm) / 1024:.1f} MiB after warm-up "
+                           f"(bound {RSS_GROWTH_BOUND_KIB / 1024:.0f} MiB)")
+        if self.requests == 0:
+            out.append("no request completed")
+        return out
+
+    def format(self) -> str:
+        def kv(d: dict) -> str:
+            return ", ".join(f"{k} {v}" for k, v in sorted(d.items()) if v) or "none"
+        rss = "; ".join(f"{role} {s / 1024:.1f} -> {w / 1024:.1f} -> {e / 1024:.1f} MiB"
+                        for role, (s, w, e) in self.rss_kib.items())
+        lines = [
+            f"soak summary: {self.seconds / 60:.1f} min, {self.requests} requests completed,"
+            f" {self.tokens} tokens, {len(self.failed)} failed",
+            f"  verified rounds {self.verified_rounds}; wire audit: {self.audit_commits} commits,"
+            f" {self.audit_sampled_rows} sampled rows checked for q, "
+            f"{len(self.audit_violations)} violations",
+            f"  fallbacks by cause: {kv(self.fallbacks)}",
+            f"  validation failures by reason: {kv(self.validation)}",
+            f"  injected: {kv(self.injections)}; worker restarts {self.worker_restarts}",
+            f"  reconnects {self.reconnects}, late frames discarded {self.late_discarded}",
+            f"  slot high-water mark: {kv(self.slots_hwm)}; held after the run: "
+            f"{', '.join(f'{k} {v}' for k, v in self.slots_left.items())}",
+            f"  RSS start -> after warm-up -> end: {rss}"
+            + (" (worker: the end figure is of the process started last)"
+               if self.worker_restarts else ""),
+            f"  result: {'PASS' if not self.problems() else 'FAIL: ' + '; '.join(self.problems())}",
+        ]
+        return "\n".join(lines)
+
+
+def frame_rules(rng: random.Random, watchdog_s: float) -> list[Rule]:
+    """One random rule per frame fault kind, each with FRAME_FAULT_P per frame."""
+    def rule(fault, mtype=MsgType.REPLY, p=FRAME_FAULT_P) -> Rule:
+        return Rule(fault, msg_type=mtype, every=1, times=0, probability=p, rng=rng)
+    return [rule(Drop()), rule(BitFlip(offset=rng.randrange(1 << 16))),
+            rule(Truncate()), rule(Duplicate()), rule(Reorder()), rule(Replay()),
+            rule(Delay(2 * watchdog_s), MsgType.COMPLETION),
+            rule(Disconnect(), p=FRAME_FAULT_P / 4)]
+
+
+class _Load:
+    """``concurrency`` client threads, each sending requests until ``stop`` is set."""
+
+    def __init__(self, rig: Rig, cfg: SoakConfig, stop: threading.Event) -> None:
+        self.rig, self.cfg, self.stop = rig, cfg, stop
+        self.lock = threading.Lock()
+        self.requests = self.tokens = 0
+        self.failed: list[str] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                        for i in range(cfg.concurrency)]
+
+    def _run(self, i: int) -> None:
+        rng = random.Random(self.cfg.seed * 1000 + i)
+        client = self.rig.client()
+        try:
+            while not self.stop.is_set():
+                prompt = [rng.randrange(self.cfg.vocab) for _ in range(rng.randint(2, 16))]
+                n = rng.randint(4, 48)
+                top_k = rng.choice([None, 8, 32])
+                try:
+                    a = client.generate(prompt, n, seed=rng.getrandbits(64), top_k=top_k)
+                except ApiError as e:
+                    with self.lock:
+                        self.failed.append(str(e))
+                    continue
+                with self.lock:
+                    if len(a["token_ids"]) != n:
+                        self.failed.append(f"{len(a['token_ids'])} tokens, asked {n}")
+                    self.requests += 1
+                    self.tokens += len(a["token_ids"])
+        finally:
+            client.close()
+
+
+def _chaos(rig: Rig, cfg: SoakConfig, rng: random.Random, stop: threading.Event,
+           restarts: list[int]) -> None:
+    hold = 2 * cfg.watchdog_ms / 1000.0
+    next_crash = time.monotonic() + cfg.crash_every_s if cfg.crash_every_s else float("inf")
+    while True:
+        gap = min(rng.expovariate(1.0 / STREAM_FAULT_MEAN_S), next_crash - time.monotonic())
+        if stop.wait(max(0.0, gap)):
+            return
+        if time.monotonic() >= next_crash:
+            rig.crash_worker()
+            stop.wait(0.5)
+            rig.restart_worker()
+            restarts[0] += 1
+            next_crash += cfg.crash_every_s
+            continue
+        kind = rng.choice(["pause", "blackhole", "reset"])
+        if kind == "reset":
+            rig.proxy.reset_all()
+            continue
+        direction = rng.choice(list(Direction))
+        getattr(rig.proxy, kind)(direction)
+        stop.wait(hold)
+        getattr(rig.proxy, "un" + kind)(direction)
+
+
+def run_soak(cfg: SoakConfig, log_dir: str | Path,
+             progress: Callable[[str], None] = print) -> SoakReport:
+    rng = random.Random(cfg.seed)
+    rig = Rig(log_dir, vocab=cfg.vocab, preset="close", watchdog_ms=cfg.watchdog_ms,
+              target_delay_ms=cfg.target_delay_ms)
+    report = SoakReport()
+    try:
+        roles = ("verifier", "worker")
+        start_rss = {r: rig.rss_kib(r) for r in roles}
+        before = rig.metrics("verifier")
+        rig.proxy.set_rules(frame_rules(rng, cfg.watchdog_ms / 1000.0))
+        stop, chaos_stop = threading.Event(), threading.Event()
+        load = _Load(rig, cfg, stop)
+        restarts = [0]
+        chaos = threading.Thread(target=_chaos, args=(rig, cfg, rng, chaos_stop, restarts),
+                                 daemon=True)
+        t0 = time.monotonic()
+        for t in load.threads:
+            t.start()
+        chaos.start()
+        hwm: Counter[str] = Counter()
+        warm_rss: dict[str, int] = {}
+        next_progress = t0 + cfg.progress_s
+        while (now := time.monotonic()) < t0 + cfg.seconds:
+            time.sleep(SAMPLE_S)
+            _sample_slots(rig, hwm)
+            if not warm_rss and load.requests >= WARMUP_REQUESTS and not restarts[0]:
+                warm_rss = {r: rig.rss_kib(r) for r in roles}
+            if now >= next_progress:
+                next_progress += cfg.progress_s
+                progress(_progress_line(rig, load, now - t0, restarts[0]))
+        chaos_stop.set()
+        chaos.join(30)
+        rig.proxy.set_rules([])
+        stop.set()
+        for t in load.threads:
+            t.join(120)
+        report.seconds = time.monotonic() - t0
+        report.slots_left = _wait_slots_free(rig)
+        after = rig.metrics("verifier")
+        report.requests, report.tokens, report.failed = load.requests, load.tokens, load.failed
+        report.fallbacks = {c.value: int(delta(after, before, "pp1q_fallbacks_total",
+                                               cause=c.value)) for c in FallbackCause}
+        report.validation = {dict(k[1])["reason"]: int(v - before.get(k, 0))
+                             for k, v in after.items()
+                             if k[0] == "pp1q_validation_failures_total"}
+        report.injections = {k.value: v for k, v in rig.proxy.injections.items()}
+        report.worker_restarts = restarts[0]
+        report.reconnects = int(delta(after, before, "pp1q_reconnects_total"))
+        report.late_discarded = int(delta(after, before, "pp1q_late_replies_discarded_total"))
+        report.verified_rounds = int(delta(after, before, "pp1q_rounds_total",
+                                           kind="speculative"))
+        audit = rig.audit
+        report.audit_commits, report.audit_sampled_rows = audit.commits, audit.sampled_rows
+        report.audit_violations = list(audit.violations)
+        report.slots_hwm = dict(hwm)
+        end_rss = {r: rig.rss_kib(r) for r in roles}
+        warm_rss = warm_rss or start_rss
+        report.rss_kib = {r: (start_rss[r], warm_rss[r], end_rss[r]) for r in roles}
+    finally:
+        rig.close()
+    return report
+
+
+def _sample_slots(rig: Rig, hwm: Counter) -> None:
+    for role in ("verifier", "worker"):
+        try:
+            n = int(value(rig.metrics(role), "pp1q_slots_in_use"))
+        except OSError:  # the worker is being restarted
+            continue
+        hwm[role] = max(hwm[role], n)
+
+
+def _wait_slots_free(rig: Rig) -> dict[str, int]:
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        held = {r: int(value(rig.metrics(r), "pp1q_slots_in_use"))
+                for r in ("verifier", "worker")}
+        if not any(held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(SAMPLE_S)
+
+
+def _progress_line(rig: Rig, load: _Load, elapsed: float, restarts: int) -> str:
+    inj = sum(rig.proxy.injections.values())
+    try:
+        rss = f"RSS verifier {rig.rss_kib('verifier') / 1024:.0f} MiB, " \
+              f"worker {rig.rss_kib('worker') / 1024:.0f} MiB"
+    except (OSError, RuntimeError):
+        rss = "RSS n/a"
+    return (f"[{elapsed:7.0f} s] {load.requests} requests, {load.tokens} tokens, "
+            f"{len(load.failed)} failed, {inj} faults injected, {restarts} worker restarts, "
+            f"{rss}")

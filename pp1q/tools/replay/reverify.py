@@ -1,0 +1,92 @@
+"""Re-deciding captured rounds: the target's p, the validated q, the same keyed draws.
+
+The prefix of each (session, slot, generation) comes from the context channel's
+SetContext and grows by every COMMIT; each STEP's ``prefix_digest`` must match it. A
+validated proposal is then decided again exactly as the verifier daemon decides
+(pp1q.verifier.rounds: standard verification for sampled rounds, argmax for greedy
+ones) and the captured COMMIT must carry the same accepted count and token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pp1q.core.prefix import Prefix
+from pp1q.core.verify import RoundKeys
+from pp1q.models.toy import TargetModel, ToySpec, ToyTarget
+from pp1q.tools.replay.vector_models import TARGET_PREFIX, VectorTarget, parse_identity
+from pp1q.verifier import rounds
+from pp1q.wire import Commit, Step
+from pp1q.wire.events import ProposalReady
+
+TOY_TARGET_PREFIX = "toy-target-v1"
+
+
+def target_from_identity(target_id: str) -> TargetModel | None:
+    """Rebuild a target named in HELLO, if it is one pp1q ships (toy or vector toy)."""
+    parsed = parse_identity(target_id)
+    if parsed is None:
+        return None
+    name, vocab, seed = parsed
+    if name == TOY_TARGET_PREFIX:
+        return ToyTarget(ToySpec(vocab=vocab, seed=seed))
+    if name == TARGET_PREFIX:
+        return VectorTarget(vocab, seed)
+    return None
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """Outcome of re-deciding one round (``problem`` empty when it matched)."""
+
+    key: tuple  # (session, slot, generation, round_id)
+    accepted: int
+    token: int
+    problem: str = ""
+
+
+class Reverifier:
+    def __init__(self, target: TargetModel) -> None:
+        self.target = target
+        self._prefixes: dict[tuple, Prefix] = {}  # (session, slot, generation) -> prefix
+        self._pending: dict[tuple, tuple[list[int], rounds.Outcome]] = {}
+        self.checked = 0
+        self.skipped = 0  # validated rounds whose prefix the capture does not show
+
+    def on_context(self, session: int, slot: int, generation: int, tokens) -> None:
+        self._prefixes[(session, slot, generation)] = Prefix(tokens)
+
+    def on_ready(self, session: int, step: Step, ev: ProposalReady) -> str:
+        """Decide the round now; returns a problem description, or "" if none."""
+        prefix = self._prefixes.get((session, step.slot, step.generation))
+        if prefix is None:  # e.g. a verifier capture without its context channel
+            self.skipped += 1
+            return ""
+        if prefix.digest != step.prefix_digest:
+            return (f"STEP prefix_digest {step.prefix_digest:016x} != digest of the tracked "
+                    f"prefix {prefix.digest:016x}")
+        drafts = list(ev.draft_ids)
+        if ev.greedy:
+            out = rounds.greedy(self.target.logits(prefix.tokens, drafts), drafts)
+        else:
+            p = self.target.probs(prefix.tokens, drafts)
+            keys = RoundKeys(step.seed, step.generation, step.round_id, step.first_position)
+            out = rounds.sampled(p, ev.q_rows, drafts, keys)
+        self._pending[(session, step.slot, step.generation, step.round_id)] = (drafts, out)
+        return ""
+
+    def on_commit(self, commit: Commit) -> Recheck | None:
+        """Compare a captured COMMIT with the re-decision; None if it was not re-decided."""
+        key = (commit.session, commit.slot, commit.generation, commit.round_id)
+        pending = self._pending.pop(key, None)
+        if pending is None:
+            return None
+        drafts, out = pending
+        self.checked += 1
+        prefix = self._prefixes[key[:3]]
+        prefix.extend(drafts[:commit.accepted] + [commit.token])
+        if (out.accepted, out.token) != (commit.accepted, commit.token):
+            return Recheck(key, out.accepted, out.token,
+                           f"captured accepted={commit.accepted} token={commit.token}, "
+                           f"re-decided accepted={out.accepted} token={out.token}")
+        return Recheck(key, out.accepted, out.token)

@@ -1,0 +1,127 @@
+"""Capture records -> decoded messages, per connection and direction, in record order.
+
+Each direction of each connection has its own decoder (wire v2 ``FrameDecoder`` or the
+context channel's ``ContextDecoder``), fed the DATA bodies in order, so frames split
+across records or packed several to a record decode the same. A stream that breaks
+(``RemoteProtocolError``) yields one ``error`` item and is ignored from then on.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from pp1q.core.errors import RemoteProtocolError
+from pp1q.runtime.capture import Direction, Kind, Protocol, Record, Role
+from pp1q.wire import DEFAULT_LIMITS, Frame, FrameDecoder, Hello, HelloAnswer
+from pp1q.wire import context_channel as cc
+
+
+class Flow(enum.StrEnum):
+    """Direction relative to the protocol, not to the recording process."""
+
+    TO_WORKER = "V>W"
+    TO_VERIFIER = "W>V"
+
+
+def flow_of(role: Role, direction: Direction) -> Flow:
+    sent_by_verifier = (role is Role.VERIFIER) == (direction is Direction.OUT)
+    return Flow.TO_WORKER if sent_by_verifier else Flow.TO_VERIFIER
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One line of the analysis: a connection event, a message, or a stream error.
+
+    ``what``: "open", "close", "info", "frame" (wire), "context", "error", "bytes"
+    (a stream of an unknown protocol, or bytes after its error). ``raw`` is the frame's
+    exact bytes for wire frames toward the worker (small control frames only).
+    """
+
+    time_ns: int
+    conn: int
+    flow: Flow | None
+    what: str
+    message: object = None
+    frame: Frame | None = None
+    raw: bytes | None = None
+    error: RemoteProtocolError | None = None
+    meta: dict = field(default_factory=dict)
+    nbytes: int = 0
+
+
+class _Stream:
+    """One direction of one connection."""
+
+    def __init__(self, protocol: str, flow: Flow) -> None:
+        self.protocol, self.flow = protocol, flow
+        self.broken = False
+        self.keep_raw = protocol == Protocol.WIRE and flow is Flow.TO_WORKER
+        self._pending = bytearray()  # undecoded raw bytes (kept only when keep_raw)
+        if protocol == Protocol.WIRE:
+            self.wire = FrameDecoder(DEFAULT_LIMITS)
+        elif protocol == Protocol.CONTEXT:
+            self.context = cc.ContextDecoder(expect_preamble=flow is Flow.TO_WORKER)
+
+    def feed(self, rec: Record, conn: int) -> list[Item]:
+        if self.broken or self.protocol not in (Protocol.WIRE, Protocol.CONTEXT):
+            return [Item(rec.time_ns, conn, self.flow, "bytes", nbytes=len(rec.body))]
+        try:
+            if self.protocol == Protocol.CONTEXT:
+                return [Item(rec.time_ns, conn, self.flow, "context", message=m)
+                        for m in self.context.feed(rec.body)]
+            return self._feed_wire(rec, conn)
+        except RemoteProtocolError as e:
+            self.broken = True
+            return [Item(rec.time_ns, conn, self.flow, "error", error=e)]
+
+    def _feed_wire(self, rec: Record, conn: int) -> list[Item]:
+        if self.keep_raw:
+            self._pending += rec.body
+        out = []
+        for frame in self.wire.iter_frames(rec.body):
+            raw = None
+            if self.keep_raw:
+                raw = bytes(self._pending[:frame.nbytes])
+                del self._pending[:frame.nbytes]
+            out.append(Item(rec.time_ns, conn, self.flow, "frame", message=frame.message,
+                            frame=frame, raw=raw, nbytes=frame.nbytes))
+        return out
+
+
+class StreamSet:
+    """Decoders of every connection of one capture."""
+
+    def __init__(self, role: Role) -> None:
+        self.role = role
+        self.protocols: dict[int, str] = {}
+        self._streams: dict[tuple[int, Flow], _Stream] = {}
+
+    def items(self, rec: Record) -> list[Item]:
+        if rec.kind is Kind.INFO:
+            return [Item(rec.time_ns, 0, None, "info", meta=rec.meta)]
+        if rec.kind is Kind.OPEN:
+            proto = str(rec.meta.get("protocol", ""))
+            self.protocols[rec.conn] = proto
+            for flow in Flow:
+                self._streams[(rec.conn, flow)] = _Stream(proto, flow)
+            return [Item(rec.time_ns, rec.conn, None, "open", meta=rec.meta)]
+        if rec.kind is Kind.CLOSE:
+            return [Item(rec.time_ns, rec.conn, None, "close", meta=rec.meta)]
+        flow = flow_of(self.role, rec.direction)
+        items = self._streams[(rec.conn, flow)].feed(rec, rec.conn)
+        for it in items:
+            self._tighten(rec.conn, it.message)
+        return items
+
+    def _tighten(self, conn: int, msg) -> None:
+        # REPLY payload bounds come from the session's limits, as on the endpoints
+        if isinstance(msg, (Hello, HelloAnswer)):
+            self._streams[(conn, Flow.TO_VERIFIER)].wire.limits = msg.limits
+
+
+def decode(role: Role, records: Iterable[Record]) -> Iterator[Item]:
+    streams = StreamSet(role)
+    for rec in records:
+        yield from streams.items(rec)

@@ -1,0 +1,87 @@
+"""Verifier ranks 1..N-1: follow rank 0's exchanges, hold the replica, decide owned slots.
+
+A follower has no worker connection and no HTTP API; it serves its own /metrics. It
+joins the group, then takes part in every exchange rank 0 starts (pp1q.verifier.
+collective) until rank 0 stops the group (exit 0), the group is lost (exit 3: a rank
+died, hung past ``rank_timeout_s`` or desynchronised; its supervisor restarts it with
+the others), or it is told to stop itself (SIGTERM: exit 0, and rank 0 sees a lost
+rank). Exchanges run in one thread; the event loop only keeps the signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from pp1q.runtime.metrics import Metrics, RankFailure
+from pp1q.verifier.ranks.collective import GroupError
+from pp1q.verifier.ranks.group import EXIT_RANKS_LOST
+from pp1q.verifier.ranks.launch import RankPlan, check_identities, identity, join
+from pp1q.verifier.ranks.ops import FLAG_STOP, Limits
+from pp1q.verifier.ranks.replica import RankState
+
+log = logging.getLogger("pp1q.verifier.ranks.group")
+
+
+def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
+           stop: threading.Event, announce) -> int:
+    """Blocking: join, then exchanges until the group stops or fails. Exit status."""
+    rv = plan.rv
+    try:
+        coll, records = join(rv, state.limits, None, record)
+    except Exception as e:  # noqa: BLE001 - torch raises several types when joining fails
+        log.error("rank %d could not join the group: %s", rv.rank, e)
+        return EXIT_RANKS_LOST
+    check_identities(records)  # ConfigError: exit status 2, on every rank alike
+    announce()
+    seq = 0
+    try:
+        while True:
+            seq += 1
+            decided, invalidated = state.decided, state.invalidations
+            _, _, flags = coll.exchange(state, seq)
+            metrics.rank_exchanges.inc()
+            metrics.rank_decisions.inc(state.decided - decided)
+            metrics.generation_invalidations.inc(state.invalidations - invalidated)
+            if flags & FLAG_STOP:
+                coll.close()
+                log.info("rank %d: the group stopped", rv.rank)
+                return 0
+            if stop.is_set():
+                log.warning("rank %d leaves the group (stopped); rank 0 will see it lost",
+                            rv.rank)
+                return 0
+    except GroupError as e:
+        cause = RankFailure.RANK_TIMEOUT if e.timed_out else RankFailure.RANK_LOST
+        metrics.rank_failures.labels(cause=cause.value).inc()
+        log.error("rank %d lost the group (%s): %s", rv.rank, cause.value, e.detail)
+        return EXIT_RANKS_LOST
+    except Exception:  # a bug: leave the group the way a crash would, but say why
+        log.exception("rank %d: exchange failed", rv.rank)
+        return EXIT_RANKS_LOST
+
+
+async def serve_follower(settings: dict, plan: RankPlan, limits: Limits, target,
+                         metrics: Metrics, stop: asyncio.Event, state_cls=None) -> int:
+    """A follower daemon's life, from the event loop of pp1q.cli._daemon."""
+    rv = plan.rv
+    state = (state_cls or RankState)(rv.rank, limits, target, settings["target_delay_ms"] / 1000.0)
+    host = settings["metrics_host"]
+    with metrics.served(host, settings["metrics_port"]) as mport:
+        record = identity(settings, target.identity, limits, rv.backend,
+                          f"{host}:{mport}" if mport else None)
+        where = f"{rv.master[0]}:{rv.master[1]}" if rv.master else "env://"
+
+        def announce() -> None:
+            print(f"pp1q verifier rank {rv.rank}/{rv.world} joined {where}"
+                  + (f", metrics on {host}:{mport}" if mport else ""), flush=True)
+
+        flag = threading.Event()
+        watcher = asyncio.get_running_loop().create_task(stop.wait())
+        watcher.add_done_callback(lambda _t: flag.set())
+        try:
+            return await asyncio.to_thread(follow, plan, state, metrics, record, flag,
+                                           announce)
+        finally:
+            watcher.cancel()

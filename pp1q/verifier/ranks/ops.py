@@ -1,0 +1,381 @@
+"""Rank ops: what rank 0 tells every verifier rank, and how the ranks vote (sans-IO).
+
+Ranks meet in *exchanges* (docs/operations.md, "Ranks"). In each, rank 0 broadcasts a
+batch of ops, at most one per slot, in an envelope of ENVELOPE_BYTES; a longer batch
+sends its tail in one overflow broadcast whose length the envelope declares (checked
+against the bound before a byte of it is received). Every rank checks every op against
+its replica of the committed state and votes; the op's decider adds its decision to
+its vote. Votes are summed across ranks, each rank filling only its own row, so the sum
+holds every rank's row, and every rank derives the same verdicts from it: an op commits
+on every rank when every rank voted yes, otherwise every rank discards it.
+
+This module turns ops into bytes and bytes into ops (``RemoteProtocolError`` for
+anything malformed) and votes into verdicts; pp1q.verifier.ranks.collective moves the bytes,
+pp1q.verifier.ranks.replica checks and applies the ops.
+
+Envelope head, 40 bytes LE: magic ``PP1QRANK``, version u16, op count u16, flags u32,
+exchange sequence u64, body length u32, overflow length u32, xxh3_64 of head bytes
+0..31 followed by the body. Body: per op a 52-byte head (``_OP``) and its payload:
+OPEN the prompt (int32 ids); ROUND the draft ids (int32), a row table (form, entries:
+u32 pairs) and the rows exactly as the worker sent them (dense FP32 q, or sparse int32
+ids then FP32 q); the other kinds nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.q import DyadicRow
+
+MAGIC = b"PP1QRANK"
+VERSION = 1
+ENVELOPE_BYTES = 16 * 1024  # gloo's broadcast costs the same from 128 B to ~64 KiB on
+# loopback; 16 KiB holds four sparse k=32 rounds, so overflow broadcasts are for dense rows
+MAX_PROMPT_TOKENS = 65536  # as the HTTP API (pp1q.verifier.api): bounds an OPEN payload
+MAX_BATCH_OPS = 64  # one op per slot, and the verifier has at most 64 slots
+VOTE_WORDS = 6  # vote, reason, accepted, token, committed length, committed digest
+
+_HEAD = struct.Struct("<8sHHIQIIQ")
+_OP = struct.Struct("<BBHHHHHIIIIQQII")
+_ROW = struct.Struct("<II")  # form, entries
+_CHECKED = _HEAD.size - 8  # the checksum covers the head up to itself, then the body
+HEAD_BYTES = _HEAD.size
+
+YES, NO = 1, 2  # vote words; 0 means a rank did not vote (desynchronised: never a yes)
+REASONS = tuple(Reason)  # vote reason words index this (same pp1q version on every rank)
+FLAG_STOP = 1  # envelope flag: the group stops after this exchange
+FLAG_GREEDY = 1  # op flag: OPEN of a greedy request; ROUND of a token-only proposal
+
+
+class OpKind(enum.IntEnum):
+    OPEN = 1  # a request takes the slot: prompt, seed, greedy
+    ROUND = 2  # verify a validated proposal: drafts and q rows; the decider decides
+    TARGET_ONLY = 3  # one target-only token (requested, or a fallback); the decider draws
+    INVALIDATE = 4  # the slot's generation is dead: no proposal of it is verified again
+    CLOSE = 5  # the request released the slot
+
+
+class Form(enum.IntEnum):
+    DENSE = 1  # as pp1q.wire.Form
+    SPARSE = 2
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds every rank checks before touching a payload (from the verifier's settings)."""
+
+    world: int
+    slots: int
+    depth: int
+    vocab: int
+    dense_len: int  # FP32 entries of a dense row (pp1q.wire.Limits.dense_len)
+    max_support: int
+
+    @property
+    def max_payload(self) -> int:
+        """The largest single op payload: a ROUND of dense rows, or a longest prompt."""
+        row = max(self.dense_len * 4, self.max_support * 8)
+        return max(self.depth * (4 + _ROW.size + row), MAX_PROMPT_TOKENS * 4)
+
+    @property
+    def max_body(self) -> int:
+        return self.slots * (_OP.size + self.max_payload)
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """One op. ``prefix_len``/``prefix_digest``: rank 0's committed state of the slot
+    before the op, which every rank compares with its own. Arrays decoded from bytes
+    are read-only views of the exchange buffer, valid until the next exchange."""
+
+    kind: OpKind
+    slot: int
+    generation: int = 0
+    round_id: int = 0
+    decider: int = 0
+    greedy: bool = False
+    seed: int = 0
+    prefix_len: int = 0
+    prefix_digest: int = 0
+    reason: Reason | None = None  # INVALIDATE: why
+    prompt: np.ndarray | None = None  # OPEN: int32 ids
+    drafts: np.ndarray | None = None  # ROUND: int32 ids
+    rows: tuple = ()  # ROUND sampled: (form, ids or None, q) per draft, wire bytes
+    q_rows: tuple[DyadicRow, ...] | None = None  # rank 0 only: the rows it validated
+
+    def payload_parts(self) -> list:
+        if self.kind is OpKind.OPEN:
+            return [_le(self.prompt, "<i4")]
+        if self.kind is not OpKind.ROUND:
+            return []
+        parts = [_le(self.drafts, "<i4")]
+        parts += [_ROW.pack(form, int(np.asarray(q).size)) for form, _ids, q in self.rows]
+        for form, ids, q in self.rows:
+            if form == Form.SPARSE:
+                parts.append(_le(ids, "<i4"))
+            parts.append(_le(q, "<f4"))
+        return parts
+
+
+def _le(arr, dtype: str) -> memoryview:
+    a = np.ascontiguousarray(arr, dtype=dtype)
+    return memoryview(a).cast("B")
+
+
+# ---------------------------------------------------------------------------
+# encoding (rank 0)
+
+
+def pack(seq: int, ops: list[Op], flags: int, envelope: np.ndarray,
+         overflow: np.ndarray) -> int:
+    """Write the batch into ``envelope`` (and ``overflow``); returns the overflow length."""
+    body = []
+    for op in ops:
+        parts = op.payload_parts()
+        n = sum(len(p) for p in parts)
+        n_rows = len(op.rows)
+        drafts = 0 if op.drafts is None else int(np.asarray(op.drafts).size)
+        reason = 0 if op.reason is None else REASONS.index(Reason(op.reason)) + 1
+        body.append(_OP.pack(op.kind, FLAG_GREEDY if op.greedy else 0, op.decider, drafts,
+                             n_rows, reason, 0, op.slot, op.generation, op.round_id,
+                             op.prefix_len, op.prefix_digest, op.seed, n, 0))
+        body += parts
+    body_len = sum(len(p) for p in body)
+    room = ENVELOPE_BYTES - _HEAD.size
+    over = max(0, body_len - room)
+    if over > overflow.size:
+        raise ValueError(f"batch of {body_len} bytes exceeds the exchange buffers")
+    h = xxhash.xxh3_64()
+    head = _HEAD.pack(MAGIC, VERSION, len(ops), flags, seq, body_len, over, 0)
+    h.update(head[:_CHECKED])
+    at, target, end = _HEAD.size, envelope, ENVELOPE_BYTES
+    for part in body:
+        mv = memoryview(part).cast("B")
+        h.update(mv)
+        while len(mv):
+            if at == end:  # the envelope is full: the rest goes to the overflow buffer
+                target, at, end = overflow, 0, over
+            n = min(len(mv), end - at)
+            target[at:at + n] = np.frombuffer(mv[:n], dtype=np.uint8)
+            at += n
+            mv = mv[n:]
+    envelope[:_HEAD.size] = np.frombuffer(
+        _HEAD.pack(MAGIC, VERSION, len(ops), flags, seq, body_len, over, h.intdigest()),
+        dtype=np.uint8)
+    return over
+
+
+# ---------------------------------------------------------------------------
+# decoding (every rank but 0)
+
+
+@dataclass(frozen=True)
+class Head:
+    n_ops: int
+    flags: int
+    seq: int
+    body_len: int
+    overflow_len: int
+    checksum: int
+
+
+def read_head(envelope: np.ndarray, limits: Limits) -> Head:
+    """The envelope's head, every length checked against ``limits`` before use."""
+    magic, version, n_ops, flags, seq, body_len, over, checksum = _HEAD.unpack_from(
+        envelope.data)
+    if magic != MAGIC:
+        raise RemoteProtocolError(Reason.BAD_MAGIC, "rank envelope magic")
+    if version != VERSION:
+        raise RemoteProtocolError(Reason.BAD_VERSION, f"rank envelope version {version}")
+    if flags & ~FLAG_STOP:
+        raise RemoteProtocolError(Reason.BAD_FLAGS, f"rank envelope flags {flags:#x}")
+    if n_ops > min(limits.slots, MAX_BATCH_OPS):
+        raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"{n_ops} ops in one exchange")
+    if body_len > limits.max_body:
+        raise RemoteProtocolError(Reason.FRAME_TOO_LARGE, f"rank body of {body_len} bytes")
+    if over != max(0, body_len - (ENVELOPE_BYTES - _HEAD.size)):
+        raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "rank overflow length")
+    return Head(n_ops, flags, seq, body_len, over, checksum)
+
+
+def body_of(head: Head, envelope: np.ndarray, overflow: np.ndarray) -> bytes:
+    """The whole body (one copy), its checksum verified."""
+    inline = envelope[_HEAD.size:_HEAD.size + head.body_len - head.overflow_len]
+    h = xxhash.xxh3_64(bytes(envelope[:_CHECKED]))
+    body = inline.tobytes() + overflow[:head.overflow_len].tobytes()
+    h.update(body)
+    if h.intdigest() != head.checksum:
+        raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "rank envelope checksum")
+    return body
+
+
+def decode(head: Head, body: bytes, limits: Limits) -> list[Op]:
+    ops, at, slots = [], 0, set()
+    for _ in range(head.n_ops):
+        if at + _OP.size > len(body):
+            raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "rank op head past the body")
+        (kind, flags, decider, n_drafts, n_rows, reason, pad0, slot, generation, round_id,
+         prefix_len, digest, seed, n, pad1) = _OP.unpack_from(body, at)
+        at += _OP.size
+        if pad0 or pad1 or flags & ~FLAG_GREEDY:
+            raise RemoteProtocolError(Reason.BAD_FLAGS, "rank op flags or padding")
+        try:
+            kind = OpKind(kind)
+        except ValueError:
+            raise RemoteProtocolError(Reason.UNKNOWN_MESSAGE_TYPE, f"rank op {kind}") from None
+        if slot >= limits.slots or slot in slots:
+            raise RemoteProtocolError(Reason.SLOT_OUT_OF_RANGE, f"rank op slot {slot}")
+        slots.add(slot)
+        if decider >= limits.world:
+            raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"decider {decider}")
+        if reason > len(REASONS) or (reason != 0) != (kind is OpKind.INVALIDATE):
+            raise RemoteProtocolError(Reason.MALFORMED_CONTROL, "rank op reason")
+        if n > limits.max_payload or at + n > len(body):
+            raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"rank op payload {n}")
+        payload = memoryview(body)[at:at + n]
+        at += n
+        op = Op(kind, slot, generation, round_id, decider, bool(flags & FLAG_GREEDY), seed,
+                prefix_len, digest, REASONS[reason - 1] if reason else None)
+        ops.append(_with_payload(op, n_drafts, n_rows, payload, limits))
+    if at != len(body):
+        raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "bytes after the last rank op")
+    return ops
+
+
+def _with_payload(op: Op, n_drafts: int, n_rows: int, payload: memoryview,
+                  limits: Limits) -> Op:
+    if op.kind is OpKind.OPEN:
+        if n_drafts or n_rows or not 1 <= op.prefix_len <= MAX_PROMPT_TOKENS \
+                or len(payload) != 4 * op.prefix_len:
+            raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "OPEN payload")
+        prompt = _ids(payload, op.prefix_len, limits.vocab)
+        return _replace(op, prompt=prompt)
+    if op.kind is not OpKind.ROUND:
+        if n_drafts or n_rows or len(payload):
+            raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"{op.kind.name} payload")
+        return op
+    if not 1 <= n_drafts <= limits.depth or n_rows != (0 if op.greedy else n_drafts):
+        raise RemoteProtocolError(Reason.DEPTH_TOO_LARGE, f"ROUND of {n_drafts} drafts")
+    drafts = _ids(payload, n_drafts, limits.vocab)
+    at = 4 * n_drafts
+    table_end = at + _ROW.size * n_rows
+    if table_end > len(payload):
+        raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "ROUND row table")
+    rows = []
+    for i in range(n_rows):
+        form, entries = _ROW.unpack_from(payload, at + i * _ROW.size)
+        if form == Form.DENSE and entries == limits.dense_len:
+            size = 4 * entries
+        elif form == Form.SPARSE and 1 <= entries <= limits.max_support:
+            size = 8 * entries
+        else:
+            raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"ROUND row {form}/{entries}")
+        if table_end + size > len(payload):
+            raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "ROUND row past the payload")
+        raw = payload[table_end:table_end + size]
+        table_end += size
+        if form == Form.SPARSE:
+            rows.append((Form.SPARSE, np.frombuffer(raw[:4 * entries], "<i4"),
+                         np.frombuffer(raw[4 * entries:], "<f4")))
+        else:
+            rows.append((Form.DENSE, None, np.frombuffer(raw, "<f4")))
+    if table_end != len(payload):
+        raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "bytes after the ROUND rows")
+    return _replace(op, drafts=drafts, rows=tuple(rows))
+
+
+def _ids(payload: memoryview, n: int, vocab: int) -> np.ndarray:
+    ids = np.frombuffer(payload[:4 * n], "<i4")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise RemoteProtocolError(Reason.ID_OUT_OF_RANGE, "token id outside the vocabulary")
+    return ids
+
+
+def _replace(op: Op, **fields) -> Op:
+    return dataclasses.replace(op, **fields)
+
+
+# ---------------------------------------------------------------------------
+# votes and verdicts (every rank, identically)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What every rank does with one op: commit (``ok``) or discard, and why not."""
+
+    ok: bool
+    accepted: int = 0
+    token: int = 0
+    length: int = 0  # committed prefix length after the op (ROUND / TARGET_ONLY)
+    digest: int = 0  # and its digest, as the decider computed it
+    reason: Reason | None = None
+    rank: int | None = None  # the first rank that refused
+
+
+def yes(accepted: int = 0, token: int = 0, length: int = 0, digest: int = 0) -> np.ndarray:
+    return np.array([YES, 0, accepted, token, length, _i64(digest)], dtype=np.int64)
+
+
+def no(reason: Reason) -> np.ndarray:
+    return np.array([NO, REASONS.index(Reason(reason)) + 1, 0, 0, 0, 0], dtype=np.int64)
+
+
+def presence(seq: int, rank: int) -> np.ndarray:
+    """Row 0 of every rank's votes: proves it is at the same exchange."""
+    return np.array([_i64(seq), rank + 1, 0, 0, 0, 0], dtype=np.int64)
+
+
+def _i64(u: int) -> int:
+    return u - (1 << 64) if u >= 1 << 63 else u
+
+
+def _u64(i: int) -> int:
+    return i + (1 << 64) if i < 0 else i
+
+
+def verdicts(ops: list[Op], votes: np.ndarray, seq: int, limits: Limits) -> list[Verdict]:
+    """``votes[rank, 0]``: presence rows; ``votes[rank, 1 + i]``: each rank's vote on op i.
+    Raises RemoteProtocolError when a rank is not at this exchange (the group is lost)."""
+    if votes.shape != (limits.world, 1 + len(ops), VOTE_WORDS):
+        raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"votes of shape {votes.shape}")
+    for r in range(limits.world):
+        if not np.array_equal(votes[r, 0], presence(seq, r)):
+            raise RemoteProtocolError(Reason.OUT_OF_ORDER, f"rank {r} is not at exchange {seq}")
+    out = []
+    for i, op in enumerate(ops):
+        rows = votes[:, 1 + i]
+        refusing = [r for r in range(limits.world) if rows[r, 0] != YES]
+        if refusing:
+            r = refusing[0]
+            code = int(rows[r, 1])
+            why = REASONS[code - 1] if rows[r, 0] == NO and 1 <= code <= len(REASONS) \
+                else Reason.OUT_OF_ORDER
+            out.append(Verdict(False, reason=why, rank=r))
+            continue
+        d = rows[op.decider]
+        out.append(_checked(op, int(d[2]), int(d[3]), int(d[4]), _u64(int(d[5])), limits))
+    return out
+
+
+def _checked(op: Op, accepted: int, token: int, length: int, digest: int,
+             limits: Limits) -> Verdict:
+    """The decider's decision, checked by every rank the same way before anyone commits."""
+    if op.kind is OpKind.ROUND:
+        drafts = int(np.asarray(op.drafts).size)
+        fine = 0 <= accepted <= drafts and length == op.prefix_len + accepted + 1
+    elif op.kind is OpKind.TARGET_ONLY:
+        fine = accepted == 0 and length == op.prefix_len + 1
+    else:
+        return Verdict(True)
+    if not fine:
+        return Verdict(False, reason=Reason.BAD_POSITION, rank=op.decider)
+    if not 0 <= token < limits.vocab:
+        return Verdict(False, reason=Reason.ID_OUT_OF_RANGE, rank=op.decider)
+    return Verdict(True, accepted, token, length, digest)

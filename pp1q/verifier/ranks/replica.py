@@ -1,0 +1,152 @@
+"""One verifier rank's replica of the committed state, and the decisions it owns.
+
+Every rank, rank 0 included, holds the same replica: per open slot the request's seed,
+greedy flag, committed prefix (with its running digest) and the newest invalidated
+generation. ``vote(op)`` checks an op against it (rank 0's prefix length and digest in
+the op must equal this rank's: the per-round agreement check) and, on the op's
+decider, decides: target rows from the committed prefix, then the same pure decision
+functions as one process (pp1q.verifier.rounds) with the same keys. ``apply(op,
+verdict)`` commits exactly the verdict every rank derived from the summed votes, or
+nothing. Nothing here blocks on another rank or knows about torch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pp1q.core.errors import Pp1qError, Reason
+from pp1q.core.prefix import Prefix
+from pp1q.core.q import parse_dense, parse_sparse
+from pp1q.core.verify import RoundKeys
+from pp1q.models.toy import TargetModel
+from pp1q.verifier import rounds
+from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind, Verdict, no, yes
+
+
+@dataclass
+class SlotReplica:
+    seed: int
+    greedy: bool
+    prefix: Prefix
+    invalid_through: int = 0  # no proposal of a generation <= this is verified again
+
+
+class RankState:
+    def __init__(self, rank: int, limits: Limits, target: TargetModel,
+                 target_delay_s: float = 0.0) -> None:
+        self.rank, self.limits, self.target = rank, limits, target
+        self.target_delay_s = target_delay_s
+        self.slots: dict[int, SlotReplica] = {}
+        self.decided = 0  # decisions this rank made (a metric)
+        self.invalidations = 0  # generations invalidated here (a metric)
+        # decider buffers, sized once: target rows for depth + 1 positions per slot
+        self._p = np.empty((limits.slots, limits.depth + 1, limits.vocab), dtype=np.float64)
+
+    # -- voting --------------------------------------------------------------------
+
+    def votes(self, ops: list[Op]) -> list[np.ndarray]:
+        """This rank's vote on each op of an exchange, in order."""
+        mine = [op for op in ops if op.decider == self.rank
+                and op.kind in (OpKind.ROUND, OpKind.TARGET_ONLY)]
+        if mine and self.target_delay_s:
+            # simulated forward pass (demo): one per exchange, over every row this rank
+            # decides, as a batched target forward would be
+            time.sleep(self.target_delay_s)
+        return [self.vote(op) for op in ops]
+
+    def vote(self, op: Op) -> np.ndarray:
+        refusal = self._check(op)
+        if refusal is not None:
+            return no(refusal)
+        if op.decider != self.rank or op.kind not in (OpKind.ROUND, OpKind.TARGET_ONLY):
+            return yes()
+        try:
+            out = self._decide(op)
+        except Pp1qError as e:  # a row or draft rank 0 should never have passed on
+            return no(e.reason)
+        self.decided += 1
+        tokens = self.committed_tokens(op, out.accepted, out.token)
+        after = self.slots[op.slot].prefix.copy()
+        after.extend(tokens)
+        return yes(out.accepted, out.token, len(after), after.digest)
+
+    def _check(self, op: Op) -> Reason | None:
+        s = self.slots.get(op.slot)
+        if op.kind is OpKind.CLOSE:
+            return None  # always: a request may end at any point, even one never opened
+        if op.kind is OpKind.OPEN:
+            if s is not None:
+                return Reason.STATE_NOT_ALLOWED  # a CLOSE was missed: desynchronised
+            if Prefix(op.prompt).digest != op.prefix_digest:
+                return Reason.CHECKSUM_MISMATCH
+            return None
+        if s is None:
+            return Reason.STATE_NOT_ALLOWED
+        if len(s.prefix) != op.prefix_len or s.prefix.digest != op.prefix_digest:
+            return Reason.CHECKSUM_MISMATCH  # this rank committed something else
+        if op.kind is OpKind.ROUND and op.generation <= s.invalid_through:
+            return Reason.STALE_GENERATION
+        return None
+
+    def _decide(self, op: Op) -> rounds.Outcome:
+        s = self.slots[op.slot]
+        if op.kind is OpKind.TARGET_ONLY:
+            p = self._rows(op.slot, s, [])
+            return rounds.target_only(p[0], s.seed, op.generation, op.round_id,
+                                      len(s.prefix), s.greedy)
+        drafts = [int(t) for t in op.drafts]
+        p = self._rows(op.slot, s, drafts, logits=op.greedy)
+        if op.greedy:
+            return rounds.greedy(p, drafts)
+        q_rows = op.q_rows if op.q_rows is not None else self._parse_rows(op)
+        keys = RoundKeys(s.seed, op.generation, op.round_id, len(s.prefix))
+        return self.decide_sampled(p, q_rows, drafts, keys)
+
+    def decide_sampled(self, p, q_rows, drafts, keys: RoundKeys) -> rounds.Outcome:
+        """Standard verification (a planted-bug test overrides this, nothing else does)."""
+        return rounds.sampled(p, q_rows, drafts, keys)
+
+    def _parse_rows(self, op: Op) -> list:
+        vocab = self.limits.vocab
+        return [parse_sparse(ids, q, vocab) if form == Form.SPARSE else parse_dense(q, vocab)
+                for form, ids, q in op.rows]
+
+    def _rows(self, slot: int, s: SlotReplica, drafts: list[int],
+              logits: bool = False) -> np.ndarray:
+        out = self._p[slot, : len(drafts) + 1]
+        if logits or s.greedy:
+            out[:] = self.target.logits(s.prefix.tokens, drafts)  # argmax needs no softmax
+            return out
+        return self.target.probs(s.prefix.tokens, drafts, out=out)
+
+    # -- committing ----------------------------------------------------------------
+
+    @staticmethod
+    def committed_tokens(op: Op, accepted: int, token: int) -> list[int]:
+        """What a ROUND or TARGET_ONLY verdict appends to the prefix."""
+        if op.kind is OpKind.ROUND:
+            return [int(t) for t in op.drafts[:accepted]] + [token]
+        return [token]
+
+    def apply(self, op: Op, v: Verdict) -> bool:
+        """Commit ``v`` (every rank derived the same one), or nothing when it refuses.
+        False when this rank's result differs from the decider's (it then refuses every
+        later op of the slot, so the disagreement surfaces at once)."""
+        if not v.ok:
+            return True
+        if op.kind is OpKind.OPEN:
+            self.slots[op.slot] = SlotReplica(op.seed, op.greedy, Prefix(op.prompt))
+        elif op.kind is OpKind.CLOSE:
+            self.slots.pop(op.slot, None)
+        elif op.kind is OpKind.INVALIDATE:
+            s = self.slots[op.slot]
+            s.invalid_through = max(s.invalid_through, op.generation)
+            self.invalidations += 1
+        else:
+            prefix = self.slots[op.slot].prefix
+            prefix.extend(self.committed_tokens(op, v.accepted, v.token))
+            return len(prefix) == v.length and prefix.digest == v.digest
+        return True

@@ -1,0 +1,50 @@
+"""Wire v2 configuration of the daemons: the HELLO identity and the offered limits.
+
+Both ends build the identity from the toy model spec (vocabulary and model seed), so a
+worker and a verifier started with different ``--vocab`` or ``--model-seed`` refuse each
+other at HELLO (``Reason.WRONG_IDENTITY``) before any buffer is sized.
+"""
+
+from __future__ import annotations
+
+from pp1q.core.q import SEMANTIC_ID
+from pp1q.core.rng import RNG_ABI_ID
+from pp1q.models.toy import ToySpec, vocab_map_id
+from pp1q.wire import Identity, Limits, WireConfig
+
+VERIFIER_ID = "pp1q-standard-v1"  # ratio test + full-vocabulary residual, docs/distribution.md
+PRECISION = "fp32-le"  # q values travel as little-endian IEEE-754 binary32
+WORKER_MAX_SLOTS = 64  # the worker's offer; the verifier's smaller need wins at HELLO
+WORKER_MAX_DEPTH = 16  # ditto; the design fixes depth 5
+DEFAULT_MAX_SUPPORT = 256  # sparse top-k bound offered by both ends (the seed's k=256 screen)
+
+
+def identity(spec: ToySpec) -> Identity:
+    return Identity(q_semantic_id=SEMANTIC_ID, verifier_id=VERIFIER_ID, vocab=spec.vocab,
+                    id_map_hash=vocab_map_id(spec.vocab), draft_id=spec.draft_identity,
+                    draft_adapted=False, target_id=spec.target_identity, rng_abi=RNG_ABI_ID,
+                    precision=PRECISION)
+
+
+def parse_versions(text: str) -> tuple[int, ...]:
+    try:
+        versions = tuple(int(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"wire versions {text!r}: need a list like 2,1") from None
+    if not versions or any(v not in (1, 2) for v in versions):
+        raise ValueError(f"wire versions {text!r}: known versions are 1 and 2")
+    return versions
+
+
+def worker_config(spec: ToySpec, versions: tuple[int, ...], max_support: int) -> WireConfig:
+    limits = Limits.make(vocab=spec.vocab, max_slots=WORKER_MAX_SLOTS,
+                         max_depth=WORKER_MAX_DEPTH, max_support=min(max_support, spec.vocab),
+                         max_inflight=WORKER_MAX_SLOTS)
+    return WireConfig(identity=identity(spec), limits=limits, versions=versions)
+
+
+def verifier_config(spec: ToySpec, versions: tuple[int, ...], slots: int, depth: int,
+                    max_support: int) -> WireConfig:
+    limits = Limits.make(vocab=spec.vocab, max_slots=slots, max_depth=depth,
+                         max_support=min(max_support, spec.vocab), max_inflight=slots)
+    return WireConfig(identity=identity(spec), limits=limits, versions=versions)

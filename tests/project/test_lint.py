@@ -1,0 +1,30 @@
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ruff_clean():
+    if shutil.which("ruff") is None:
+        pytest.fail("ruff is a test dependency: install with scripts/install.sh test")
+    out = subprocess.run(["ruff", "check", str(ROOT)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_no_pickle_anywhere():
+    offenders = [p for p in (ROOT / "pp1q").rglob("*.py") if "import pickle" in p.read_text()]
+    offenders += [p for p in (ROOT / "kernels").rglob("*.py") if "import pickle" in p.read_text()]
+    assert offenders == []
+
+
+def test_kernels_ship_as_pp1q_kernels_not_kernels():
+    import pp1q_kernels
+
+    assert Path(pp1q_kernels.__file__).resolve().parent == ROOT / "kernels"
+    probe = "import importlib.util as u; s = u.find_spec('kernels'); print(s and s.origin)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd="/")
+    assert str(ROOT / "kernels") not in out.stdout

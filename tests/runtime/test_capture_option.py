@@ -1,0 +1,102 @@
+"""``--capture FILE`` on the real daemons (child processes): the files they write replay
+through ``pp1q replay --reverify`` with no divergence, and every commit is decided again
+from the captured context (the verifier records its context channel itself)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from daemon_harness import REPLY, Fault, FaultProxy, Pair, value
+
+from pp1q.runtime.launcher import daemon_env, pp1q_command
+
+pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
+
+REQUESTS = [  # (prompt, max_tokens, options): sparse and dense sampled, greedy
+    ([1, 2, 3], 12, {"seed": 7}),
+    ([4, 5], 10, {"seed": 8, "top_k": None, "draft_temperature": 0.8}),
+    ([6, 7, 8], 8, {"seed": 9, "temperature": 0.0}),
+]
+REPLAY_TIMEOUT_S = 60.0  # a few hundred frames: well under a second of work
+
+
+def _replay(path, *extra) -> tuple[int, str]:
+    proc = subprocess.run(pp1q_command("replay", str(path), *extra), capture_output=True,
+                          text=True, timeout=REPLAY_TIMEOUT_S, env=daemon_env())
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _run(tmp_path, proxy=None, verifier_args=()) -> tuple[float, float]:
+    """Both daemons with --capture; returns (verified rounds, fallbacks) from /metrics."""
+    pair = Pair(tmp_path, vocab=64, proxy=proxy,
+                worker_args=["--capture", str(tmp_path / "worker.pp1qcap")],
+                verifier_args=["--capture", str(tmp_path / "verifier.pp1qcap"),
+                               *verifier_args])
+    try:
+        client = pair.client()
+        for prompt, n, options in REQUESTS:
+            assert len(client.generate(prompt, n, **options)["token_ids"]) == n
+        client.close()
+        m = pair.metrics("verifier")
+    finally:
+        pair.close()  # SIGTERM: each daemon closes its capture
+    verified = (value(m, "pp1q_rounds_total", kind="speculative")
+                + value(m, "pp1q_rounds_total", kind="greedy"))
+    return verified, sum(v for (name, _), v in m.items() if name == "pp1q_fallbacks_total")
+
+
+def test_captures_of_both_daemons_replay_without_divergence(tmp_path):
+    verified, fallbacks = _run(tmp_path)
+    assert verified >= len(REQUESTS) and fallbacks == 0
+    for side in ("worker", "verifier"):
+        path = tmp_path / f"{side}.pp1qcap"
+        rc, out = _replay(path, "--reverify", "--json")
+        assert rc == 0, out
+        report = json.loads(out)
+        assert report["ok"] and not report["divergences"] and not report["failures"], side
+        assert len(report["commits"]) == verified, side  # one COMMIT per verified round
+        assert report["rechecked"] == verified and report["not_rechecked"] == 0, side
+        rc, text = _replay(path)  # the analyser reads it too
+        assert rc == 0 and "SET_CONTEXT" in text and "COMMIT" in text, text[-2000:]
+
+
+def test_capture_of_ranked_verifier_redecides_every_commit_alike(tmp_path):
+    """Two verifier ranks: rank 0 records; rounds decided by rank 1 are decided again
+    here by one process from the captured q and must give the captured COMMITs."""
+    verified, fallbacks = _run(tmp_path, verifier_args=["--ranks", "2", "--slots", "2"])
+    assert verified >= len(REQUESTS) and fallbacks == 0
+    rc, out = _replay(tmp_path / "verifier.pp1qcap", "--reverify", "--json")
+    assert rc == 0, out
+    report = json.loads(out)
+    assert report["ok"] and report["rechecked"] == len(report["commits"]) == verified
+    # freed slots queue at the back: the three requests ran on slots 0, 1, 0, so both
+    # ranks decided some of the replayed rounds
+    assert {c["slot"] for c in report["commits"]} == {0, 1}
+
+
+def test_capture_of_a_corrupted_reply_replays_as_the_same_fallback(tmp_path):
+    fault = Fault("corrupt", REPLY, nth=1, offset=0)
+    verified, fallbacks = _run(tmp_path, FaultProxy(fault))
+    assert fault.fired.is_set() and fallbacks == 1
+    rc, out = _replay(tmp_path / "verifier.pp1qcap", "--reverify", "--json")
+    assert rc == 0, out
+    report = json.loads(out)
+    assert report["ok"] and not report["divergences"]
+    assert [f["reason"] for f in report["failures"]] == ["checksum_mismatch"]
+    assert len(report["commits"]) == report["rechecked"] == verified
+    # the worker sent the frame intact (the proxy flipped the bit): its capture shows
+    # the verifier's RESET of a proposal that validated there, still no divergence
+    rc, out = _replay(tmp_path / "worker.pp1qcap", "--verify", "--json")
+    assert rc == 0, out
+    assert not json.loads(out)["failures"]
+
+
+def test_unwritable_capture_path_is_a_settings_error(tmp_path):
+    proc = subprocess.run(pp1q_command("worker", "--listen", "127.0.0.1:0", "--vocab", "16",
+                                       "--capture", str(tmp_path / "no" / "such" / "x")),
+                          capture_output=True, text=True, timeout=REPLAY_TIMEOUT_S,
+                          env=daemon_env())
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot create capture" in proc.stderr

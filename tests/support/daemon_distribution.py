@@ -1,0 +1,54 @@
+"""The daemon-level distribution experiment shared by the distribution, ranks, chaos
+matrix and chaos CLI tests: vocabulary 16, prompt [3, 7], three new tokens, exact
+per-position marginals under the toy target, and the chi-square judge (stats.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+from daemon_harness import Pair
+from stats import chi_square
+
+from pp1q.models.toy import ToySpec, ToyTarget
+
+VOCAB = 16
+PROMPT = [3, 7]
+NEW_TOKENS = 3
+N = 1000  # requests per arm (bounded default run)
+N_SLOW = 6000  # --runslow
+
+
+def exact_marginals() -> np.ndarray:
+    """[NEW_TOKENS, VOCAB]: marginal of each generated position under the target."""
+    target = ToyTarget(ToySpec(vocab=VOCAB, seed=0))
+    out = np.zeros((NEW_TOKENS, VOCAB))
+    joint = {(): 1.0}
+    for pos in range(NEW_TOKENS):
+        nxt = {}
+        for prefix, w in joint.items():
+            p = target.probs(PROMPT + list(prefix), [])[0]
+            out[pos] += w * p
+            if pos + 1 < NEW_TOKENS:
+                for x in range(VOCAB):
+                    nxt[prefix + (x,)] = w * p[x]
+        joint = nxt
+    return out
+
+
+def counts(answers: list[dict]) -> np.ndarray:
+    c = np.zeros((NEW_TOKENS, VOCAB), dtype=np.int64)
+    for a in answers:
+        assert len(a["token_ids"]) == NEW_TOKENS
+        for pos, t in enumerate(a["token_ids"]):
+            c[pos, t] += 1
+    return c
+
+
+def run_arm(pair: Pair, n: int, speculative: bool, first_seed: int) -> list[dict]:
+    bodies = [{"prompt": PROMPT, "max_tokens": NEW_TOKENS, "seed": first_seed + i,
+               "speculative": speculative, "top_k": None} for i in range(n)]
+    return pair.generate_many(bodies)
+
+
+def worst_position(c: np.ndarray, exact: np.ndarray):
+    results = [chi_square(c[pos], exact[pos]) for pos in range(NEW_TOKENS)]
+    return max(results, key=lambda r: r.stat / r.threshold), results

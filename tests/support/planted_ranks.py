@@ -1,0 +1,50 @@
+"""A ranked verifier with a planted bug, used only by tests/verifier/ranks/test_ranks_failures.py.
+
+The bug, a real one in the wild (vLLM #17498): tensor-parallel ranks each sample with
+their own noise and keep what they drew, so they accept different tokens. Here every
+rank but the op's decider commits its own decision (the request seed salted with the
+rank) instead of the one every rank voted on. The per-round agreement check must catch
+it: the next op of that slot finds the committed prefixes differ, every rank discards
+it, and the request fails with ``rank_disagreement``. Run exactly like
+``pp1q verifier`` (same options); it spawns its ranks as itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+from pp1q.cli import verifier as verifier_command
+from pp1q.cli._daemon import run_daemon
+from pp1q.verifier.daemon import serve
+from pp1q.verifier.ranks.ops import OpKind, Verdict
+from pp1q.verifier.ranks.replica import RankState
+
+SALT = 0x5EED_5EED  # the rank's "own noise"
+
+
+class IndependentSampler(RankState):
+    def apply(self, op, v):
+        if v.ok and op.kind in (OpKind.ROUND, OpKind.TARGET_ONLY) and self.rank != op.decider:
+            s = self.slots[op.slot]
+            seed, s.seed = s.seed, s.seed ^ (SALT * (self.rank + 1))
+            try:
+                own = self._decide(op)
+            finally:
+                s.seed = seed
+            v = Verdict(True, own.accepted, own.token, v.length, v.digest)
+        return super().apply(op, v)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="planted_ranks")
+    verifier_command.add_arguments(parser)
+    args = parser.parse_args()
+    planted = functools.partial(serve, state_cls=IndependentSampler,
+                                child_command=[sys.executable, __file__])
+    return run_daemon(args, "verifier", verifier_command.SETTINGS, planted)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Shared helpers for the wire tests: configs, endpoint pairs, chunked feeding."""
+
+from __future__ import annotations
+
+import numpy as np
+from wire_vectors import IDENTITY, LIMITS, VOCAB
+
+from pp1q.core.q import build_row, sample
+from pp1q.core.rng import proposal_u24
+from pp1q.wire import Form, Step, VerifierEndpoint, WireConfig, WorkerEndpoint, reply_from_row
+
+SESSION = 77
+
+
+def config(versions=(1, 2), identity=IDENTITY, limits=LIMITS) -> WireConfig:
+    return WireConfig(identity=identity, limits=limits, versions=versions)
+
+
+def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0):
+    """A verifier and a worker that completed HELLO, wired in memory."""
+    v = VerifierEndpoint(config(versions), session=SESSION, step_timeout=step_timeout)
+    w = WorkerEndpoint(config(worker_versions or versions))
+    w.receive_data(v.hello(), 0.0)
+    v.receive_data(w.data_to_send(), 0.0)
+    return v, w
+
+
+def step(slot=0, generation=1, round_id=1, anchor=9, depth=3, temperature=0.8, top_k=0,
+         **kw) -> Step:
+    fields = dict(session=SESSION, slot=slot, generation=generation, round_id=round_id,
+                  anchor=anchor, first_position=anchor + 1, prefix_digest=0, depth=depth,
+                  temperature=temperature, top_k=top_k, context_version=0, seed=11)
+    fields.update(kw)
+    return Step(**fields)
+
+
+def rows_for(st: Step, seed=0):
+    """(token, row, form) per position, drawn as the worker leader would."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(st.depth):
+        if st.temperature == 0:
+            out.append((int(rng.integers(VOCAB)), None, Form.TOKEN_ONLY))
+            continue
+        row = build_row(rng.normal(size=VOCAB), temperature=st.temperature,
+                        top_k=st.top_k or None)
+        u = proposal_u24(st.seed, st.generation, st.round_id, st.first_position + i)
+        out.append((sample(row, u), row, Form.SPARSE if st.top_k else Form.DENSE))
+    return out
+
+
+def replies_for(st: Step, seed=0):
+    return [
+        reply_from_row(session=st.session, slot=st.slot, generation=st.generation,
+                       round_id=st.round_id, index=i + 1, position=st.first_position + i,
+                       token=tok, row=row, form=form, dense_len=LIMITS.dense_len)
+        for i, (tok, row, form) in enumerate(rows_for(st, seed))
+    ]
+
+
+def worker_frames(w: WorkerEndpoint, st: Step, seed=0) -> bytes:
+    """Everything the worker sends for one step: REPLY 1..depth then COMPLETION."""
+    data = b"".join(w.send(r) for r in replies_for(st, seed))
+    return data + w.send(w.completion(st.slot))
+
+
+def splits(data: bytes, rng: np.random.Generator):
+    """``data`` cut at random points (some empty chunks included)."""
+    cuts = np.sort(rng.integers(0, len(data) + 1, size=rng.integers(0, 12)))
+    edges = [0, *cuts.tolist(), len(data)]
+    return [data[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def feed_all(decoder, chunks) -> list:
+    out = []
+    for c in chunks:
+        out += decoder.feed(c)
+    return out
+
+
+def forge(mtype: int, control: bytes, payload: bytes = b"", *, magic=b"PP1Q", version=2,
+          flags=0, control_len=None, payload_len=None, payload_sum=None) -> bytes:
+    """A frame with arbitrary fields but correct checksums (unless overridden)."""
+    import struct
+
+    import xxhash
+
+    head = struct.pack(
+        "<4sBBHIIQ", magic, version, mtype, flags,
+        len(control) if control_len is None else control_len,
+        len(payload) if payload_len is None else payload_len,
+        xxhash.xxh3_64_intdigest(payload) if payload_sum is None else payload_sum,
+    )
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head + control)) + control + payload
+
+
+def control_of(frame: bytes) -> bytes:
+    import struct
+
+    n = struct.unpack_from("<I", frame, 8)[0]
+    return frame[32:32 + n]
+
+
+def payload_of(frame: bytes) -> bytes:
+    import struct
+
+    n = struct.unpack_from("<I", frame, 8)[0]
+    return frame[32 + n:]

@@ -1,0 +1,82 @@
+"""Both daemons as real processes: speculative output is distributed exactly as the target.
+
+Vocabulary 16, the "far" toy drafter (about 60% of first drafts rejected, so corrections
+matter), prompt [3, 7], 3 new tokens per request, request seeds 1..N. Each of the three
+positions' marginals is compared with its exact value under the target (summed over all
+earlier tokens) by a chi-square test at alpha = 1e-6 (tests/support/stats.py conventions); the
+speculative and target-only samples are also compared with each other. The same check
+must reject a verifier with a planted bug (tests/support/planted_verifier.py: corrections drawn
+from p instead of the residual); with N = 1000 its expected chi-square at position 1 is
+about 120 against a threshold near 50 (power ~1).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from daemon_distribution import (
+    N_SLOW,
+    NEW_TOKENS,
+    VOCAB,
+    N,
+    counts,
+    exact_marginals,
+    run_arm,
+    worst_position,
+)
+from daemon_harness import Pair, planted_verifier_command
+from scipy import stats
+from stats import ALPHA
+
+pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
+
+def _distribution_run(tmp_path, n):
+    exact = exact_marginals()
+    pair = Pair(tmp_path, vocab=VOCAB, preset="far")
+    try:
+        spec = run_arm(pair, n, True, 1)
+        base = run_arm(pair, n, False, 1)
+    finally:
+        pair.close()
+    drafted = sum(a["stats"]["drafted"] for a in spec)
+    accepted = sum(a["stats"]["accepted"] for a in spec)
+    assert drafted > 0 and 0 < accepted < drafted  # corrections really happened
+    assert all(not any(a["stats"]["fallbacks"].values()) for a in spec)
+    c_spec, c_base = counts(spec), counts(base)
+    worst, results = worst_position(c_spec, exact)
+    assert not worst.rejected, f"speculative vs exact: {[str(r) for r in results]}"
+    worst, results = worst_position(c_base, exact)
+    assert not worst.rejected, f"target-only vs exact: {[str(r) for r in results]}"
+    for pos in range(NEW_TOKENS):  # two-sample: speculative vs target-only
+        table = np.stack([c_spec[pos], c_base[pos]])
+        table = table[:, table.sum(axis=0) > 0]
+        p_value = stats.chi2_contingency(table)[1]
+        assert p_value > ALPHA, f"position {pos + 1}: speculative != target-only, p={p_value}"
+
+
+def test_speculative_equals_target_in_distribution(tmp_path):
+    _distribution_run(tmp_path, N)
+
+
+@pytest.mark.slow
+def test_speculative_equals_target_in_distribution_long(tmp_path):
+    _distribution_run(tmp_path, N_SLOW)
+
+
+def test_planted_bug_verifier_is_rejected(tmp_path):
+    exact = exact_marginals()
+    pair = Pair(tmp_path, vocab=VOCAB, preset="far", verifier_cmd=planted_verifier_command())
+    try:
+        spec = run_arm(pair, N, True, 1)
+    finally:
+        pair.close()
+    worst, results = worst_position(counts(spec), exact)
+    assert worst.rejected, f"planted bug not caught: {[str(r) for r in results]}"
+
+
+def test_exact_marginals_sum_to_one():
+    m = exact_marginals()
+    assert np.allclose(m.sum(axis=1), 1.0)
+    assert len(list(itertools.product(range(VOCAB), repeat=2))) == VOCAB**2

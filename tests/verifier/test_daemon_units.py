@@ -1,0 +1,137 @@
+"""In-process pieces of the daemons: settings, prefixes, context channel, worker state,
+greedy decisions, failure classification, the accepted-length expectation."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from pp1q.cli import verifier as verifier_cmd
+from pp1q.cli import worker as worker_cmd
+from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.prefix import Prefix, digest_of
+from pp1q.models.toy import toy_pair
+from pp1q.runtime.config import ConfigError, parse_hostport, resolve
+from pp1q.runtime.metrics import FallbackCause
+from pp1q.tools.theory import expected_accepted
+from pp1q.verifier import rounds
+from pp1q.verifier.link import classify
+from pp1q.wire import context_channel as cc
+from pp1q.wire.events import ProposalFailed
+from pp1q.worker.state import StateRefusedError, WorkerState
+
+
+def _args(parser_fn, argv):
+    p = argparse.ArgumentParser()
+    parser_fn(p)
+    return p.parse_args(argv)
+
+
+def test_settings_precedence_and_refusals(tmp_path):
+    cfg = tmp_path / "pp1q.toml"
+    cfg.write_text('vocab = 64\nmodel_seed = 3\n[verifier]\nhttp = "127.0.0.1:9000"\n'
+                   'watchdog_ms = 700\n[worker]\nlisten = "127.0.0.1:9001"\n')
+    args = _args(verifier_cmd.add_arguments, ["--config", str(cfg), "--watchdog-ms", "900"])
+    s = resolve(args, "verifier", verifier_cmd.SETTINGS)
+    assert (s["vocab"], s["model_seed"], s["http"], s["watchdog_ms"]) == (
+        64, 3, "127.0.0.1:9000", 900)  # option > [verifier] > top level > default
+    assert s["slots"] == 4 and s["depth"] == 5
+    w = resolve(_args(worker_cmd.add_arguments, ["--config", str(cfg)]), "worker",
+                worker_cmd.SETTINGS)
+    assert (w["listen"], w["vocab"]) == ("127.0.0.1:9001", 64)
+    for text, needle in [("[verifier]\nbogus = 1\n", "unknown key"),
+                         ("vocab = 'many'\n", "vocab must be int"),
+                         ("vocab = \n", "config")]:
+        cfg.write_text(text)
+        with pytest.raises(ConfigError, match=needle):
+            resolve(_args(verifier_cmd.add_arguments, ["--config", str(cfg)]), "verifier",
+                    verifier_cmd.SETTINGS)
+    assert parse_hostport("[::1]:80") == ("::1", 80)
+    with pytest.raises(ConfigError):
+        parse_hostport("localhost")
+
+
+def test_prefix_digest_is_incremental_and_order_sensitive():
+    p = Prefix([1, 2])
+    p.extend([3])
+    assert p.digest == digest_of([1, 2, 3]) != digest_of([1, 3, 2])
+    assert p.last_position == 2 and len(p.copy()) == 3
+
+
+def test_context_channel_round_trip_chunked_and_bounded():
+    msg = cc.SetContext(session=5, slot=1, generation=2, tokens=[1, 2, 3],
+                        digest=digest_of([1, 2, 3]))
+    data = cc.PREAMBLE + cc.encode(msg) + cc.encode(cc.ContextAck(5, 1, 2, 3, 9))
+    dec = cc.ContextDecoder(expect_preamble=True)
+    out = [m for i in range(len(data)) for m in dec.feed(data[i:i + 1])]
+    assert out[0] == msg and isinstance(out[1], cc.ContextAck)
+    with pytest.raises(RemoteProtocolError) as e:
+        cc.ContextDecoder().feed((cc.MAX_FRAME_BYTES + 1).to_bytes(4, "little"))
+    assert e.value.reason is Reason.FRAME_TOO_LARGE
+    with pytest.raises(RemoteProtocolError) as e:
+        cc.ContextDecoder(expect_preamble=True).feed(b"PP1Q\x02\x00\x00\x00")
+    assert e.value.reason is Reason.BAD_MAGIC
+    with pytest.raises(RemoteProtocolError) as e:
+        cc.ContextDecoder().feed(b"\x03\x00\x00\x00abc")
+    assert e.value.reason is Reason.MALFORMED_CONTROL
+
+
+def test_worker_state_follows_context_commit_reset():
+    st = WorkerState()
+    with pytest.raises(StateRefusedError):  # no session yet
+        st.set_context(1, 0, 1, [5, 6], digest_of([5, 6]))
+    st.open_session(1)
+    with pytest.raises(StateRefusedError) as e:
+        st.set_context(1, 0, 1, [5, 6], digest=123)
+    assert e.value.reason is Reason.CHECKSUM_MISMATCH
+    st.set_context(1, 0, 1, [5, 6], digest_of([5, 6]))
+    prefix = st.prefix_for_step(1, 0, 1, anchor=1, digest=digest_of([5, 6]))
+    assert prefix.tokens == [5, 6]
+    with pytest.raises(StateRefusedError) as e:
+        st.prefix_for_step(1, 0, 1, anchor=2, digest=digest_of([5, 6]))
+    assert e.value.reason is Reason.BAD_POSITION
+    st.drafted(1, 0, 1, round_id=1, drafts=[7, 8, 9])
+    st.commit(1, 0, 1, round_id=1, accepted=2, token=4, committed=4)
+    assert st.prefix_for_step(1, 0, 1, 4, digest_of([5, 6, 7, 8, 4])).tokens == [5, 6, 7, 8, 4]
+    with pytest.raises(StateRefusedError) as e:  # an older generation never comes back
+        st.set_context(1, 0, 1, [5], digest_of([5]))
+    assert e.value.reason is Reason.STALE_GENERATION
+    st.set_context(1, 0, 3, [9], digest_of([9]))
+    st.reset(1, 0, 2)  # an older RESET arriving late leaves the newer context alone
+    assert st.slots_held() == 1
+    st.reset(1, 0, 3)
+    assert st.slots_held() == 0
+    st.set_context(1, 1, 1, [9], digest_of([9]))
+    st.close_session(1)
+    assert st.slots_held() == 0
+
+
+def test_greedy_round_accepts_the_matching_prefix():
+    rows = np.array([[0, 5, 1], [9, 0, 0], [0, 0, 3], [1, 2, 0]], dtype=float)
+    assert rounds.greedy(rows, [1, 0, 1]) == rounds.Outcome(2, 2)  # third draft != argmax 2
+    assert rounds.greedy(rows, [1, 0, 2]) == rounds.Outcome(3, 1)  # all accepted: bonus
+
+
+@pytest.mark.parametrize("reason, detail, by_peer, cause", [
+    (Reason.STEP_TIMEOUT, "deadline", False, FallbackCause.WATCHDOG_TIMEOUT),
+    (Reason.CONNECTION_LOST, "", False, FallbackCause.CONNECTION_LOST),
+    (Reason.WORKER_ABORTED, "", False, FallbackCause.WORKER_REFUSED),
+    (Reason.STALE_GENERATION, "generation 3", True, FallbackCause.WORKER_REFUSED),
+    (Reason.STALE_GENERATION, "peer: looks refused", False, FallbackCause.INVALID_REPLY),
+    (Reason.CHECKSUM_MISMATCH, "REPLY payload", False, FallbackCause.INVALID_REPLY),
+    (Reason.MISSING_Q, "sampled step answered without q", False, FallbackCause.INVALID_REPLY),
+])
+def test_failures_map_to_fallback_causes(reason, detail, by_peer, cause):
+    """The cause comes from the event's flag, never from its free-text detail."""
+    assert classify(ProposalFailed(0, 1, 1, reason, detail, by_peer)) is cause
+
+
+def test_expected_accepted_orders_the_presets():
+    prompts = [[1, 2], [3, 4], [5, 6]]
+    matched = expected_accepted(*toy_pair(16, 0, "matched"), prompts, rounds_per_prompt=3)[0]
+    far = expected_accepted(*toy_pair(16, 0, "far"), prompts, rounds_per_prompt=3)[0]
+    adversarial = expected_accepted(*toy_pair(16, 0, "adversarial"), prompts,
+                                    rounds_per_prompt=3)[0]
+    assert 5 >= matched > far > adversarial >= 0

@@ -1,0 +1,216 @@
+"""Bounds before memory: a declared length beyond the negotiated size is refused from
+the header alone, before anything is allocated for it, on every path a peer's bytes take
+(frame decoder, both endpoints, the BufferedProtocol hooks, the context channel, the
+HTTP head, and live daemons). tracemalloc bounds what each refusal allocated."""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+
+import pytest
+import wire_vectors
+from daemon_harness import scrape, value
+from wire_helpers import config, control_of, forge, pair, step
+
+from pp1q.cli import verifier as verifier_cmd
+from pp1q.cli import worker as worker_cmd
+from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.models.toy import ToySpec
+from pp1q.verifier.daemon import build as build_verifier
+from pp1q.verifier.http import HttpError, parse_head
+from pp1q.wire import FrameDecoder, VerifierEndpoint, WorkerEndpoint
+from pp1q.wire import context_channel as cc
+from pp1q.wire.limits import MAX_CONTROL_BYTES
+from pp1q.wire.messages import MsgType
+from pp1q.wire.session_config import verifier_config, worker_config
+from pp1q.worker.daemon import serve
+
+V = wire_vectors.build()
+LIM = wire_vectors.LIMITS
+DECLARED = [1 << 31, (1 << 32) - 1]  # the issue's 2^31, and the largest a u32 can say
+ALLOCATED_MAX = 64 * 1024  # bytes a refusal may allocate (messages, tracebacks), not 2 GiB
+TIMEOUT_S = 10.0
+
+
+def _header(field: str, n: int, mtype: MsgType = MsgType.REPLY) -> bytes:
+    control = control_of(V["reply_dense"] if mtype is MsgType.REPLY else V["step_dense"])
+    kw = {"payload_len": n} if field == "payload_len" else {"control_len": n}
+    return forge(mtype, control, **kw)[:32]  # the header only: nothing else ever arrives
+
+
+def _buffered(endpoint, data: bytes) -> None:
+    pos = 0
+    while pos < len(data):
+        buf = endpoint.get_buffer(-1)
+        assert len(buf) <= 64 * 1024  # never a buffer sized by a declared length
+        n = min(len(buf), len(data) - pos)
+        buf[:n] = data[pos:pos + n]
+        pos += n
+        endpoint.buffer_updated(n, 0.0)
+
+
+def _stepping_verifier() -> VerifierEndpoint:
+    v, _w = pair()
+    v.send(step(depth=3, top_k=0), now=0.0)
+    return v
+
+
+def _ready_worker() -> WorkerEndpoint:
+    v = VerifierEndpoint(config(), session=5)
+    w = WorkerEndpoint(config())
+    w.receive_data(v.hello(), 0.0)
+    return w
+
+
+PATHS = {  # name -> (make the receiver, feed it)
+    "decoder.feed": (lambda: FrameDecoder(LIM), lambda r, d: r.feed(d)),
+    "decoder.buffered": (lambda: FrameDecoder(LIM),
+                         lambda r, d: _buffered(_Adapter(r), d)),
+    "verifier.receive_data": (_stepping_verifier, lambda r, d: r.receive_data(d, 0.0)),
+    "verifier.buffered": (_stepping_verifier, _buffered),
+    "worker.receive_data": (_ready_worker, lambda r, d: r.receive_data(d, 0.0)),
+    "worker.buffered": (_ready_worker, _buffered),
+}
+
+
+class _Adapter:
+    """FrameDecoder's hooks under the endpoints' (buffer_updated(n, now)) signature."""
+
+    def __init__(self, decoder: FrameDecoder) -> None:
+        self.d = decoder
+
+    def get_buffer(self, hint):
+        return self.d.get_buffer(hint)
+
+    def buffer_updated(self, n, _now):
+        return self.d.buffer_updated(n)
+
+
+def _refused_without_allocating(receive, data: bytes) -> RemoteProtocolError:
+    tracemalloc.start()
+    try:
+        with pytest.raises(RemoteProtocolError) as e:
+            receive(data)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < ALLOCATED_MAX, f"{peak} bytes allocated while refusing"
+    return e.value
+
+
+@pytest.mark.parametrize("n", DECLARED)
+@pytest.mark.parametrize("field", ["payload_len", "control_len"])
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_declared_length_refused_from_the_header_before_allocation(path, field, n):
+    make, feed = PATHS[path]
+    receiver = make()
+    e = _refused_without_allocating(lambda d: feed(receiver, d), _header(field, n))
+    assert e.reason is Reason.FRAME_TOO_LARGE and str(n) in e.detail
+
+
+def test_one_byte_over_the_negotiated_row_is_refused_too():
+    # the cap is the negotiated row size, not some large constant
+    assert _header("payload_len", LIM.max_payload)  # (a frame that large is legal)
+    e = _refused_without_allocating(FrameDecoder(LIM).feed,
+                                    _header("payload_len", LIM.max_payload + 1))
+    assert e.reason is Reason.FRAME_TOO_LARGE
+    e = _refused_without_allocating(FrameDecoder(LIM).feed,
+                                    _header("control_len", MAX_CONTROL_BYTES + 1))
+    assert e.reason is Reason.FRAME_TOO_LARGE
+
+
+@pytest.mark.parametrize("n", [*DECLARED, cc.MAX_FRAME_BYTES + 1])
+@pytest.mark.parametrize("preamble", [True, False])
+def test_context_channel_refuses_a_declared_length_from_its_4_bytes(n, preamble):
+    dec = cc.ContextDecoder(expect_preamble=preamble)
+    data = (cc.PREAMBLE if preamble else b"") + n.to_bytes(4, "little")
+    e = _refused_without_allocating(dec.feed, data)
+    assert e.reason is Reason.FRAME_TOO_LARGE
+
+
+def test_http_head_refuses_a_declared_body_of_2_pow_31():
+    head = parse_head(b"POST /v1/generate HTTP/1.1\r\nContent-Length: 2147483648\r\n\r\n")
+    with pytest.raises(HttpError) as e:
+        head.content_length()
+    assert e.value.status == 413
+
+
+# -- live daemons, in-process -------------------------------------------------------------
+
+
+def _settings(cmd, **over) -> dict:
+    s = {k: v for k, (_t, v) in cmd.SETTINGS.items()}
+    s.update(vocab=16, metrics_port=0, **over)
+    return s
+
+
+async def _traced(coro):
+    """Run ``coro``; the peak bytes allocated meanwhile (the whole process)."""
+    tracemalloc.start()
+    try:
+        await coro
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+async def test_live_worker_refuses_2_pow_31_after_the_header_and_counts_it():
+    stop, ports = asyncio.Event(), []
+    task = asyncio.create_task(serve(_settings(worker_cmd, listen="127.0.0.1:0"), stop,
+                                     ready=lambda p, m: ports.append((p, m))))
+    while not ports:
+        await asyncio.sleep(0.01)
+    port, mport = ports[0]
+    v = VerifierEndpoint(verifier_config(ToySpec(vocab=16), (2,), 4, 5, 8), session=3)
+
+    async def exchange():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(v.hello())
+        v.receive_data(await asyncio.wait_for(reader.read(65536), TIMEOUT_S), 0.0)
+        writer.write(_header("payload_len", 1 << 31, MsgType.STEP))
+        assert await asyncio.wait_for(reader.read(65536), TIMEOUT_S) == b""  # closed on us
+        writer.close()
+
+    try:
+        peak = await _traced(exchange())
+        assert peak < 16 << 20  # far below 2 GiB: nothing was sized by the declared length
+        assert value(scrape(mport), "pp1q_validation_failures_total",
+                     reason="frame_too_large") == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, TIMEOUT_S)
+
+
+async def test_live_verifier_refuses_a_2_pow_31_reply_after_the_header_and_counts_it():
+    """A worker that answers HELLO, then sends a REPLY header declaring 2^31 bytes."""
+    closed = asyncio.Event()
+
+    async def rogue_worker(reader, writer):
+        w = WorkerEndpoint(worker_config(ToySpec(vocab=16), (2, 1), 256))
+        w.receive_data(await reader.read(65536), 0.0)
+        writer.write(w.data_to_send() + _header("payload_len", 1 << 31))
+        if not await reader.read(65536):
+            closed.set()
+
+    server = await asyncio.start_server(rogue_worker, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        link, _s, metrics, _c = build_verifier(_settings(verifier_cmd, worker=f"127.0.0.1:{port}",
+                                                         top_k=8))
+        stop = asyncio.Event()
+        task = asyncio.create_task(link.run(stop))
+
+        async def until_refused():
+            while metrics.value("pp1q_validation_failures_total",
+                                reason="frame_too_large") < 1:
+                await asyncio.sleep(0.01)
+            await asyncio.wait_for(closed.wait(), TIMEOUT_S)
+
+        try:
+            peak = await _traced(asyncio.wait_for(until_refused(), TIMEOUT_S))
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, TIMEOUT_S)
+    assert peak < 16 << 20
+

@@ -1,0 +1,68 @@
+"""Dense rows at scale: recycled payload buffers never overwrite a live view, dense
+rows validate in place (in chunks) and become DyadicRows only on demand."""
+
+import numpy as np
+import pytest
+
+from pp1q.core.errors import Reason, RowValidationError
+from pp1q.core.q import MASS, build_row, parse_dense, validate_dense
+from pp1q.wire import Form, FrameDecoder, Limits, encode, reply_from_row
+from pp1q.wire.validate import Rows
+
+V = 70000  # > two validation chunks, payload > the pool's 64 KiB floor
+LIM = Limits.make(vocab=V, max_slots=2, max_depth=2, max_support=8, max_inflight=2)
+
+
+def dense_frame(seed: int) -> tuple[bytes, object]:
+    row = build_row(np.random.default_rng(seed).normal(size=V) * 2, temperature=0.9)
+    tok = int(row.ids[0])
+    r = reply_from_row(session=1, slot=0, generation=1, round_id=1, index=1, position=5,
+                       token=tok, row=row, form=Form.DENSE)
+    return encode(r), row
+
+
+def test_pool_reuses_a_buffer_only_when_no_view_is_alive():
+    (f1, r1), (f2, r2) = dense_frame(1), dense_frame(2)
+    d = FrameDecoder(LIM)
+    [a] = d.feed(f1)
+    kept = a.q
+    del a
+    [b] = d.feed(f2)  # `kept` is alive: a second buffer, the first stays intact
+    assert d.pool.allocations == 2 and not np.shares_memory(kept, b.q)
+    assert parse_dense(kept, V) == r1 and parse_dense(b.q, V) == r2
+    del kept
+    [c] = d.feed(f1)  # the first buffer is free again: reused, no new allocation
+    assert d.pool.allocations == 2 and parse_dense(c.q, V) == r1
+
+
+def test_pool_never_retains_more_than_its_cap():
+    d = FrameDecoder(LIM)
+    d.pool.max_bytes = 4 * V  # room for one row
+    frame, _ = dense_frame(3)
+    live = [d.feed(frame)[0] for _ in range(3)]
+    assert d.pool.retained == 4 * V and d.pool.allocations == 3 and len(live) == 3
+
+
+def test_dense_rows_are_parsed_lazily_and_exactly():
+    frames = [dense_frame(s) for s in (4, 5)]
+    replies = [FrameDecoder(LIM).feed(f)[0] for f, _ in frames]
+    rows = Rows(replies, [None, None], V)
+    assert len(rows) == 2 and rows._rows == [None, None]
+    assert rows[1] == frames[1][1] and rows._rows[0] is None
+    assert rows[:] == [frames[0][1], frames[1][1]]
+
+
+@pytest.mark.parametrize("where", [10, 33000, V - 1])
+def test_validate_dense_finds_a_fault_in_any_chunk(where):
+    q = build_row(np.zeros(V)).to_dense()
+    bad = q.copy()
+    bad[where] += np.float32(2.0**-30)  # not a multiple of 2^-24
+    with pytest.raises(RowValidationError) as e:
+        validate_dense(bad, V)
+    assert e.value.reason == Reason.NON_DYADIC
+    moved = q.copy()
+    moved[where] += np.float32(1 / MASS)  # dyadic, but the mass is off by one count
+    with pytest.raises(RowValidationError) as e:
+        validate_dense(moved, V)
+    assert e.value.reason == Reason.WRONG_MASS
+    assert validate_dense(q, V) is q or np.shares_memory(validate_dense(q, V), q)

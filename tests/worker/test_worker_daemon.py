@@ -1,0 +1,129 @@
+"""The worker daemon in-process, driven by a scripted verifier over real loopback TCP:
+rows in order and exact, a retried STEP never redrawn, RESET drops the slot's state."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pp1q.cli import worker as worker_cmd
+from pp1q.core.prefix import Prefix
+from pp1q.models.toy import ToySpec, toy_pair
+from pp1q.wire import Commit, FrameDecoder, Refusal, Reset, Step, VerifierEndpoint, encode
+from pp1q.wire import context_channel as cc
+from pp1q.wire.events import ProposalFailed, ProposalReady, SessionStarted
+from pp1q.wire.session_config import verifier_config
+from pp1q.worker.daemon import serve
+from pp1q.worker.proposer import ProposalSpec, propose
+
+pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
+
+VOCAB = 32
+TIMEOUT_S = 10.0  # every exchange below takes milliseconds
+
+
+class ScriptedVerifier:
+    def __init__(self, reader, writer, endpoint: VerifierEndpoint) -> None:
+        self.reader, self.writer, self.ep = reader, writer, endpoint
+        self.frames: list = []
+
+    async def events_until(self, kind) -> list:
+        """Read until an event of ``kind`` arrives; all events so far."""
+        events = []
+        while not any(isinstance(e, kind) for e in events):
+            data = await asyncio.wait_for(self.reader.read(65536), TIMEOUT_S)
+            assert data, "worker closed the connection"
+            events += self.ep.receive_data(data, 0.0)
+        return events
+
+    def send(self, msg) -> None:
+        self.writer.write(self.ep.send(msg, 0.0))
+
+
+@pytest.fixture
+async def worker():
+    stop = asyncio.Event()
+    ports: list[int] = []
+    settings = {k: v for k, (_t, v) in worker_cmd.SETTINGS.items()}
+    settings.update(listen="127.0.0.1:0", vocab=VOCAB, draft_preset="far")
+    task = asyncio.create_task(serve(settings, stop, ready=lambda p, m: ports.append(p)))
+    while not ports:
+        await asyncio.sleep(0.01)
+    yield ports[0]
+    stop.set()
+    await asyncio.wait_for(task, TIMEOUT_S)
+
+
+async def _session(port: int) -> ScriptedVerifier:
+    config = verifier_config(ToySpec(vocab=VOCAB), (2, 1), 4, 5, 32)
+    ep = VerifierEndpoint(config, session=99, step_timeout=TIMEOUT_S)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(ep.hello())
+    v = ScriptedVerifier(reader, writer, ep)
+    assert any(isinstance(e, SessionStarted) for e in await v.events_until(SessionStarted))
+    return v
+
+
+async def _set_context(port: int, slot: int, generation: int, prefix: Prefix):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(cc.PREAMBLE + cc.encode(cc.SetContext(99, slot, generation, prefix.tokens,
+                                                       prefix.digest)))
+    dec = cc.ContextDecoder()
+    msgs: list = []
+    while not msgs:
+        msgs = dec.feed(await asyncio.wait_for(reader.read(4096), TIMEOUT_S))
+    writer.close()
+    return msgs[0]
+
+
+def _step(prefix: Prefix, generation: int, round_id: int, seed: int = 5) -> Step:
+    anchor = prefix.last_position
+    return Step(session=99, slot=0, generation=generation, round_id=round_id, anchor=anchor,
+                first_position=anchor + 1, prefix_digest=prefix.digest, depth=5,
+                temperature=0.9, top_k=8, context_version=0, seed=seed)
+
+
+async def test_rows_are_the_proposers_and_a_retry_is_refused_not_redrawn(worker):
+    v = await _session(worker)
+    prefix = Prefix([3, 4, 5])
+    assert isinstance(await _set_context(worker, 0, 1, prefix), cc.ContextAck)
+    step = _step(prefix, 1, 1)
+    v.send(step)
+    ready = [e for e in await v.events_until(ProposalReady) if isinstance(e, ProposalReady)][0]
+    # exactly the chain the proposer draws under these keys, q rows included
+    drafter, _ = toy_pair(VOCAB, 0, "far")
+    expect = list(propose(drafter, prefix.tokens, ProposalSpec(5, 1, 1, 3, 5, 0.9, 8)))
+    assert list(ready.draft_ids) == [t for t, _ in expect]
+    assert list(ready.q_rows) == [row for _, row in expect]
+    # the STEP's temperature is honoured, not silently 1 (transformers #40949)
+    at_one = list(propose(drafter, prefix.tokens, ProposalSpec(5, 1, 1, 3, 5, 1.0, 8)))
+    assert [row for _, row in at_one] != [row for _, row in expect]
+    # the same STEP again, bytes as sent: refused, and no REPLY drawn under the used key
+    v.writer.write(encode(step))
+    data = await asyncio.wait_for(v.reader.read(65536), TIMEOUT_S)
+    msgs = FrameDecoder(v.ep.limits).feed(data)
+    assert len(msgs) == 1 and isinstance(msgs[0], Refusal)
+    assert msgs[0].reason == "duplicate_round"
+    v.writer.close()
+
+
+async def test_commit_advances_and_reset_drops_the_slot(worker):
+    v = await _session(worker)
+    prefix = Prefix([1, 2])
+    await _set_context(worker, 0, 1, prefix)
+    step = _step(prefix, 1, 1)
+    v.send(step)
+    ready = [e for e in await v.events_until(ProposalReady) if isinstance(e, ProposalReady)][0]
+    new = list(ready.draft_ids[:2]) + [7]
+    v.send(Commit(session=99, slot=0, generation=1, round_id=1, accepted=2, token=7,
+                  committed=step.anchor + 3))
+    prefix.extend(new)
+    v.send(_step(prefix, 1, 2))  # the worker's prefix digest matches the commit
+    assert any(isinstance(e, ProposalReady) for e in await v.events_until(ProposalReady))
+    v.send(Reset(session=99, slot=0, generation=1, reason="cancelled"))
+    # a new generation without a context is refused by the worker: its state is gone
+    v.send(_step(prefix, 2, 1))
+    failed = [e for e in await v.events_until(ProposalFailed) if isinstance(e, ProposalFailed)]
+    assert failed[0].reason.value == "worker_aborted"
+    v.writer.close()
