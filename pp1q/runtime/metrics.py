@@ -2,64 +2,29 @@
 
 Conventions (../shared/ANCHORS.md): one prefix ``pp1q_``, base units (seconds, bytes),
 counters end in ``_total``, identity in ``pp1q_build_info``, and label values only from
-closed sets: ``pp1q.core.errors.Reason`` for validation failures and ``FallbackCause`` below
-for fallbacks. Each daemon owns a ``CollectorRegistry`` (never the process-global one),
-so tests can run several daemons in one process; ``serve`` publishes it from
-prometheus_client's own thread, which keeps scrapes off the event loop.
+closed sets: ``pp1q.core.errors.Reason`` for validation failures and the outcome enums of
+``pp1q.core.outcomes`` (FallbackCause, StepKind, PeerRefusal, RankFailure) for the rest.
+Each daemon owns a ``CollectorRegistry`` (never the process-global one), so tests can
+run several daemons in one process; ``serve`` publishes it from prometheus_client's own
+thread, which keeps scrapes off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from pp1q import __version__
 from pp1q.core.errors import Reason
+from pp1q.core.outcomes import FallbackCause, PeerRefusal, RankFailure, StepKind
 
 PREFIX = "pp1q"
 MAX_DEPTH_BUCKET = 8  # accepted-length buckets 0..8 cover the fixed depth 5 with room
 ROUND_LATENCY_BUCKETS = (  # seconds: loopback toy rounds are ms, dense 129280 rounds tens of ms
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-class FallbackCause(enum.StrEnum):
-    """Why a speculative round was discarded and replaced by one target-only step."""
-
-    WATCHDOG_TIMEOUT = "watchdog_timeout"  # no validated COMPLETION before the STEP deadline
-    INVALID_REPLY = "invalid_reply"  # a frame failed validation (reason in validation_failures)
-    CONNECTION_LOST = "connection_lost"  # the worker connection dropped with the proposal open
-    WORKER_UNAVAILABLE = "worker_unavailable"  # no live session to the worker at STEP time
-    WORKER_REFUSED = "worker_refused"  # the worker answered the STEP with a refusal
-
-
-class PeerRefusal(enum.StrEnum):
-    """Why this daemon refused a peer before any session existed (closed set)."""
-
-    TLS_HANDSHAKE = "tls_handshake"  # no certificate, untrusted CA, expired, wrong name, not TLS
-    IDENTITY_MISMATCH = "identity_mismatch"  # HELLO identity differs from our configuration
-    HELLO_INCOMPATIBLE = "hello_incompatible"  # no common wire version, or limits too small
-
-
-class StepKind(enum.StrEnum):
-    """How the verifier produced tokens in one scheduling step of a request."""
-
-    SPECULATIVE = "speculative"  # a verified v2 proposal
-    GREEDY = "greedy"  # a v1 greedy (temperature 0) proposal
-    TARGET_ONLY = "target_only"  # requested speculative=false
-    FALLBACK = "fallback"  # target-only after a discarded proposal
-
-
-class RankFailure(enum.StrEnum):
-    """Why verifier ranks (``--ranks N``) could not act together (docs/operations.md)."""
-
-    RANK_LOST = "rank_lost"  # a collective failed: a rank's connection closed (crash, network)
-    RANK_TIMEOUT = "rank_timeout"  # a collective exceeded rank_timeout_s: a hung or stalled rank
-    DIGEST_MISMATCH = "digest_mismatch"  # a rank's committed state differs from rank 0's
-    RANK_REFUSED = "rank_refused"  # a rank voted no for another reason; every rank discarded
 
 
 class Metrics:

@@ -27,8 +27,9 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pp1q.core.outcomes import PeerRefusal
 from pp1q.runtime.config import ConfigError
-from pp1q.runtime.metrics import Metrics, PeerRefusal
+from pp1q.runtime.metrics import Metrics
 
 log = logging.getLogger("pp1q.runtime.tls")
 

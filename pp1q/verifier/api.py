@@ -20,7 +20,7 @@ from typing import Annotated
 
 import msgspec
 
-from pp1q.runtime.metrics import FallbackCause
+from pp1q.core.outcomes import FallbackCause
 from pp1q.verifier.http import HttpError
 
 MAX_PROMPT_TOKENS = 65536  # bounds the per-request prefix memory and JSON body size

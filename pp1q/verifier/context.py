@@ -8,9 +8,10 @@ import contextlib
 import logging
 
 from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.outcomes import FallbackCause
 from pp1q.core.prefix import Prefix
 from pp1q.runtime.capture import Direction, Protocol
-from pp1q.runtime.metrics import FallbackCause, Metrics
+from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.tls import ClientTls, connect_kwargs
 from pp1q.wire import context_channel as cc
 

@@ -20,9 +20,10 @@ import secrets
 from dataclasses import dataclass
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.core.outcomes import FallbackCause
 from pp1q.core.prefix import Prefix
 from pp1q.runtime.capture import Protocol, tap
-from pp1q.runtime.metrics import FallbackCause, Metrics
+from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.tls import ClientTls, connect_kwargs
 from pp1q.verifier.context import ContextClient
 from pp1q.verifier.watchdog import Watchdog

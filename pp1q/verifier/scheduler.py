@@ -24,10 +24,11 @@ import time
 import numpy as np
 
 from pp1q.core.errors import Reason
+from pp1q.core.outcomes import FallbackCause, StepKind
 from pp1q.core.prefix import Prefix
 from pp1q.core.verify import RoundKeys
 from pp1q.models.toy import TargetModel
-from pp1q.runtime.metrics import FallbackCause, Metrics, StepKind
+from pp1q.runtime.metrics import Metrics
 from pp1q.verifier import rounds
 from pp1q.verifier.api import GenerateRequest, RequestStats
 from pp1q.verifier.http import HttpError

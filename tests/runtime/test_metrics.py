@@ -2,7 +2,8 @@ import urllib.request
 
 from pp1q import __version__
 from pp1q.core.errors import Reason
-from pp1q.runtime.metrics import FallbackCause, Metrics
+from pp1q.core.outcomes import FallbackCause
+from pp1q.runtime.metrics import Metrics
 
 
 def test_two_daemons_in_one_process_do_not_share_counters():

@@ -20,10 +20,10 @@ from tls_certs import Ca
 
 from pp1q.cli import verifier as verifier_cmd
 from pp1q.cli import worker as worker_cmd
+from pp1q.core.outcomes import PeerRefusal
 from pp1q.models.toy import ToySpec
 from pp1q.runtime import tls
 from pp1q.runtime.config import ConfigError, resolve
-from pp1q.runtime.metrics import PeerRefusal
 from pp1q.verifier.daemon import build as build_verifier
 from pp1q.wire import FrameDecoder, HelloAnswer, Refusal, VerifierEndpoint, encode
 from pp1q.wire.session_config import identity, verifier_config

@@ -65,8 +65,9 @@ async def test_link_never_writes_to_a_closing_transport():
     from types import SimpleNamespace
 
     from pp1q.core.errors import Reason
+    from pp1q.core.outcomes import FallbackCause
     from pp1q.models.toy import ToySpec
-    from pp1q.runtime.metrics import FallbackCause, Metrics
+    from pp1q.runtime.metrics import Metrics
     from pp1q.verifier.link import Fallback, Needs, WorkerLink
     from pp1q.wire import Step, VerifierEndpoint, WorkerEndpoint
     from pp1q.wire.session_config import verifier_config

@@ -11,10 +11,10 @@ import pytest
 from pp1q.cli import verifier as verifier_cmd
 from pp1q.cli import worker as worker_cmd
 from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.outcomes import FallbackCause
 from pp1q.core.prefix import Prefix, digest_of
 from pp1q.models.toy import toy_pair
 from pp1q.runtime.config import ConfigError, parse_hostport, resolve
-from pp1q.runtime.metrics import FallbackCause
 from pp1q.tools.theory import expected_accepted
 from pp1q.verifier import rounds
 from pp1q.verifier.link import classify

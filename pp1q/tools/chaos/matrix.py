@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pp1q.runtime.metrics import FallbackCause
+from pp1q.core.outcomes import FallbackCause
 from pp1q.tools.chaos.faults import (
     BitFlip,
     Delay,

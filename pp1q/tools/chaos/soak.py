@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pp1q.runtime.metrics import FallbackCause
+from pp1q.core.outcomes import FallbackCause
 from pp1q.tools.chaos.faults import (
     BitFlip,
     Delay,

@@ -14,7 +14,8 @@ import asyncio
 import logging
 import threading
 
-from pp1q.runtime.metrics import Metrics, RankFailure
+from pp1q.core.outcomes import RankFailure
+from pp1q.runtime.metrics import Metrics
 from pp1q.verifier.ranks.collective import GroupError
 from pp1q.verifier.ranks.group import EXIT_RANKS_LOST
 from pp1q.verifier.ranks.launch import RankPlan, check_identities, identity, join

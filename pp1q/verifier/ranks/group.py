@@ -33,7 +33,8 @@ import threading
 import numpy as np
 
 from pp1q.core.errors import Reason
-from pp1q.runtime.metrics import Metrics, RankFailure, StepKind
+from pp1q.core.outcomes import RankFailure, StepKind
+from pp1q.runtime.metrics import Metrics
 from pp1q.verifier import rounds
 from pp1q.verifier.http import HttpError
 from pp1q.verifier.ranks.collective import Collective, GroupError

@@ -1,0 +1,46 @@
+"""Outcome enums: closed sets of what happened, used as Prometheus label values.
+
+Errors carry a ``pp1q.core.errors.Reason``; these name outcomes that are not errors of
+their own (a discarded round, a step's kind, a refused peer, a rank group failure).
+Each value is a label value, so each set is closed and never holds ids or free text.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class FallbackCause(enum.StrEnum):
+    """Why a speculative round was discarded and replaced by one target-only step."""
+
+    WATCHDOG_TIMEOUT = "watchdog_timeout"  # no validated COMPLETION before the STEP deadline
+    INVALID_REPLY = "invalid_reply"  # a frame failed validation (reason in validation_failures)
+    CONNECTION_LOST = "connection_lost"  # the worker connection dropped with the proposal open
+    WORKER_UNAVAILABLE = "worker_unavailable"  # no live session to the worker at STEP time
+    WORKER_REFUSED = "worker_refused"  # the worker answered the STEP with a refusal
+
+
+class PeerRefusal(enum.StrEnum):
+    """Why this daemon refused a peer before any session existed (closed set)."""
+
+    TLS_HANDSHAKE = "tls_handshake"  # no certificate, untrusted CA, expired, wrong name, not TLS
+    IDENTITY_MISMATCH = "identity_mismatch"  # HELLO identity differs from our configuration
+    HELLO_INCOMPATIBLE = "hello_incompatible"  # no common wire version, or limits too small
+
+
+class StepKind(enum.StrEnum):
+    """How the verifier produced tokens in one scheduling step of a request."""
+
+    SPECULATIVE = "speculative"  # a verified v2 proposal
+    GREEDY = "greedy"  # a v1 greedy (temperature 0) proposal
+    TARGET_ONLY = "target_only"  # requested speculative=false
+    FALLBACK = "fallback"  # target-only after a discarded proposal
+
+
+class RankFailure(enum.StrEnum):
+    """Why verifier ranks (``--ranks N``) could not act together (docs/operations.md)."""
+
+    RANK_LOST = "rank_lost"  # a collective failed: a rank's connection closed (crash, network)
+    RANK_TIMEOUT = "rank_timeout"  # a collective exceeded rank_timeout_s: a hung or stalled rank
+    DIGEST_MISMATCH = "digest_mismatch"  # a rank's committed state differs from rank 0's
+    RANK_REFUSED = "rank_refused"  # a rank voted no for another reason; every rank discarded
