@@ -62,15 +62,29 @@ class Reason(enum.StrEnum):
     WORKER_ABORTED = "worker_aborted"
     CONNECTION_LOST = "connection_lost"
     CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
+    # -- the verifier's service (pp1q.verifier.http maps each to an HTTP status) --
+    QUEUE_FULL = "queue_full"  # every slot taken and the wait queue at its bound
+    RANKS_LOST = "ranks_lost"  # the verifier rank group failed (a rank died, hung, desynced)
+    RANK_DISAGREEMENT = "rank_disagreement"  # a rank refused an op: nothing was committed
+    GENERATIONS_EXHAUSTED = "generations_exhausted"  # a slot used all its 24-bit generations
+    BAD_REQUEST = "bad_request"  # the HTTP layer refused a request (status and code say how)
+    # -- the HTTP client (pp1q.tools.client) --
+    UNREACHABLE = "unreachable"  # no answer from the verifier's HTTP API
+    BAD_RESPONSE = "bad_response"  # an answer that is not the API's JSON
+    REQUEST_REFUSED = "request_refused"  # the API answered with an error (status and code)
+    # -- files and rank groups --
+    BAD_CAPTURE = "bad_capture"  # a capture file is corrupt, truncated or not a capture
 
 
 class Pp1qError(Exception):
     """Base of every error pp1q raises on purpose."""
 
-    def __init__(self, reason: Reason, detail: str = "") -> None:
+    def __init__(self, reason: Reason, detail: str = "", *, message: str | None = None) -> None:
         self.reason = Reason(reason)
         self.detail = detail
-        super().__init__(f"{self.reason.value}: {detail}" if detail else self.reason.value)
+        if message is None:
+            message = f"{self.reason.value}: {detail}" if detail else self.reason.value
+        super().__init__(message)
 
 
 class DistributionError(Pp1qError):
@@ -87,3 +101,16 @@ class RemoteProtocolError(Pp1qError):
 
 class RowValidationError(RemoteProtocolError):
     """A received q row (dense or sparse wire form) is not a valid dyadic24 row."""
+
+
+class ServiceError(Pp1qError):
+    """The verifier cannot serve this request (queue full, rank group lost or in
+    disagreement, generations exhausted). Raised by the scheduler and its deciders; only
+    the HTTP layer turns the reason into a status (pp1q.verifier.http.STATUS_OF)."""
+
+
+# Other members of the set live beside their raisers, each a Pp1qError with a Reason:
+# HttpError (pp1q.verifier.http), ApiError (pp1q.tools.client), StateRefusedError
+# (pp1q.worker.state), CaptureError (pp1q.runtime.capture.reader), GroupError
+# (pp1q.verifier.ranks.collective), GroupLostError and OpRefusedError
+# (pp1q.verifier.ranks.group).

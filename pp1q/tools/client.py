@@ -10,14 +10,21 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from pp1q.core.errors import Pp1qError, Reason
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
-class ApiError(Exception):
-    """The server answered with an error body, or could not be reached."""
+class ApiError(Pp1qError):
+    """The server answered with an error body, or could not be reached.
+
+    ``reason``: UNREACHABLE (status 0), BAD_RESPONSE (not the API's JSON) or
+    REQUEST_REFUSED (an error body: ``status`` and the server's ``code`` say which)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
+        reason = (Reason.UNREACHABLE if status == 0 else Reason.BAD_RESPONSE
+                  if code == "bad_response" else Reason.REQUEST_REFUSED)
+        super().__init__(reason, message, message=f"{status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
 
 

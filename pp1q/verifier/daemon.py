@@ -1,19 +1,24 @@
-"""``pp1q verifier``: wire the link, the scheduler, the HTTP API and the metrics."""
+"""``pp1q verifier``: wire the link, the scheduler and its decider, the HTTP API and the
+metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.runtime import tls
 from pp1q.runtime.config import ConfigError, open_capture, parse_hostport
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.verifier.api import decode_generate
+from pp1q.verifier.decider import Decider, LocalDecider
 from pp1q.verifier.http import HttpError, HttpServer
 from pp1q.verifier.link import Needs, WorkerLink
 from pp1q.verifier.ranks.launch import rank_plan
+from pp1q.verifier.ranks.replica import RankDecisions
 from pp1q.verifier.scheduler import Scheduler
 from pp1q.wire import WIRE_V1, WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
@@ -24,8 +29,23 @@ MAX_SLOTS = 64  # the scheduler preallocates target rows per slot; bound that me
 MAX_DEPTH = 16  # the design fixes depth 5; a larger value is an experiment, bounded
 
 
-def build(settings: dict, scheduler_cls: type[Scheduler] = Scheduler):
-    """(link, scheduler, metrics, config) from resolved settings; ConfigError if invalid."""
+@dataclass(frozen=True)
+class Deciders:
+    """How a verifier decides: ``local(target, slots=, depth=, target_delay_s=)`` builds
+    the Decider of one process; ``rank(target, limits)`` the decisions of each rank's
+    replica under ``--ranks N`` (rank 0's Decider is then a RankedDecider over them).
+    Production runs ``STANDARD``; a planted-bug test passes its own to ``serve``."""
+
+    local: Callable[..., Decider] = LocalDecider
+    rank: Callable[..., RankDecisions] = RankDecisions
+
+
+STANDARD = Deciders()
+
+
+def build(settings: dict, deciders: Deciders = STANDARD, ranked: bool = False):
+    """(link, scheduler, metrics, config) from resolved settings; ConfigError if invalid.
+    ``ranked``: rank 0 of a group (its decider gets the group from start_group)."""
     try:
         spec = ToySpec(vocab=settings["vocab"], seed=settings["model_seed"])
     except ValueError as e:
@@ -52,8 +72,14 @@ def build(settings: dict, scheduler_cls: type[Scheduler] = Scheduler):
     needs = Needs(slots=slots, depth=depth, support=min(top_k, spec.vocab))
     link = WorkerLink(host, port, config, needs, metrics, settings["watchdog_ms"] / 1000.0,
                       settings["reconnect_max_s"], tls=tls.client_tls(settings, host, metrics))
-    scheduler = scheduler_cls(link, target, metrics, slots=slots, depth=depth,
-                              target_delay_s=settings["target_delay_ms"] / 1000.0)
+    delay_s = settings["target_delay_ms"] / 1000.0
+    if ranked:
+        from pp1q.verifier.ranks.decider import RankedDecider
+
+        decider = RankedDecider(target, metrics, delay_s, deciders.rank)
+    else:
+        decider = deciders.local(target, slots=slots, depth=depth, target_delay_s=delay_s)
+    scheduler = Scheduler(link, decider, metrics, slots=slots, depth=depth)
     return link, scheduler, metrics, config
 
 
@@ -75,44 +101,42 @@ def routes(settings: dict, link: WorkerLink, scheduler: Scheduler, config) -> di
     async def healthz(head, body):
         answer = {"status": "ok", "worker": "connected" if link.ready else "disconnected",
                   "wire_version": link.version if link.ready else None,
-                  "target": scheduler.target.identity, "slots": scheduler.pool.size,
+                  "target": config.identity.target_id, "slots": scheduler.pool.size,
                   "depth": scheduler.depth}
-        ranks = getattr(scheduler, "health", None)  # --ranks N: the group's state
+        ranks = scheduler.decider.health()  # --ranks N: the group's state
         if ranks is not None:
-            answer["ranks"] = ranks()
-            if answer["ranks"]["state"] != "up":
+            answer["ranks"] = ranks
+            if ranks["state"] != "up":
                 return 503, {**answer, "status": "ranks_lost"}
         return 200, answer
 
     return {("POST", "/v1/generate"): generate, ("GET", "/healthz"): healthz}
 
 
-async def serve(settings: dict, stop: asyncio.Event, ready=None,
-                scheduler_cls: type[Scheduler] = Scheduler,
-                child_command: list[str] | None = None, state_cls=None) -> int:
+async def serve(settings: dict, stop: asyncio.Event, ready=None, *,
+                deciders: Deciders = STANDARD, child_command: list[str] | None = None) -> int:
     """Run until ``stop`` is set. ``ready(http_port, metrics_port)`` once listening.
     With ``--ranks N``: rank 0 serves (``child_command`` starts spawned ranks), the
     other ranks follow it (pp1q.verifier.ranks.group); the exit status says how it ended.
-    ``state_cls``: the ranks' replica class (a planted-bug test overrides it)."""
+    ``deciders``: how decisions are made (STANDARD; a planted-bug test passes its own)."""
     plan = rank_plan(settings)
     if plan is not None and plan.rv.rank > 0:
-        return await _serve_follower(settings, plan, stop, state_cls)
+        return await _serve_follower(settings, plan, stop, deciders)
     group = launch = None
     if plan is not None:
         from pp1q.runtime.launcher import pp1q_command
-        from pp1q.verifier.ranks.group import EXIT_RANKS_LOST, RankedScheduler, start_group
+        from pp1q.verifier.ranks.group import EXIT_RANKS_LOST, start_group
         from pp1q.verifier.ranks.launch import Launch
 
-        scheduler_cls = RankedScheduler if scheduler_cls is Scheduler else scheduler_cls
         launch = Launch(plan, settings, child_command or pp1q_command("verifier"))
     try:
-        link, scheduler, metrics, config = build(settings, scheduler_cls)
+        link, scheduler, metrics, config = build(settings, deciders, ranked=plan is not None)
     except BaseException:
         if launch is not None:
             launch.abandon()
         raise
     if launch is not None:
-        group = await start_group(settings, launch, scheduler, config, stop, state_cls)
+        group = await start_group(settings, launch, scheduler.decider, config, stop)
         if group is None:  # the ranks did not all join in time: let the supervisor retry
             return EXIT_RANKS_LOST
     http = HttpServer(routes(settings, link, scheduler, config))
@@ -139,7 +163,8 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None,
     return group.exit_status if group is not None else 0
 
 
-async def _serve_follower(settings: dict, plan, stop: asyncio.Event, state_cls) -> int:
+async def _serve_follower(settings: dict, plan, stop: asyncio.Event,
+                          deciders: Deciders) -> int:
     """Ranks 1..N-1: the target and the replica, no worker link, no HTTP API."""
     from pp1q.verifier.ranks.follower import serve_follower
     from pp1q.verifier.ranks.launch import limits_of
@@ -156,4 +181,4 @@ async def _serve_follower(settings: dict, plan, stop: asyncio.Event, state_cls) 
     metrics = Metrics("verifier", {"target": target.identity, "rank": str(plan.rv.rank)})
     metrics.rank_world_size.set(plan.rv.world)
     return await serve_follower(settings, plan, limits_of(config, plan.rv.world), target,
-                                metrics, stop, state_cls)
+                                metrics, stop, deciders.rank)

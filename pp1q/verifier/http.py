@@ -3,7 +3,9 @@
 The head parser is a pure function (``parse_head``), the asyncio part only reads a
 bounded head, a bounded body and writes one JSON response per request, keeping the
 connection open for the next one (HTTP/1.1 keep-alive) unless the client closes.
-Every refusal is a JSON body ``{"error": {"code": ..., "message": ...}}``.
+Every refusal is a JSON body ``{"error": {"code": ..., "message": ...}}``: an ``HttpError``
+raised here or by the API's decoding, or a domain error (``ServiceError``) that
+``STATUS_OF``, the only table from reasons to HTTP statuses, turns into one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+from pp1q.core.errors import Pp1qError, Reason, ServiceError
 
 log = logging.getLogger("pp1q.http")
 
@@ -30,14 +34,30 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             501: "Not Implemented", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 
 
-class HttpError(Exception):
-    """An answer other than 200, with a machine-readable code."""
+class HttpError(Pp1qError):
+    """A request the HTTP layer refuses: an answer other than 200, with its error code."""
 
     def __init__(self, status: int, code: str, message: str,
                  headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
+        super().__init__(Reason.BAD_REQUEST, message, message=message)
         self.status, self.code, self.message = status, code, message
         self.headers = headers or {}
+
+
+# The one table from domain errors to HTTP answers: reason -> (status, error code).
+# The scheduler and its deciders raise ServiceError; nothing else picks a status.
+STATUS_OF: dict[Reason, tuple[int, str]] = {
+    Reason.QUEUE_FULL: (503, "busy"),
+    Reason.RANKS_LOST: (503, "ranks_lost"),
+    Reason.RANK_DISAGREEMENT: (500, "rank_disagreement"),
+    Reason.GENERATIONS_EXHAUSTED: (500, "generations_exhausted"),
+}
+
+
+def as_http(e: ServiceError) -> HttpError:
+    """The answer for a domain error (STATUS_OF; a reason without a row: 500 internal)."""
+    status, code = STATUS_OF.get(e.reason, (500, "internal"))
+    return HttpError(status, code, e.detail or e.reason.value)
 
 
 @dataclass
@@ -192,6 +212,8 @@ class HttpServer:
             status, answer = await handler(head, body)
         except HttpError:
             raise
+        except ServiceError as e:
+            raise as_http(e) from None
         except Exception:
             log.exception("handler for %s %s failed", head.method, head.path)
             return 500, error_body("internal", "internal error; see the verifier log"), {}

@@ -7,7 +7,9 @@ buffer and decides. When the proposal fails (timeout, corruption, missing q, ref
 lost connection, no worker) the generation is invalidated first (RESET), the whole
 proposal is discarded and exactly one target-only token is drawn from the committed
 prefix; the next round starts a new generation with a fresh context on the worker.
-Nothing of a proposal is committed unless every row of it validated.
+Nothing of a proposal is committed unless every row of it validated. Every decision
+(target rows and the accept/reject rule) is made by the scheduler's ``Decider``
+(pp1q.verifier.decider): one process or a rank group, the scheduler is the same.
 
 Keys: a speculative round and its fallback use (seed, slot generation, round id);
 generations grow per slot for the daemon's life, so a key is never reused across
@@ -21,23 +23,19 @@ import asyncio
 import collections
 import time
 
-import numpy as np
-
-from pp1q.core.errors import Reason
+from pp1q.core.errors import Reason, ServiceError
 from pp1q.core.outcomes import FallbackCause, StepKind
-from pp1q.core.prefix import Prefix
 from pp1q.core.verify import RoundKeys
-from pp1q.models.toy import TargetModel
 from pp1q.runtime.metrics import Metrics
 from pp1q.verifier import rounds
-from pp1q.verifier.api import GenerateRequest, RequestStats
-from pp1q.verifier.http import HttpError
+from pp1q.verifier.api import GenerateRequest
+from pp1q.verifier.decider import Decider
+from pp1q.verifier.job import TARGET_ONLY_GENERATION, Job
 from pp1q.verifier.link import Fallback, WorkerLink
 from pp1q.wire import Commit, Step
 from pp1q.wire.events import ProposalReady
 
 MAX_GENERATION = (1 << 24) - 1  # the wire's generation field and the RNG counter are 24-bit
-TARGET_ONLY_GENERATION = 0  # speculative rounds use generations >= 1 on every slot
 MAX_QUEUED_REQUESTS = 256  # requests waiting for a slot before new ones get 503
 
 
@@ -55,7 +53,8 @@ class SlotPool:
             slot = self._free.popleft()
         else:
             if len(self._waiters) >= MAX_QUEUED_REQUESTS:
-                raise HttpError(503, "busy", f"{MAX_QUEUED_REQUESTS} requests already queued")
+                raise ServiceError(Reason.QUEUE_FULL,
+                                   f"{MAX_QUEUED_REQUESTS} requests already queued")
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
@@ -77,33 +76,13 @@ class SlotPool:
         self.metrics.slots_in_use.set(self.size - len(self._free))
 
 
-class Job:
-    """One request's state while it holds a slot."""
-
-    def __init__(self, req: GenerateRequest, slot: int) -> None:
-        self.req, self.slot = req, slot
-        self.prefix = Prefix(req.prompt)
-        self.produced = 0
-        self.stats = RequestStats()
-        self.generation = TARGET_ONLY_GENERATION
-        self.round_id = 0
-        self.context_session: int | None = None  # session whose worker holds our context
-
-    def next_round(self) -> int:
-        self.round_id += 1
-        return self.round_id
-
-
 class Scheduler:
-    def __init__(self, link: WorkerLink, target: TargetModel, metrics: Metrics, *, slots: int,
-                 depth: int, target_delay_s: float = 0.0) -> None:
-        self.link, self.target, self.metrics = link, target, metrics
+    def __init__(self, link: WorkerLink, decider: Decider, metrics: Metrics, *, slots: int,
+                 depth: int) -> None:
+        self.link, self.decider, self.metrics = link, decider, metrics
         self.depth = depth
         self.pool = SlotPool(slots, metrics)
-        self.target_delay_s = target_delay_s
         self._generation = [TARGET_ONLY_GENERATION] * slots
-        # slot buffers, sized once: target rows for depth + 1 positions per slot
-        self._p = np.empty((slots, depth + 1, target.vocab), dtype=np.float64)
 
     # -- requests ----------------------------------------------------------------
 
@@ -112,7 +91,7 @@ class Scheduler:
         slot = await self.pool.acquire()
         job = Job(req, slot)
         try:
-            await self._job_started(job)
+            await self.decider.open(job)
             while job.produced < req.max_tokens:
                 if req.speculative:
                     await self._speculative_step(job)
@@ -130,6 +109,7 @@ class Scheduler:
                 "elapsed_s": round(time.perf_counter() - t0, 6)}
 
     def _release(self, job: Job) -> None:
+        self.decider.close(job)  # first: a rank group queues CLOSE before any reuse
         if job.generation != TARGET_ONLY_GENERATION and job.context_session is not None:
             self.link.reset(job.slot, job.generation, Reason.CANCELLED)  # drop worker state
         self.pool.release(job.slot)
@@ -137,7 +117,8 @@ class Scheduler:
     def _new_generation(self, job: Job) -> None:
         g = self._generation[job.slot] + 1
         if g > MAX_GENERATION:
-            raise RuntimeError(f"slot {job.slot} exhausted its 24-bit generations")
+            raise ServiceError(Reason.GENERATIONS_EXHAUSTED,
+                               f"slot {job.slot} exhausted its 24-bit generations")
         self._generation[job.slot] = job.generation = g
         job.context_session = None
 
@@ -184,7 +165,7 @@ class Scheduler:
 
     async def _verify(self, job: Job, step: Step, ready: ProposalReady) -> None:
         drafts = list(ready.draft_ids)
-        out, kind = await self._decide_round(job, step, ready)
+        out, kind = await self.decider.decide_round(job, step, ready)
         committed = step.anchor + out.accepted + 1
         self.link.commit(Commit(session=step.session, slot=step.slot,
                                 generation=step.generation, round_id=step.round_id,
@@ -199,34 +180,7 @@ class Scheduler:
         m.accepted_tokens.inc(out.accepted)
         m.accepted_length.observe(out.accepted)
 
-    # -- decisions (pp1q.verifier.ranks.group overrides these four to decide across ranks) -----
-
-    async def _job_started(self, job: Job) -> None:
-        """A request took its slot (nothing to do in one process)."""
-
-    async def _decide_round(self, job: Job, step: Step,
-                            ready: ProposalReady) -> tuple[rounds.Outcome, StepKind]:
-        drafts = list(ready.draft_ids)
-        p = await self._target_rows(job, drafts)
-        if ready.greedy:
-            return rounds.greedy(p, drafts), StepKind.GREEDY
-        keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
-        return self.decide_sampled(p, ready.q_rows, drafts, keys), StepKind.SPECULATIVE
-
-    async def _decide_target_only(self, job: Job, generation: int,
-                                  round_id: int) -> rounds.Outcome:
-        p = await self._target_rows(job, [])
-        position = job.prefix.last_position + 1
-        return rounds.target_only(p[0], job.req.seed, generation, round_id, position,
-                                  job.req.greedy)
-
-    async def _invalidated(self, job: Job, generation: int, reason: Reason) -> None:
-        """``generation`` of the job's slot is dead (after RESET, before the fallback
-        step; nothing else to invalidate in one process)."""
-
-    def decide_sampled(self, p, q_rows, drafts, keys: RoundKeys) -> rounds.Outcome:
-        """Standard verification (a planted-bug test overrides this, nothing else does)."""
-        return rounds.sampled(p, q_rows, drafts, keys)
+    # -- fallback ------------------------------------------------------------------
 
     async def _fallback(self, job: Job, why: Fallback, round_id: int) -> None:
         """Invalidate first, discard everything proposed, one target-only token."""
@@ -234,7 +188,8 @@ class Scheduler:
         if job.context_session is not None and self.link.reset(job.slot, old_generation,
                                                                why.reason):
             self.metrics.generation_invalidations.inc()
-        await self._invalidated(job, old_generation, why.reason)
+        if job.context_session is not None:  # else no proposal of it was ever possible
+            await self.decider.invalidate(job, old_generation, why.reason)
         self._new_generation(job)
         job.stats.fallbacks[why.cause.value] += 1
         self.metrics.fallback(why.cause)
@@ -242,21 +197,12 @@ class Scheduler:
 
     async def _target_only_step(self, job: Job, generation: int, round_id: int,
                                 kind: StepKind | None) -> None:
-        out = await self._decide_target_only(job, generation, round_id)
+        out = await self.decider.decide_target_only(job, generation, round_id)
         self._append(job, [out.token])
         job.stats.target_only_steps += 1
         self.metrics.rounds.labels(kind=(kind or StepKind.TARGET_ONLY).value).inc()
 
     # -- shared ------------------------------------------------------------------
-
-    async def _target_rows(self, job: Job, drafts: list[int]) -> np.ndarray:
-        if self.target_delay_s:
-            await asyncio.sleep(self.target_delay_s)  # simulated forward-pass latency
-        out = self._p[job.slot, : len(drafts) + 1]
-        if job.req.greedy:
-            out[:] = self.target.logits(job.prefix.tokens, drafts)  # argmax needs no softmax
-            return out
-        return self.target.probs(job.prefix.tokens, drafts, out=out)
 
     def _append(self, job: Job, tokens: list[int]) -> None:
         job.prefix.extend(tokens)

@@ -12,7 +12,6 @@ import asyncio
 import logging
 
 from pp1q.core.errors import Reason, RemoteProtocolError
-from pp1q.models.toy import DraftModel
 from pp1q.runtime.metrics import Metrics
 from pp1q.wire import WireConfig, WorkerEndpoint
 from pp1q.wire import context_channel as cc
@@ -24,7 +23,7 @@ from pp1q.wire.events import (
     StepRefused,
     StepRequested,
 )
-from pp1q.worker.drafting import StepDrafter
+from pp1q.worker.drafting import Proposer, StepDrafter
 from pp1q.worker.state import StateRefusedError, WorkerState
 
 log = logging.getLogger("pp1q.worker")
@@ -34,13 +33,11 @@ _SCRATCH_BYTES = 64 * 1024  # context-channel receive size (asyncio's default re
 
 
 class WorkerConnection(asyncio.BufferedProtocol):
-    def __init__(self, config: WireConfig, state: WorkerState, model: DraftModel,
-                 metrics: Metrics, on_close=None, drafter_cls: type = StepDrafter,
-                 check_outgoing: bool = True) -> None:
-        self.config, self.state, self.model, self.metrics = config, state, model, metrics
+    def __init__(self, config: WireConfig, state: WorkerState, proposer: Proposer,
+                 metrics: Metrics, on_close=None, check_outgoing: bool = True) -> None:
+        self.config, self.state, self.proposer, self.metrics = config, state, proposer, metrics
         self._check_outgoing = check_outgoing
         self._on_close = on_close
-        self._drafter_cls = drafter_cls  # the round benchmark plugs in canned rows here
         self.transport: asyncio.Transport | None = None
         self._sniff = bytearray(_SNIFF)
         self._sniffed = 0
@@ -109,8 +106,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
             return
         self._mode = "wire"
         self.endpoint = WorkerEndpoint(self.config, check_outgoing=self._check_outgoing)
-        self.drafter = self._drafter_cls(self.endpoint, self.state, self.model, self.metrics,
-                                         self._write, lambda: self._drain)
+        self.drafter = StepDrafter(self.endpoint, self.state, self.proposer, self.metrics,
+                                   self._write, lambda: self._drain)
         self._on_wire_events(self.endpoint.receive_data(head, now))
 
     def _on_wire_events(self, events) -> None:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
-from pp1q.models.toy import ToyDrafter, ToySpec
+from pp1q.models.toy import DraftModel, ToyDrafter, ToySpec
 from pp1q.runtime import tls
 from pp1q.runtime.capture import tap
 from pp1q.runtime.config import ConfigError, open_capture, parse_hostport
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.wire.session_config import parse_versions, worker_config
 from pp1q.worker.connection import WorkerConnection
+from pp1q.worker.drafting import Proposer
 from pp1q.worker.state import WorkerState
 
 log = logging.getLogger("pp1q.worker")
@@ -34,15 +36,19 @@ def build(settings: dict):
     return config, drafter, metrics
 
 
-async def serve(settings: dict, stop: asyncio.Event, ready=None) -> int:
-    """Run until ``stop`` is set. ``ready(port, metrics_port)`` is called once listening."""
+async def serve(settings: dict, stop: asyncio.Event, ready=None, *,
+                proposer: Callable[[DraftModel], Proposer] = Proposer) -> int:
+    """Run until ``stop`` is set. ``ready(port, metrics_port)`` is called once listening.
+    ``proposer(model)``: what a STEP's rows are (Proposer; a planted-bug test passes its
+    own)."""
     config, drafter, metrics = build(settings)
+    proposal = proposer(drafter)
     host, port = parse_hostport(settings["listen"], "--listen")
     state = WorkerState()
     connections: set[WorkerConnection] = set()
 
     def accept() -> WorkerConnection:
-        conn = WorkerConnection(config, state, drafter, metrics, on_close=connections.discard,
+        conn = WorkerConnection(config, state, proposal, metrics, on_close=connections.discard,
                                 check_outgoing=settings["check_outgoing"])
         connections.add(conn)
         return conn

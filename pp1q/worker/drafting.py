@@ -6,6 +6,10 @@ endpoint refuses further sends for that step and drafting stops. The proposal dr
 row i is keyed by the STEP's (seed, generation, round, first_position + i - 1): a
 retried STEP under the same keys would draw identical rows, but the endpoint refuses a
 reused round outright, so a key is never drawn twice on one session.
+
+What the rows are is the ``Proposer``'s: the worker's one drafting seam. The daemon
+passes the toy model's proposal chain; the round benchmark passes canned rows and a
+planted-bug test a wrong q, the same way (pp1q.worker.daemon.serve).
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pp1q.core.errors import Pp1qError, Reason
+from pp1q.core.q import DyadicRow
 from pp1q.models.toy import DraftModel
 from pp1q.runtime.metrics import Metrics
 from pp1q.wire import Form, Status, Step, WorkerEndpoint, reply_from_row
@@ -26,13 +31,32 @@ from pp1q.worker.state import StateRefusedError, WorkerState
 log = logging.getLogger("pp1q.worker")
 
 
+class Proposer:
+    """A STEP's rows after the committed prefix: (x_i, q_i) for i = 1..depth, in order,
+    each as soon as it exists (q_i None for a v1 greedy STEP)."""
+
+    def __init__(self, model: DraftModel) -> None:
+        self.model = model
+
+    def rows(self, step: Step, prefix: list[int]) -> Iterator[tuple[int, DyadicRow | None]]:
+        if step_form(step) is Form.TOKEN_ONLY:
+            for token in propose_greedy(self.model, prefix, step.depth):
+                yield token, None
+            return
+        spec = ProposalSpec(seed=step.seed, generation=step.generation, round_id=step.round_id,
+                            anchor=step.first_position, depth=step.depth,
+                            temperature=step.temperature, top_k=step.top_k or None)
+        yield from propose(self.model, prefix, spec)
+
+
 class StepDrafter:
     """Drafts the STEPs of one wire connection."""
 
-    def __init__(self, endpoint: WorkerEndpoint, state: WorkerState, model: DraftModel,
+    def __init__(self, endpoint: WorkerEndpoint, state: WorkerState, proposer: Proposer,
                  metrics: Metrics, write: Callable[[bytes], None],
                  writable: Callable[[], asyncio.Future | None]) -> None:
-        self.endpoint, self.state, self.model, self.metrics = endpoint, state, model, metrics
+        self.endpoint, self.state, self.metrics = endpoint, state, metrics
+        self.proposer = proposer
         self._write = write
         self._writable = writable  # None when the transport accepts more, else a future
         self.tasks: dict[int, asyncio.Task] = {}
@@ -69,7 +93,7 @@ class StepDrafter:
             return
         drafts: list[int] = []
         try:
-            for index, (token, row) in enumerate(self._rows(step, prefix), start=1):
+            for index, (token, row) in enumerate(self.proposer.rows(step, prefix), start=1):
                 if not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # reset (or connection gone) while drafting: send nothing more
                 frame = ep.send(reply_from_row(
@@ -98,16 +122,6 @@ class StepDrafter:
         ep = self.endpoint
         return self.state.prefix_for_step(ep.session, step.slot, step.generation, step.anchor,
                                           step.prefix_digest).tokens
-
-    def _rows(self, step: Step, prefix: list[int]):
-        if step_form(step) is Form.TOKEN_ONLY:
-            for token in propose_greedy(self.model, prefix, step.depth):
-                yield token, None
-            return
-        spec = ProposalSpec(seed=step.seed, generation=step.generation, round_id=step.round_id,
-                            anchor=step.first_position, depth=step.depth,
-                            temperature=step.temperature, top_k=step.top_k or None)
-        yield from propose(self.model, prefix, spec)
 
     def _abort(self, step: Step, reason: Reason) -> None:
         ep = self.endpoint

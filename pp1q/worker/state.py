@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pp1q.core.errors import Reason
+from pp1q.core.errors import Pp1qError, Reason
 from pp1q.core.prefix import Prefix
 
 MAX_SESSIONS_TRACKED = 64  # verifier connections one worker serves; bounds this table
 
 
-class StateRefusedError(Exception):
-    def __init__(self, reason: Reason, detail: str = "") -> None:
-        super().__init__(f"{reason.value}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class StateRefusedError(Pp1qError):
+    """The worker's state refuses an input (stale generation, digest, position...)."""
 
 
 @dataclass

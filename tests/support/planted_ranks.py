@@ -12,36 +12,34 @@ it, and the request fails with ``rank_disagreement``. Run exactly like
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 
 from pp1q.cli import verifier as verifier_command
 from pp1q.cli._daemon import run_daemon
-from pp1q.verifier.daemon import serve
-from pp1q.verifier.ranks.ops import OpKind, Verdict
-from pp1q.verifier.ranks.replica import RankState
+from pp1q.verifier.daemon import Deciders, serve
+from pp1q.verifier.ranks.ops import OpKind
+from pp1q.verifier.ranks.replica import RankDecisions, committed_tokens
 
 SALT = 0x5EED_5EED  # the rank's "own noise"
 
 
-class IndependentSampler(RankState):
-    def apply(self, op, v):
-        if v.ok and op.kind in (OpKind.ROUND, OpKind.TARGET_ONLY) and self.rank != op.decider:
-            s = self.slots[op.slot]
-            seed, s.seed = s.seed, s.seed ^ (SALT * (self.rank + 1))
-            try:
-                own = self._decide(op)
-            finally:
-                s.seed = seed
-            v = Verdict(True, own.accepted, own.token, v.length, v.digest)
-        return super().apply(op, v)
+class IndependentSampler(RankDecisions):
+    """Every rank but the op's decider commits the decision it draws with its own noise."""
+
+    def committed(self, rank, op, s, v):
+        if op.kind in (OpKind.ROUND, OpKind.TARGET_ONLY) and rank != op.decider:
+            own = self.decide(op, dataclasses.replace(s, seed=s.seed ^ (SALT * (rank + 1))))
+            return committed_tokens(op, own.accepted, own.token)
+        return super().committed(rank, op, s, v)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="planted_ranks")
     verifier_command.add_arguments(parser)
     args = parser.parse_args()
-    planted = functools.partial(serve, state_cls=IndependentSampler,
+    planted = functools.partial(serve, deciders=Deciders(rank=IndependentSampler),
                                 child_command=[sys.executable, __file__])
     return run_daemon(args, "verifier", verifier_command.SETTINGS, planted)
 

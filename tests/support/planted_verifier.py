@@ -19,26 +19,30 @@ from pp1q.cli._daemon import run_daemon
 from pp1q.core.rng import Domain, uniform53
 from pp1q.core.verify import pick
 from pp1q.verifier import rounds
-from pp1q.verifier.daemon import serve
-from pp1q.verifier.scheduler import Scheduler
+from pp1q.verifier.daemon import Deciders, serve
+from pp1q.verifier.decider import LocalDecider
 
 
-class CorrectionFromTargetScheduler(Scheduler):
-    def decide_sampled(self, p, q_rows, drafts, keys):
-        out = rounds.sampled(p, q_rows, drafts, keys)
-        if out.accepted == len(drafts):
-            return out
+class CorrectionFromTarget(LocalDecider):
+    """The production decider, except that a rejection's correction is drawn from p_i."""
+
+    async def decide_round(self, job, step, ready):
+        out, kind = await super().decide_round(job, step, ready)
+        drafts = list(ready.draft_ids)
+        if ready.greedy or out.accepted == len(drafts):
+            return out, kind
         i = out.accepted
-        u = uniform53(keys.seed, keys.generation, keys.round_id, keys.anchor + i,
+        p = self.rows.rows(job.slot, job.prefix.tokens, drafts, logits=False)
+        u = uniform53(job.req.seed, step.generation, step.round_id, step.first_position + i,
                       Domain.CORRECTION)
-        return rounds.Outcome(i, int(pick(np.asarray(p[i])[None], np.array([u]))[0]))
+        return rounds.Outcome(i, int(pick(np.asarray(p[i])[None], np.array([u]))[0])), kind
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="planted_verifier")
     verifier_command.add_arguments(parser)
     args = parser.parse_args()
-    planted = functools.partial(serve, scheduler_cls=CorrectionFromTargetScheduler)
+    planted = functools.partial(serve, deciders=Deciders(local=CorrectionFromTarget))
     return run_daemon(args, "verifier", verifier_command.SETTINGS, planted)
 
 

@@ -8,25 +8,32 @@ Run exactly like ``pp1q worker`` (same options).
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import functools
 import sys
 
+import msgspec
+
 from pp1q.cli import worker as worker_command
-from pp1q.worker import drafting
-from pp1q.worker.proposer import propose
+from pp1q.cli._daemon import run_daemon
+from pp1q.worker.daemon import serve
+from pp1q.worker.drafting import Proposer
 
 
-def propose_with_wrong_q(model, prefix, spec):
-    sent = propose(model, prefix, dataclasses.replace(spec, temperature=1.0))
-    for (token, _), (_, wrong_q) in zip(propose(model, prefix, spec), sent, strict=True):
-        yield token, wrong_q
+class WrongQ(Proposer):
+    """Tokens drawn at the STEP's temperature, q rows built at temperature 1."""
+
+    def rows(self, step, prefix):
+        sent = super().rows(msgspec.structs.replace(step, temperature=1.0), prefix)
+        for (token, _), (_, wrong_q) in zip(super().rows(step, prefix), sent, strict=True):
+            yield token, wrong_q
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="planted_worker")
     worker_command.add_arguments(parser)
-    drafting.propose = propose_with_wrong_q
-    return worker_command.run(parser.parse_args())
+    args = parser.parse_args()
+    planted = functools.partial(serve, proposer=WrongQ)
+    return run_daemon(args, "worker", worker_command.SETTINGS, planted)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,16 @@ import json
 
 import pytest
 
+from pp1q.core.errors import Reason, ServiceError
 from pp1q.verifier.api import MAX_NEW_TOKENS, decode_generate
-from pp1q.verifier.http import MAX_BODY_BYTES, MAX_HEAD_BYTES, HttpError, HttpServer, parse_head
+from pp1q.verifier.http import (
+    MAX_BODY_BYTES,
+    MAX_HEAD_BYTES,
+    HttpError,
+    HttpServer,
+    encode_response,
+    parse_head,
+)
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
@@ -119,3 +127,21 @@ async def test_server_routes_errors_and_keep_alive():
         writer.close()
     finally:
         await server.close()
+
+
+async def test_http_layer_answers_a_service_error_with_its_status():
+    async def handler(head, body):
+        raise ServiceError(Reason.RANK_DISAGREEMENT, "rank 1 refused round")
+
+    server = HttpServer({("GET", "/x"): handler})
+    port = await server.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        raw = await reader.read()
+        writer.close()
+    finally:
+        await server.close()
+    want = encode_response(500, {"error": {"code": "rank_disagreement",
+                                           "message": "rank 1 refused round"}}, False)
+    assert raw == want

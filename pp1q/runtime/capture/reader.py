@@ -16,6 +16,7 @@ from pathlib import Path
 
 import xxhash
 
+from pp1q.core.errors import Pp1qError, Reason
 from pp1q.runtime.capture.format import (
     CHECKSUM,
     FILE_HEADER,
@@ -34,7 +35,7 @@ from pp1q.runtime.capture.format import (
 READ_BUFFER_BYTES = 1 << 20  # sequential reads of many small records
 
 
-class CaptureError(Exception):
+class CaptureError(Pp1qError):
     """The file is not a valid capture (corrupt, truncated, unknown version...).
 
     ``offset``: byte offset of the offending record (or header); ``index``: its
@@ -44,7 +45,8 @@ class CaptureError(Exception):
     def __init__(self, message: str, offset: int = 0, index: int | None = None) -> None:
         self.offset, self.index = offset, index
         where = "file header" if index is None else f"record {index}"
-        super().__init__(f"{message} ({where} at byte {offset})")
+        text = f"{message} ({where} at byte {offset})"
+        super().__init__(Reason.BAD_CAPTURE, text, message=text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,13 +19,14 @@ import sys
 import msgspec
 import numpy as np
 
+from pp1q.core.prefix import Prefix
 from pp1q.core.q import build_row, sample
 from pp1q.models.toy import ToySpec
 from pp1q.runtime.metrics import Metrics
 from pp1q.wire import Completion, Form, Status, Step, encode, reply_from_row
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, worker_config
 from pp1q.worker.connection import WorkerConnection
-from pp1q.worker.drafting import StepDrafter
+from pp1q.worker.drafting import Proposer
 from pp1q.worker.state import WorkerState
 
 VOCAB = 129280
@@ -71,30 +72,37 @@ def frames(form: str) -> list[tuple[bytes, bytes]]:
 # -- ours ------------------------------------------------------------------------
 
 
-class CannedDrafter(StepDrafter):
+class CannedProposer(Proposer):
     """Replies with precomputed rows: the benchmark times transport, not the model."""
 
-    rows: dict[int, list[list[tuple[int, object]]]] = {}
+    def __init__(self, rows: dict[int, list[list[tuple[int, object]]]]) -> None:
+        super().__init__(None)
+        self.canned = rows
 
-    def _prefix(self, step: Step) -> list[int]:
-        return []
+    def rows(self, step: Step, prefix: list[int]):
+        yield from self.canned[step.top_k][step.slot % REQUESTS][: step.depth]
 
-    def _rows(self, step: Step, prefix: list[int]):
-        yield from self.rows[step.top_k][step.slot % REQUESTS][: step.depth]
+
+class ContextFreeState(WorkerState):
+    """The benchmark's STEPs come without a context (no context channel): every STEP
+    drafts after an empty prefix."""
+
+    def prefix_for_step(self, session, slot, generation, anchor, digest) -> Prefix:
+        return Prefix()
 
 
 def serve_ours(form: str, check_outgoing: bool = True) -> None:
     import uvloop
 
-    CannedDrafter.rows = {(0 if form == "dense" else TOP_K): canned_rows(form)}
+    proposer = CannedProposer({(0 if form == "dense" else TOP_K): canned_rows(form)})
     logging.basicConfig(level=logging.ERROR)
     spec = ToySpec(vocab=VOCAB, seed=0)
     config = worker_config(spec, (2,), DEFAULT_MAX_SUPPORT)
 
     async def main() -> None:
-        metrics, state = Metrics("worker"), WorkerState()
+        metrics, state = Metrics("worker"), ContextFreeState()
         server = await asyncio.get_running_loop().create_server(
-            lambda: WorkerConnection(config, state, None, metrics, drafter_cls=CannedDrafter,
+            lambda: WorkerConnection(config, state, proposer, metrics,
                                      check_outgoing=check_outgoing), "127.0.0.1", 0)
         print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
         await asyncio.Event().wait()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pp1q.core.errors import RemoteProtocolError
+from pp1q.core.errors import Pp1qError, Reason, RemoteProtocolError
 from pp1q.verifier.ranks import ops as rank_ops
 from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, VOTE_WORDS, Limits, Op, Verdict
 from pp1q.verifier.ranks.replica import RankState
@@ -38,12 +38,12 @@ IDENTITY_BYTES = 1024  # each rank's identity record at join (JSON, zero padded)
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-class GroupError(Exception):
+class GroupError(Pp1qError):
     """A collective failed (a rank died, hung past the timeout, or desynchronised)."""
 
     def __init__(self, timed_out: bool, detail: str) -> None:
-        super().__init__(detail)
-        self.timed_out, self.detail = timed_out, detail
+        super().__init__(Reason.RANKS_LOST, detail, message=detail)
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 
 from pp1q.core.outcomes import RankFailure
 from pp1q.runtime.metrics import Metrics
@@ -20,7 +21,7 @@ from pp1q.verifier.ranks.collective import GroupError
 from pp1q.verifier.ranks.group import EXIT_RANKS_LOST
 from pp1q.verifier.ranks.launch import RankPlan, check_identities, identity, join
 from pp1q.verifier.ranks.ops import FLAG_STOP, Limits
-from pp1q.verifier.ranks.replica import RankState
+from pp1q.verifier.ranks.replica import RankDecisions, RankState
 
 log = logging.getLogger("pp1q.verifier.ranks.group")
 
@@ -64,10 +65,13 @@ def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
 
 
 async def serve_follower(settings: dict, plan: RankPlan, limits: Limits, target,
-                         metrics: Metrics, stop: asyncio.Event, state_cls=None) -> int:
-    """A follower daemon's life, from the event loop of pp1q.cli._daemon."""
+                         metrics: Metrics, stop: asyncio.Event,
+                         decisions: Callable[..., RankDecisions] = RankDecisions) -> int:
+    """A follower daemon's life, from the event loop of pp1q.cli._daemon. ``decisions``
+    builds the replica's decisions (pp1q.verifier.daemon.Deciders.rank)."""
     rv = plan.rv
-    state = (state_cls or RankState)(rv.rank, limits, target, settings["target_delay_ms"] / 1000.0)
+    state = RankState(rv.rank, limits, decisions(target, limits),
+                      settings["target_delay_ms"] / 1000.0)
     host = settings["metrics_host"]
     with metrics.served(host, settings["metrics_port"]) as mport:
         record = identity(settings, target.identity, limits, rv.backend,

@@ -1,14 +1,14 @@
-"""Rank 0 of a verifier rank group: the scheduler's decisions, made across ranks.
+"""Rank 0 of a verifier rank group: the exchanges that make decisions across ranks.
 
 Rank 0 owns the worker connection and validates every byte (as one process does).
-``RankedScheduler`` then hands each decision to the group as an op instead of making
-it locally: OPEN when a request takes a slot, ROUND with the validated draft ids and q
-rows (replicated q: every rank receives them), TARGET_ONLY for a target-only step,
-INVALIDATE after a discarded proposal (RESET sent), CLOSE when the slot is released.
-The op's decider (rank ``slot % world``: requests are spread over the ranks that
-sample) computes the target rows and decides once; every rank commits that decision
-or none does (pp1q.verifier.ranks.ops). Only then does rank 0 send COMMIT to the worker
-and extend the request's tokens.
+Its Decider (pp1q.verifier.ranks.decider.RankedDecider) then hands each decision to
+the group as an op instead of making it locally: OPEN when a request takes a slot,
+ROUND with the validated draft ids and q rows (replicated q: every rank receives
+them), TARGET_ONLY for a target-only step, INVALIDATE after a discarded proposal
+(RESET sent), CLOSE when the slot is released. The op's decider (rank ``slot % world``:
+requests are spread over the ranks that sample) computes the target rows and decides
+once; every rank commits that decision or none does (pp1q.verifier.ranks.ops). Only
+then does rank 0 send COMMIT to the worker and extend the request's tokens.
 
 ``RankGroup`` runs the exchanges from one thread: ops submitted in the meantime leave
 together (one per slot per exchange), and an idle group exchanges a heartbeat every
@@ -16,10 +16,12 @@ quarter of ``rank_timeout_s``, so a dead or hung rank is found even without traf
 
 Failure rule (docs/operations.md, "Ranks"): a rank that refuses an op (its committed
 state differs, a stale generation, an invalid row) fails that request with HTTP 500
-``rank_disagreement``, counted in ``pp1q_rank_failures_total``; the group stays up.
-A collective that fails or times out loses the group: every open request fails with
-HTTP 503 ``ranks_lost``, new ones are refused, and after ``rank_exit_grace_s`` every
+``rank_disagreement``, counted in ``pp1q_rank_failures_total``; the group stays up. A
+collective that fails or times out loses the group: every open request fails with HTTP
+503 ``ranks_lost``, new ones are refused, and after ``rank_exit_grace_s`` every
 surviving rank exits with status 3 (EXIT_RANKS_LOST) for its supervisor to restart.
+The decider raises these as ServiceError (RANK_DISAGREEMENT, RANKS_LOST); the HTTP
+layer picks the status (pp1q.verifier.http.STATUS_OF).
 """
 
 from __future__ import annotations
@@ -29,20 +31,17 @@ import collections
 import contextlib
 import logging
 import threading
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from pp1q.core.errors import Reason
-from pp1q.core.outcomes import RankFailure, StepKind
+from pp1q.core.errors import Pp1qError, Reason
+from pp1q.core.outcomes import RankFailure
 from pp1q.runtime.metrics import Metrics
-from pp1q.verifier import rounds
-from pp1q.verifier.http import HttpError
 from pp1q.verifier.ranks.collective import Collective, GroupError
-from pp1q.verifier.ranks.ops import FLAG_STOP, MAX_BATCH_OPS, Form, Op, OpKind, Verdict
+from pp1q.verifier.ranks.ops import FLAG_STOP, MAX_BATCH_OPS, Op, Verdict
 from pp1q.verifier.ranks.replica import RankState
-from pp1q.verifier.scheduler import Job, Scheduler
-from pp1q.wire import Step
-from pp1q.wire.events import ProposalReady
+
+if TYPE_CHECKING:
+    from pp1q.verifier.ranks.decider import RankedDecider
 
 log = logging.getLogger("pp1q.verifier.ranks.group")
 
@@ -51,15 +50,20 @@ HEARTBEAT_FRACTION = 0.25  # idle exchanges this often (of rank_timeout_s): well
 STOP_TIMEOUT_S = 10.0  # the STOP exchange at shutdown; past it the group is abandoned
 
 
-class GroupLostError(Exception):
+class GroupLostError(Pp1qError):
+    """The group is gone (``cause``: how); every op waiting and every later op fails."""
+
     def __init__(self, cause: RankFailure, detail: str) -> None:
-        super().__init__(detail)
-        self.cause, self.detail = cause, detail
+        super().__init__(Reason.RANKS_LOST, detail, message=detail)
+        self.cause = cause
 
 
-class OpRefusedError(Exception):
+class OpRefusedError(Pp1qError):
+    """A rank voted no on an op (``verdict.reason`` says why): every rank discarded it."""
+
     def __init__(self, verdict: Verdict) -> None:
-        super().__init__(f"rank {verdict.rank} refused: {verdict.reason}")
+        text = f"rank {verdict.rank} refused: {verdict.reason}"
+        super().__init__(Reason.RANK_DISAGREEMENT, text, message=text)
         self.verdict = verdict
 
 
@@ -196,110 +200,31 @@ class RankGroup:
             self.on_lost(lost)
 
 
-def _quiet(fut: asyncio.Future) -> None:
-    if not fut.cancelled():
-        fut.exception()  # counted and logged by RankGroup already
-
-
-class RankedScheduler(Scheduler):
-    """The scheduler of rank 0: every decision goes through the rank group."""
-
-    group: RankGroup  # set once the group has formed (pp1q.verifier.daemon)
-
-    def decider(self, slot: int) -> int:
-        return slot % self.group.world
-
-    def _op(self, job: Job, kind: OpKind, **fields) -> Op:
-        return Op(kind, job.slot, seed=job.req.seed, decider=self.decider(job.slot),
-                  prefix_len=len(job.prefix), prefix_digest=job.prefix.digest, **fields)
-
-    async def _run(self, op: Op) -> Verdict:
-        try:
-            return await self.group.submit(op)
-        except GroupLostError as e:
-            raise HttpError(503, "ranks_lost",
-                            f"a verifier rank failed ({e.cause.value}); restarting") from None
-        except OpRefusedError as e:
-            why = e.verdict.reason
-            cause = (RankFailure.DIGEST_MISMATCH if why is Reason.CHECKSUM_MISMATCH
-                     else RankFailure.RANK_REFUSED)
-            self.metrics.rank_failures.labels(cause=cause.value).inc()
-            raise HttpError(500, "rank_disagreement",
-                            f"rank {e.verdict.rank} refused {op.kind.name.lower()} "
-                            f"({e.verdict.reason}); nothing was committed") from None
-
-    def _submit_unawaited(self, op: Op) -> None:
-        """OPEN and CLOSE: later ops of the slot queue behind them (FIFO), and after a
-        refused OPEN the request's first decision is refused too (the slot is open on no
-        rank), so nobody waits for their votes; CLOSE is never refused."""
-        self.group.submit(op).add_done_callback(_quiet)
-
-    async def _job_started(self, job: Job) -> None:
-        if self.group.lost is not None:
-            raise HttpError(503, "ranks_lost", "the verifier rank group is down; restarting")
-        self._submit_unawaited(self._op(job, OpKind.OPEN, greedy=job.req.greedy,
-                                        prompt=np.asarray(job.req.prompt, dtype=np.int32)))
-
-    def _release(self, job: Job) -> None:
-        if self.group.lost is None:
-            self._submit_unawaited(self._op(job, OpKind.CLOSE))  # queued before any reuse
-        super()._release(job)
-
-    async def _decide_round(self, job: Job, step: Step,
-                            ready: ProposalReady) -> tuple[rounds.Outcome, StepKind]:
-        rows = () if ready.greedy else tuple(
-            (Form.DENSE, None, r.q) if r.ids is None else (Form.SPARSE, r.ids, r.q)
-            for r in ready.replies)
-        # rank 0 deciding uses the rows it validated; any other decider parses the bytes
-        mine = not ready.greedy and self.decider(job.slot) == 0
-        op = self._op(job, OpKind.ROUND, generation=step.generation, round_id=step.round_id,
-                      greedy=ready.greedy, drafts=np.asarray(ready.draft_ids, np.int32),
-                      rows=rows, q_rows=tuple(ready.q_rows) if mine else None)
-        v = await self._run(op)
-        kind = StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
-        return rounds.Outcome(v.accepted, v.token), kind
-
-    async def _decide_target_only(self, job: Job, generation: int,
-                                  round_id: int) -> rounds.Outcome:
-        v = await self._run(self._op(job, OpKind.TARGET_ONLY, generation=generation,
-                                     round_id=round_id))
-        return rounds.Outcome(0, v.token)
-
-    async def _invalidated(self, job: Job, generation: int, reason: Reason) -> None:
-        if job.context_session is None:
-            return  # no proposal of this generation was ever possible: nothing to kill
-        await self._run(self._op(job, OpKind.INVALIDATE, generation=generation,
-                                 reason=reason))
-
-    def health(self) -> dict:
-        g = self.group
-        return {"world": g.world, "state": "lost" if g.lost else "up",
-                "metrics": [p.get("metrics") for p in g.peers]}
-
-
-async def start_group(settings: dict, launch, scheduler: RankedScheduler, config,
-                      stop: asyncio.Event, state_cls=None) -> RankGroup | None:
+async def start_group(settings: dict, launch, decider: RankedDecider, config,
+                      stop: asyncio.Event) -> RankGroup | None:
     """Rank 0: form the group (``launch``: pp1q.verifier.ranks.launch.Launch), start the
-    exchange thread; None when the ranks did not all join within the join timeout."""
+    exchange thread and hand it to ``decider``; None when the ranks did not all join
+    within the join timeout."""
     from pp1q.verifier.ranks.launch import form_group, identity, limits_of
 
     rv = launch.plan.rv
     limits = limits_of(config, rv.world)
-    record = identity(settings, scheduler.target.identity, limits, rv.backend, None)
+    record = identity(settings, decider.target.identity, limits, rv.backend, None)
     try:
         coll, records = await form_group(launch, limits, record, stop)
     except TimeoutError as e:
         log.error("%s", e)
         return None
-    metrics = scheduler.metrics
+    metrics = decider.metrics
     metrics.rank_world_size.set(rv.world)
-    state = (state_cls or RankState)(0, limits, scheduler.target, scheduler.target_delay_s)
+    state = RankState(0, limits, decider.decisions(decider.target, limits),
+                      decider.target_delay_s)
     group = RankGroup(coll, state, metrics, settings["rank_timeout_s"])
     group.peers, group.children = records, launch.children
     loop = asyncio.get_running_loop()
     grace = settings["rank_exit_grace_s"]
     group.on_lost = lambda _lost: loop.call_later(grace, stop.set)
-    scheduler.group = group
+    decider.group = group
     group.start()
     log.info("verifier rank group of %d formed (%s)", rv.world, rv.backend)
     return group

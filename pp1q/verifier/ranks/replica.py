@@ -4,10 +4,12 @@ Every rank, rank 0 included, holds the same replica: per open slot the request's
 greedy flag, committed prefix (with its running digest) and the newest invalidated
 generation. ``vote(op)`` checks an op against it (rank 0's prefix length and digest in
 the op must equal this rank's: the per-round agreement check) and, on the op's
-decider, decides: target rows from the committed prefix, then the same pure decision
-functions as one process (pp1q.verifier.rounds) with the same keys. ``apply(op,
-verdict)`` commits exactly the verdict every rank derived from the summed votes, or
-nothing. Nothing here blocks on another rank or knows about torch.
+decider, decides. ``apply(op, verdict)`` commits exactly the verdict every rank derived
+from the summed votes, or nothing. Both go through the replica's one decision seam,
+``RankDecisions``: ``decide`` (target rows from the committed prefix, then the same
+decision as one process, pp1q.verifier.target_rows, with the same keys) and
+``committed`` (the tokens a verdict appends). Nothing here blocks on another rank or
+knows about torch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pp1q.core.verify import RoundKeys
 from pp1q.models.toy import TargetModel
 from pp1q.verifier import rounds
 from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind, Verdict, no, yes
+from pp1q.verifier.target_rows import TargetRows
 
 
 @dataclass
@@ -34,16 +37,51 @@ class SlotReplica:
     invalid_through: int = 0  # no proposal of a generation <= this is verified again
 
 
+def committed_tokens(op: Op, accepted: int, token: int) -> list[int]:
+    """What a ROUND or TARGET_ONLY decision appends to the prefix."""
+    if op.kind is OpKind.ROUND:
+        return [int(t) for t in op.drafts[:accepted]] + [token]
+    return [token]
+
+
+class RankDecisions:
+    """A rank's decisions: the op's decider decides, every rank commits the verdict.
+
+    The daemon builds one per rank (pp1q.verifier.daemon.Deciders.rank); a planted-bug
+    test passes its own the same way."""
+
+    def __init__(self, target: TargetModel, limits: Limits) -> None:
+        self.vocab = limits.vocab
+        self.rows = TargetRows(target, limits.slots, limits.depth)
+
+    def decide(self, op: Op, s: SlotReplica) -> rounds.Outcome:
+        """The decision of a ROUND or TARGET_ONLY op after ``s``'s committed prefix."""
+        if op.kind is OpKind.TARGET_ONLY:
+            return self.rows.target_only(op.slot, s.prefix.tokens, s.seed, op.generation,
+                                         op.round_id, s.greedy)
+        drafts = [int(t) for t in op.drafts]
+        q_rows = () if op.greedy else (
+            op.q_rows if op.q_rows is not None else self._parse_rows(op))
+        keys = RoundKeys(s.seed, op.generation, op.round_id, len(s.prefix))
+        return self.rows.round(op.slot, s.prefix.tokens, drafts, q_rows, keys, op.greedy)
+
+    def committed(self, rank: int, op: Op, s: SlotReplica, v: Verdict) -> list[int]:
+        """The tokens ``rank`` appends for the verdict every rank derived: the verdict's."""
+        return committed_tokens(op, v.accepted, v.token)
+
+    def _parse_rows(self, op: Op) -> list:
+        return [parse_sparse(ids, q, self.vocab) if form == Form.SPARSE
+                else parse_dense(q, self.vocab) for form, ids, q in op.rows]
+
+
 class RankState:
-    def __init__(self, rank: int, limits: Limits, target: TargetModel,
+    def __init__(self, rank: int, limits: Limits, decisions: RankDecisions,
                  target_delay_s: float = 0.0) -> None:
-        self.rank, self.limits, self.target = rank, limits, target
+        self.rank, self.limits, self.decisions = rank, limits, decisions
         self.target_delay_s = target_delay_s
         self.slots: dict[int, SlotReplica] = {}
         self.decided = 0  # decisions this rank made (a metric)
         self.invalidations = 0  # generations invalidated here (a metric)
-        # decider buffers, sized once: target rows for depth + 1 positions per slot
-        self._p = np.empty((limits.slots, limits.depth + 1, limits.vocab), dtype=np.float64)
 
     # -- voting --------------------------------------------------------------------
 
@@ -64,11 +102,11 @@ class RankState:
         if op.decider != self.rank or op.kind not in (OpKind.ROUND, OpKind.TARGET_ONLY):
             return yes()
         try:
-            out = self._decide(op)
+            out = self.decisions.decide(op, self.slots[op.slot])
         except Pp1qError as e:  # a row or draft rank 0 should never have passed on
             return no(e.reason)
         self.decided += 1
-        tokens = self.committed_tokens(op, out.accepted, out.token)
+        tokens = committed_tokens(op, out.accepted, out.token)
         after = self.slots[op.slot].prefix.copy()
         after.extend(tokens)
         return yes(out.accepted, out.token, len(after), after.digest)
@@ -91,45 +129,7 @@ class RankState:
             return Reason.STALE_GENERATION
         return None
 
-    def _decide(self, op: Op) -> rounds.Outcome:
-        s = self.slots[op.slot]
-        if op.kind is OpKind.TARGET_ONLY:
-            p = self._rows(op.slot, s, [])
-            return rounds.target_only(p[0], s.seed, op.generation, op.round_id,
-                                      len(s.prefix), s.greedy)
-        drafts = [int(t) for t in op.drafts]
-        p = self._rows(op.slot, s, drafts, logits=op.greedy)
-        if op.greedy:
-            return rounds.greedy(p, drafts)
-        q_rows = op.q_rows if op.q_rows is not None else self._parse_rows(op)
-        keys = RoundKeys(s.seed, op.generation, op.round_id, len(s.prefix))
-        return self.decide_sampled(p, q_rows, drafts, keys)
-
-    def decide_sampled(self, p, q_rows, drafts, keys: RoundKeys) -> rounds.Outcome:
-        """Standard verification (a planted-bug test overrides this, nothing else does)."""
-        return rounds.sampled(p, q_rows, drafts, keys)
-
-    def _parse_rows(self, op: Op) -> list:
-        vocab = self.limits.vocab
-        return [parse_sparse(ids, q, vocab) if form == Form.SPARSE else parse_dense(q, vocab)
-                for form, ids, q in op.rows]
-
-    def _rows(self, slot: int, s: SlotReplica, drafts: list[int],
-              logits: bool = False) -> np.ndarray:
-        out = self._p[slot, : len(drafts) + 1]
-        if logits or s.greedy:
-            out[:] = self.target.logits(s.prefix.tokens, drafts)  # argmax needs no softmax
-            return out
-        return self.target.probs(s.prefix.tokens, drafts, out=out)
-
     # -- committing ----------------------------------------------------------------
-
-    @staticmethod
-    def committed_tokens(op: Op, accepted: int, token: int) -> list[int]:
-        """What a ROUND or TARGET_ONLY verdict appends to the prefix."""
-        if op.kind is OpKind.ROUND:
-            return [int(t) for t in op.drafts[:accepted]] + [token]
-        return [token]
 
     def apply(self, op: Op, v: Verdict) -> bool:
         """Commit ``v`` (every rank derived the same one), or nothing when it refuses.
@@ -146,7 +146,8 @@ class RankState:
             s.invalid_through = max(s.invalid_through, op.generation)
             self.invalidations += 1
         else:
-            prefix = self.slots[op.slot].prefix
-            prefix.extend(self.committed_tokens(op, v.accepted, v.token))
+            s = self.slots[op.slot]
+            s.prefix.extend(self.decisions.committed(self.rank, op, s, v))
+            prefix = s.prefix
             return len(prefix) == v.length and prefix.digest == v.digest
         return True

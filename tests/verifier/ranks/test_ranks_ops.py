@@ -16,7 +16,7 @@ from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.verifier import rounds
 from pp1q.verifier.ranks import ops as rank_ops
 from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, Form, Limits, Op, OpKind
-from pp1q.verifier.ranks.replica import RankState
+from pp1q.verifier.ranks.replica import RankDecisions, RankState
 
 VOCAB = 64
 LIMITS = Limits(world=2, slots=4, depth=5, vocab=VOCAB, dense_len=VOCAB, max_support=32)
@@ -81,7 +81,7 @@ def _exchange(states, ops, seq):
 
 
 def _ranks():
-    return [RankState(r, LIMITS, TARGET) for r in range(LIMITS.world)]
+    return [RankState(r, LIMITS, RankDecisions(TARGET, LIMITS)) for r in range(LIMITS.world)]
 
 
 # -- bytes ----------------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""Rank 0's Decider: every decision of the scheduler made by the rank group.
+
+Each call becomes an op for the group (pp1q.verifier.ranks.group): OPEN when a request
+takes a slot, ROUND with the validated draft ids and q rows (replicated q: every rank
+receives them), TARGET_ONLY for a target-only step, INVALIDATE after a discarded
+proposal (RESET sent), CLOSE when the slot is released. The op's decider (rank
+``slot % world``: requests are spread over the ranks that sample) decides once through
+its replica's RankDecisions; every rank commits that decision or none does. A lost
+group or a refused op is a ServiceError (RANKS_LOST, RANK_DISAGREEMENT): the HTTP
+layer answers 503 ``ranks_lost`` / 500 ``rank_disagreement``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import numpy as np
+
+from pp1q.core.errors import Reason, ServiceError
+from pp1q.core.outcomes import RankFailure, StepKind
+from pp1q.models.toy import TargetModel
+from pp1q.runtime.metrics import Metrics
+from pp1q.verifier.decider import Decider
+from pp1q.verifier.job import Job
+from pp1q.verifier.ranks.group import GroupLostError, OpRefusedError, RankGroup
+from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind, Verdict
+from pp1q.verifier.ranks.replica import RankDecisions
+from pp1q.verifier.rounds import Outcome
+from pp1q.wire import Step
+from pp1q.wire.events import ProposalReady
+
+
+def _quiet(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()  # counted and logged by RankGroup already
+
+
+class RankedDecider(Decider):
+    """Decisions across the rank group; ``group`` is set once it has formed
+    (pp1q.verifier.ranks.group.start_group, which builds rank 0's replica with
+    ``decisions``)."""
+
+    def __init__(self, target: TargetModel, metrics: Metrics, target_delay_s: float = 0.0,
+                 decisions: Callable[[TargetModel, Limits], RankDecisions] = RankDecisions
+                 ) -> None:
+        self.target, self.metrics = target, metrics
+        self.target_delay_s = target_delay_s
+        self.decisions = decisions
+        self.group: RankGroup | None = None
+
+    def decider_rank(self, slot: int) -> int:
+        return slot % self.group.world
+
+    def _op(self, job: Job, kind: OpKind, **fields) -> Op:
+        return Op(kind, job.slot, seed=job.req.seed, decider=self.decider_rank(job.slot),
+                  prefix_len=len(job.prefix), prefix_digest=job.prefix.digest, **fields)
+
+    async def _run(self, op: Op) -> Verdict:
+        try:
+            return await self.group.submit(op)
+        except GroupLostError as e:
+            raise ServiceError(Reason.RANKS_LOST, f"a verifier rank failed ({e.cause.value}); "
+                                                  "restarting") from None
+        except OpRefusedError as e:
+            why = e.verdict.reason
+            cause = (RankFailure.DIGEST_MISMATCH if why is Reason.CHECKSUM_MISMATCH
+                     else RankFailure.RANK_REFUSED)
+            self.metrics.rank_failures.labels(cause=cause.value).inc()
+            raise ServiceError(Reason.RANK_DISAGREEMENT,
+                               f"rank {e.verdict.rank} refused {op.kind.name.lower()} "
+                               f"({e.verdict.reason}); nothing was committed") from None
+
+    def _submit_unawaited(self, op: Op) -> None:
+        """OPEN and CLOSE: later ops of the slot queue behind them (FIFO), and after a
+        refused OPEN the request's first decision is refused too (the slot is open on no
+        rank), so nobody waits for their votes; CLOSE is never refused."""
+        self.group.submit(op).add_done_callback(_quiet)
+
+    async def open(self, job: Job) -> None:
+        if self.group.lost is not None:
+            raise ServiceError(Reason.RANKS_LOST, "the verifier rank group is down; restarting")
+        self._submit_unawaited(self._op(job, OpKind.OPEN, greedy=job.req.greedy,
+                                        prompt=np.asarray(job.req.prompt, dtype=np.int32)))
+
+    def close(self, job: Job) -> None:
+        if self.group.lost is None:
+            self._submit_unawaited(self._op(job, OpKind.CLOSE))  # queued before any reuse
+
+    async def decide_round(self, job: Job, step: Step,
+                           ready: ProposalReady) -> tuple[Outcome, StepKind]:
+        rows = () if ready.greedy else tuple(
+            (Form.DENSE, None, r.q) if r.ids is None else (Form.SPARSE, r.ids, r.q)
+            for r in ready.replies)
+        # rank 0 deciding uses the rows it validated; any other decider parses the bytes
+        mine = not ready.greedy and self.decider_rank(job.slot) == 0
+        op = self._op(job, OpKind.ROUND, generation=step.generation, round_id=step.round_id,
+                      greedy=ready.greedy, drafts=np.asarray(ready.draft_ids, np.int32),
+                      rows=rows, q_rows=tuple(ready.q_rows) if mine else None)
+        v = await self._run(op)
+        kind = StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
+        return Outcome(v.accepted, v.token), kind
+
+    async def decide_target_only(self, job: Job, generation: int, round_id: int) -> Outcome:
+        v = await self._run(self._op(job, OpKind.TARGET_ONLY, generation=generation,
+                                     round_id=round_id))
+        return Outcome(0, v.token)
+
+    async def invalidate(self, job: Job, generation: int, reason: Reason) -> None:
+        await self._run(self._op(job, OpKind.INVALIDATE, generation=generation,
+                                 reason=reason))
+
+    def health(self) -> dict:
+        g = self.group
+        return {"world": g.world, "state": "lost" if g.lost else "up",
+                "metrics": [p.get("metrics") for p in g.peers]}

@@ -1,0 +1,50 @@
+"""Target rows into per-slot buffers, then the decision: shared by every decider.
+
+One process (pp1q.verifier.decider.LocalDecider) and each rank's replica
+(pp1q.verifier.ranks.replica) compute here: the target's rows for the positions after
+the committed prefix and each draft, written into a buffer preallocated per slot
+(depth + 1 rows of vocab float64), then the pure decision functions of
+pp1q.verifier.rounds with the round's keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from pp1q.core.q import DyadicRow
+from pp1q.core.verify import RoundKeys
+from pp1q.models.toy import TargetModel
+from pp1q.verifier import rounds
+
+
+class TargetRows:
+    def __init__(self, target: TargetModel, slots: int, depth: int) -> None:
+        self.target = target
+        self._p = np.empty((slots, depth + 1, target.vocab), dtype=np.float64)  # sized once
+
+    def rows(self, slot: int, prefix: Sequence[int], drafts: Sequence[int], *,
+             logits: bool) -> np.ndarray:
+        """Rows for x_1..x_n and the bonus position: raw logits (argmax needs no
+        softmax: greedy) or the probabilities p."""
+        out = self._p[slot, : len(drafts) + 1]
+        if logits:
+            out[:] = self.target.logits(prefix, drafts)
+            return out
+        return self.target.probs(prefix, drafts, out=out)
+
+    def round(self, slot: int, prefix: Sequence[int], drafts: Sequence[int],
+              q_rows: Sequence[DyadicRow], keys: RoundKeys, greedy: bool) -> rounds.Outcome:
+        """Decide a proposal: greedy (v1) or standard verification (``keys.anchor``: x_1's
+        absolute position)."""
+        p = self.rows(slot, prefix, drafts, logits=greedy)
+        if greedy:
+            return rounds.greedy(p, drafts)
+        return rounds.sampled(p, q_rows, drafts, keys)
+
+    def target_only(self, slot: int, prefix: Sequence[int], seed: int, generation: int,
+                    round_id: int, greedy: bool) -> rounds.Outcome:
+        """One token from the target alone, at position len(prefix)."""
+        p = self.rows(slot, prefix, [], logits=greedy)
+        return rounds.target_only(p[0], seed, generation, round_id, len(prefix), greedy)

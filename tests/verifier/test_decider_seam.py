@@ -1,0 +1,161 @@
+"""The scheduler's one decision seam: a trivial fake Decider drives a whole request,
+domain errors reach HTTP only through pp1q.verifier.http.STATUS_OF, and no production
+module keeps an override or test hook."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pp1q.core.errors import Pp1qError, Reason, ServiceError
+from pp1q.core.outcomes import FallbackCause, StepKind
+from pp1q.runtime.metrics import Metrics
+from pp1q.verifier import scheduler as scheduler_mod
+from pp1q.verifier.api import GenerateRequest
+from pp1q.verifier.decider import Decider
+from pp1q.verifier.http import STATUS_OF, as_http
+from pp1q.verifier.rounds import Outcome
+from pp1q.verifier.scheduler import Scheduler
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = [3, 1, 4]
+DRAFTS = (5, 9)
+BONUS = 11  # the fake decider's token after accepted drafts
+ALONE = 7  # the fake decider's target-only token
+
+
+class FakeDecider(Decider):
+    """Accepts every draft, then BONUS; target-only steps give ALONE. Logs each call."""
+
+    def __init__(self, fail_open: Reason | None = None) -> None:
+        self.calls: list[tuple] = []
+        self.fail_open = fail_open
+
+    async def open(self, job):
+        self.calls.append(("open", job.slot))
+        if self.fail_open is not None:
+            raise ServiceError(self.fail_open, "the fake says no")
+
+    async def decide_round(self, job, step, ready):
+        self.calls.append(("round", step.generation, step.round_id, tuple(ready.draft_ids)))
+        return Outcome(len(ready.draft_ids), BONUS), StepKind.GREEDY
+
+    async def decide_target_only(self, job, generation, round_id):
+        self.calls.append(("target_only", generation, round_id))
+        return Outcome(0, ALONE)
+
+    async def invalidate(self, job, generation, reason):
+        self.calls.append(("invalidate", generation, reason))
+
+    def close(self, job):
+        self.calls.append(("close", job.slot))
+
+
+class FakeLink:
+    """A worker link that proposes DRAFTS for every greedy STEP (or is down)."""
+
+    def __init__(self, ready: bool = True) -> None:
+        self.ready, self.session = ready, 1
+        self.commits, self.resets = [], []
+
+    async def set_context(self, slot, generation, prefix):
+        return None
+
+    async def propose(self, step):
+        return SimpleNamespace(draft_ids=DRAFTS, q_rows=(), replies=(), greedy=True)
+
+    def commit(self, c):
+        self.commits.append(c)
+
+    def reset(self, slot, generation, reason):
+        self.resets.append((slot, generation, reason))
+        return True
+
+
+def _req(speculative=True, max_tokens=6, greedy=True) -> GenerateRequest:
+    return GenerateRequest(prompt=list(PROMPT), max_tokens=max_tokens, seed=5,
+                           speculative=speculative, greedy=greedy, draft_temperature=1.0,
+                           top_k=None)
+
+
+def _scheduler(decider, link=None, slots=1) -> Scheduler:
+    return Scheduler(link or FakeLink(), decider, Metrics("verifier"), slots=slots, depth=2)
+
+
+async def test_speculative_request_through_a_fake_decider():
+    decider, link = FakeDecider(), FakeLink()
+    answer = await _scheduler(decider, link).generate(_req())
+    assert answer["token_ids"] == [5, 9, BONUS, 5, 9, BONUS]
+    assert [c[0] for c in decider.calls] == ["open", "round", "round", "close"]
+    assert [(c.accepted, c.token, c.round_id) for c in link.commits] == [(2, BONUS, 1),
+                                                                         (2, BONUS, 2)]
+    assert answer["stats"]["rounds"] == 2 and answer["stats"]["accepted"] == 4
+    assert link.resets == [(0, 1, Reason.CANCELLED)]  # the worker's state dropped at release
+
+
+async def test_target_only_and_fallback_steps_go_to_the_decider():
+    decider = FakeDecider()
+    answer = await _scheduler(decider).generate(_req(speculative=False, max_tokens=2))
+    assert answer["token_ids"] == [ALONE, ALONE]
+    assert decider.calls[1:3] == [("target_only", 0, 1), ("target_only", 0, 2)]
+
+    decider, link = FakeDecider(), FakeLink(ready=False)
+    s = _scheduler(decider, link)
+    answer = await s.generate(_req(max_tokens=2))
+    assert answer["token_ids"] == [ALONE, ALONE]
+    assert answer["stats"]["fallbacks"][FallbackCause.WORKER_UNAVAILABLE.value] == 2
+    # no context was ever set: no RESET, nothing to invalidate, old generations keyed
+    assert [c for c in decider.calls if c[0] == "target_only"] == [("target_only", 1, 1),
+                                                                   ("target_only", 2, 2)]
+    assert not link.resets and not any(c[0] == "invalidate" for c in decider.calls)
+    assert s.metrics.value("pp1q_rounds_total", kind="fallback") == 2
+
+
+async def test_a_deciders_service_error_fails_the_request_and_frees_the_slot():
+    decider = FakeDecider(fail_open=Reason.RANKS_LOST)
+    s = _scheduler(decider)
+    with pytest.raises(ServiceError) as e:
+        await s.generate(_req())
+    assert e.value.reason is Reason.RANKS_LOST
+    assert decider.calls == [("open", 0), ("close", 0)]
+    assert s.metrics.value("pp1q_requests_total", outcome="error") == 1
+    decider.fail_open = None
+    assert len((await s.generate(_req(max_tokens=1)))["token_ids"]) == 1  # slot 0 free
+
+
+async def test_a_full_queue_is_a_service_error(monkeypatch):
+    monkeypatch.setattr(scheduler_mod, "MAX_QUEUED_REQUESTS", 1)
+    pool = _scheduler(FakeDecider()).pool
+    assert await pool.acquire() == 0  # the only slot
+    waiter = asyncio.ensure_future(pool.acquire())
+    await asyncio.sleep(0)
+    with pytest.raises(ServiceError) as e:
+        await pool.acquire()
+    assert e.value.reason is Reason.QUEUE_FULL
+    pool.release(0)
+    assert await waiter == 0
+
+
+def test_reasons_map_to_todays_statuses_in_one_table():
+    assert STATUS_OF == {Reason.QUEUE_FULL: (503, "busy"),
+                         Reason.RANKS_LOST: (503, "ranks_lost"),
+                         Reason.RANK_DISAGREEMENT: (500, "rank_disagreement"),
+                         Reason.GENERATIONS_EXHAUSTED: (500, "generations_exhausted")}
+    h = as_http(ServiceError(Reason.QUEUE_FULL, "256 requests already queued"))
+    assert (h.status, h.code, h.message) == (503, "busy", "256 requests already queued")
+    assert isinstance(h, Pp1qError) and h.reason is Reason.BAD_REQUEST
+
+
+HOOKS = re.compile(r"\b(decide_sampled|scheduler_cls|state_cls|drafter_cls|_decide_round|"
+                   r"_decide_target_only|_job_started|_invalidated)\b"
+                   r"|a planted-bug test overrides|drafting\.propose\s*=")
+
+
+def test_no_override_or_test_hooks_in_production_code():
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "pp1q").rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if HOOKS.search(line)]
+    assert not found, found
