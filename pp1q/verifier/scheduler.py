@@ -2,14 +2,16 @@
 
 Each request holds one of ``slots`` slots for its lifetime and runs rounds of fixed
 depth. A round sends a STEP (the link batches STEPs and bounds batches in flight),
-waits for a validated proposal, computes the target rows into the slot's preallocated
-buffer and decides. When the proposal fails (timeout, corruption, missing q, refusal,
-lost connection, no worker) the generation is invalidated first (RESET), the whole
-proposal is discarded and exactly one target-only token is drawn from the committed
-prefix; the next round starts a new generation with a fresh context on the worker.
-Nothing of a proposal is committed unless every row of it validated. Every decision
-(target rows and the accept/reject rule) is made by the scheduler's ``Decider``
-(pp1q.verifier.decider): one process or a rank group, the scheduler is the same.
+waits for a validated proposal and hands it to the scheduler's ``Decider``
+(pp1q.verifier.decider: target rows and the accept/reject rule, in one process or
+across a rank group; the scheduler is the same either way). When the proposal fails
+(timeout, corruption, missing q, refusal, lost connection, no worker) the generation is
+invalidated first (RESET), the whole proposal is discarded and exactly one target-only
+token is drawn from the committed prefix; the next round starts a new generation with
+a fresh context on the worker.
+Nothing of a proposal is committed unless every row of it validated. Refusals are
+domain errors (ServiceError: queue full, generations exhausted; the decider's own),
+never HTTP statuses.
 
 Keys: a speculative round and its fallback use (seed, slot generation, round id);
 generations grow per slot for the daemon's life, so a key is never reused across
@@ -185,10 +187,9 @@ class Scheduler:
     async def _fallback(self, job: Job, why: Fallback, round_id: int) -> None:
         """Invalidate first, discard everything proposed, one target-only token."""
         old_generation = job.generation
-        if job.context_session is not None and self.link.reset(job.slot, old_generation,
-                                                               why.reason):
-            self.metrics.generation_invalidations.inc()
         if job.context_session is not None:  # else no proposal of it was ever possible
+            if self.link.reset(job.slot, old_generation, why.reason):
+                self.metrics.generation_invalidations.inc()
             await self.decider.invalidate(job, old_generation, why.reason)
         self._new_generation(job)
         job.stats.fallbacks[why.cause.value] += 1

@@ -5,8 +5,10 @@ their own noise and keep what they drew, so they accept different tokens. Here e
 rank but the op's decider commits its own decision (the request seed salted with the
 rank) instead of the one every rank voted on. The per-round agreement check must catch
 it: the next op of that slot finds the committed prefixes differ, every rank discards
-it, and the request fails with ``rank_disagreement``. Run exactly like
-``pp1q verifier`` (same options); it spawns its ranks as itself.
+it, and the request fails with ``rank_disagreement``. The bug is each rank's
+RankDecisions, passed to ``serve`` the way production passes its own
+(pp1q.verifier.daemon.Deciders.rank). Run exactly like ``pp1q verifier`` (same
+options); it spawns its ranks as itself.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The bug, a real one in the wild: at a rejection the correction token is drawn from the
 target row p_i itself instead of the residual max(p_i - q_i, 0). Output then over-weights
-tokens the drafter already proposes well; the chi-square test must reject it.
-Run exactly like ``pp1q verifier`` (same options).
+tokens the drafter already proposes well; the chi-square test must reject it. The bug
+is the daemon's Decider, passed to ``serve`` the way production passes LocalDecider
+(pp1q.verifier.daemon.Deciders). Run exactly like ``pp1q verifier`` (same options).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 The bug, a real one in the wild (transformers #47932 / #40949): the token is sampled from
 q built at the STEP's temperature, but the q put on the wire is built at temperature 1.
+The bug is the worker's Proposer, passed to ``serve`` the way production passes its own.
 Run exactly like ``pp1q worker`` (same options).
 """
 
