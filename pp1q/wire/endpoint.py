@@ -86,8 +86,8 @@ class SlotTrack:
         if step.generation == self.generation:
             if step.round_id <= self.round_id:
                 raise err(Reason.DUPLICATE_ROUND, f"round {step.round_id}")
-            if self.committed is not None and step.anchor != self.committed:
-                raise err(Reason.BAD_POSITION, "anchor is not the last commit")
+            if self.committed is not None and step.last_committed != self.committed:
+                raise err(Reason.BAD_POSITION, "last_committed is not the last commit")
 
 
 class Endpoint:

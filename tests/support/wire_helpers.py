@@ -25,10 +25,11 @@ def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0):
     return v, w
 
 
-def step(slot=0, generation=1, round_id=1, anchor=9, depth=3, temperature=0.8, top_k=0,
+def step(slot=0, generation=1, round_id=1, last_committed=9, depth=3, temperature=0.8, top_k=0,
          **kw) -> Step:
     fields = dict(session=SESSION, slot=slot, generation=generation, round_id=round_id,
-                  anchor=anchor, first_position=anchor + 1, prefix_digest=0, depth=depth,
+                  last_committed=last_committed, first_position=last_committed + 1,
+                  prefix_digest=0, depth=depth,
                   temperature=temperature, top_k=top_k, context_version=0, seed=11)
     fields.update(kw)
     return Step(**fields)

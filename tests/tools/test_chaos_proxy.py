@@ -152,7 +152,7 @@ def test_fault_specs():
 # -- audit ------------------------------------------------------------------------------
 
 def _step(depth=3, temperature=1.0, round_id=1, generation=1):
-    return Step(session=5, slot=0, generation=generation, round_id=round_id, anchor=9,
+    return Step(session=5, slot=0, generation=generation, round_id=round_id, last_committed=9,
                 first_position=10, prefix_digest=0, depth=depth, temperature=temperature,
                 top_k=0, context_version=0, seed=1)
 

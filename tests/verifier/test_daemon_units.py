@@ -87,10 +87,10 @@ def test_worker_state_follows_context_commit_reset():
         st.set_context(1, 0, 1, [5, 6], digest=123)
     assert e.value.reason is Reason.CHECKSUM_MISMATCH
     st.set_context(1, 0, 1, [5, 6], digest_of([5, 6]))
-    prefix = st.prefix_for_step(1, 0, 1, anchor=1, digest=digest_of([5, 6]))
+    prefix = st.prefix_for_step(1, 0, 1, last_committed=1, digest=digest_of([5, 6]))
     assert prefix.tokens == [5, 6]
     with pytest.raises(StateRefusedError) as e:
-        st.prefix_for_step(1, 0, 1, anchor=2, digest=digest_of([5, 6]))
+        st.prefix_for_step(1, 0, 1, last_committed=2, digest=digest_of([5, 6]))
     assert e.value.reason is Reason.BAD_POSITION
     st.drafted(1, 0, 1, round_id=1, drafts=[7, 8, 9])
     st.commit(1, 0, 1, round_id=1, accepted=2, token=4, committed=4)
