@@ -46,6 +46,7 @@ from pp1q.wire import (
 )
 from pp1q.wire import context_channel as cc
 from pp1q.wire.events import Committed, ProposalFailed, ProposalReady, StepRequested
+from pp1q.wire.framing import HEADER_BYTES, read_header
 from pp1q.wire.session_config import PRECISION, VERIFIER_ID
 from pp1q.wire.validate import step_form
 from pp1q.worker.proposer import ProposalSpec, propose, propose_greedy
@@ -294,8 +295,7 @@ def _run_round(s: Session, reqs: list[Request], fault=None) -> None:
 
 
 def _flip_payload_byte(frame: bytes, at: int) -> bytes:
-    control_len = int.from_bytes(frame[8:12], "little")
-    i = 32 + control_len + at
+    i = HEADER_BYTES + read_header(frame).control_len + at
     return frame[:i] + bytes([frame[i] ^ 0x40]) + frame[i + 1:]
 
 

@@ -27,6 +27,7 @@ from pp1q.wire import (
     WorkerEndpoint,
     encode,
 )
+from pp1q.wire.framing import read_header
 from pp1q.wire.table import CONN_TABLE, SLOT_TABLE, Dir, Role, conn_next, slot_next
 from pp1q.wire.table import Conn as C
 
@@ -314,7 +315,4 @@ def test_a_new_generation_retires_older_ones_without_a_reset():
 
 
 def _first_frame(data: bytes) -> bytes:
-    import struct
-
-    control_len, payload_len = struct.unpack_from("<II", data, 8)
-    return data[:32 + control_len + payload_len]
+    return data[:read_header(data).frame_bytes]

@@ -1,7 +1,6 @@
 """Property tests: malformed input raises RemoteProtocolError and nothing else, and a
 state machine drives both endpoints through their tables with clean traffic."""
 
-import struct
 
 import msgspec
 import numpy as np
@@ -22,6 +21,7 @@ from pp1q.wire import (
     Reset,
     SlotState,
 )
+from pp1q.wire.framing import HEADER, HEADER_BYTES
 from pp1q.wire.messages import MsgType
 
 V = wire_vectors.load()
@@ -264,7 +264,7 @@ TestPair = Pair.TestCase
 
 
 def test_header_struct_is_32_bytes():
-    assert struct.calcsize("<4sBBHIIQQ") == 32 and len(FRAMES[0]) > 32
+    assert HEADER.size == HEADER_BYTES == 32 and len(FRAMES[0]) > HEADER_BYTES  # docs/wire.md
     assert np.frombuffer(V["reply_dense"][-80:], "<f4").sum() == 1.0
 
 
