@@ -53,8 +53,8 @@ def _decide(p_ptr, psum_ptr, q_ptr, qid_ptr, draft_ptr, seed_ptr, gen_ptr, rnd_p
         else:
             c = tl.load(q_ptr + qrow * V + x).to(tl.int64)
         p_x = to_fixed(tl.load(p_ptr + row * V + x))
-        u_acc = keyed_u53(seed, gen, rnd, first_position + i, _ACCEPTANCE)
-        ok = accepts_exact(u_acc, c, p_x, s_total)
+        ok = accepts_exact(keyed_u53(seed, gen, rnd, first_position + i, _ACCEPTANCE), c, p_x,
+                           s_total)
         bad = bad | (c <= 0).to(tl.int64)
         now = (done == 0) & (ok == 0)
         accepted = tl.where(now, i, accepted)
