@@ -36,8 +36,8 @@ class TargetRows:
 
     def round(self, slot: int, prefix: Sequence[int], drafts: Sequence[int],
               q_rows: Sequence[DyadicRow], keys: RoundKeys, greedy: bool) -> rounds.Outcome:
-        """Decide a proposal: greedy (v1) or standard verification (``keys.anchor``: x_1's
-        absolute position)."""
+        """Decide a proposal: greedy (v1) or standard verification (``keys.first_position``:
+        x_1's absolute position)."""
         p = self.rows(slot, prefix, drafts, logits=greedy)
         if greedy:
             return rounds.greedy(p, drafts)

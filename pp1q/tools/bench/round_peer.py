@@ -87,7 +87,7 @@ class ContextFreeState(WorkerState):
     """The benchmark's STEPs come without a context (no context channel): every STEP
     drafts after an empty prefix."""
 
-    def prefix_for_step(self, session, slot, generation, anchor, digest) -> Prefix:
+    def prefix_for_step(self, session, slot, generation, last_committed, digest) -> Prefix:
         return Prefix()
 
 

@@ -31,7 +31,6 @@ import collections
 import contextlib
 import logging
 import threading
-from typing import TYPE_CHECKING
 
 from pp1q.core.errors import Pp1qError, Reason
 from pp1q.core.outcomes import RankFailure
@@ -39,9 +38,6 @@ from pp1q.runtime.metrics import Metrics
 from pp1q.verifier.ranks.collective import Collective, GroupError
 from pp1q.verifier.ranks.ops import FLAG_STOP, MAX_BATCH_OPS, Op, Verdict
 from pp1q.verifier.ranks.replica import RankState
-
-if TYPE_CHECKING:
-    from pp1q.verifier.ranks.decider import RankedDecider
 
 log = logging.getLogger("pp1q.verifier.ranks.group")
 
@@ -200,10 +196,11 @@ class RankGroup:
             self.on_lost(lost)
 
 
-async def start_group(settings: dict, launch, decider: RankedDecider, config,
+async def start_group(settings: dict, launch, decider, config,
                       stop: asyncio.Event) -> RankGroup | None:
     """Rank 0: form the group (``launch``: pp1q.verifier.ranks.launch.Launch), start the
-    exchange thread and hand it to ``decider``; None when the ranks did not all join
+    exchange thread and hand it to ``decider`` (pp1q.verifier.ranks.decider.RankedDecider;
+    not imported here: it imports this module); None when the ranks did not all join
     within the join timeout."""
     from pp1q.verifier.ranks.launch import form_group, identity, limits_of
 
