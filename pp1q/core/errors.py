@@ -61,6 +61,8 @@ class Reason(enum.StrEnum):
     STEP_TIMEOUT = "step_timeout"
     WORKER_ABORTED = "worker_aborted"
     CONNECTION_LOST = "connection_lost"
+    # a drafter/target pair whose token id maps (tokenizer digests) or widths differ
+    TOKENIZER_MISMATCH = "tokenizer_mismatch"
     CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
 
 
