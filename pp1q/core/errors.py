@@ -18,6 +18,7 @@ class Reason(enum.StrEnum):
     ZERO_MASS = "zero_mass"
     BAD_TEMPERATURE = "bad_temperature"
     BAD_TOP_K = "bad_top_k"
+    BAD_TOP_P = "bad_top_p"  # target processor: top_p outside (0, 1]
     ALLOCATION_INCONSISTENT = "allocation_inconsistent"
     DRAW_OUT_OF_RANGE = "draw_out_of_range"
     RNG_KEY_OUT_OF_RANGE = "rng_key_out_of_range"
