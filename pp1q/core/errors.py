@@ -62,6 +62,8 @@ class Reason(enum.StrEnum):
     WORKER_ABORTED = "worker_aborted"
     CONNECTION_LOST = "connection_lost"
     CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
+    # -- daemon start-up --
+    BAD_CONFIG = "bad_config"  # a setting (file or option) the operator must fix
 
 
 class Pp1qError(Exception):
@@ -87,3 +89,17 @@ class RemoteProtocolError(Pp1qError):
 
 class RowValidationError(RemoteProtocolError):
     """A received q row (dense or sparse wire form) is not a valid dyadic24 row."""
+
+
+class ConfigError(Pp1qError):
+    """A setting the operator must fix (file, option, or a resource it names, such as a
+    port in use). The message is one line naming the key and the value; the daemons
+    print it and exit with status 2 (their supervisors do not restart on 2).
+    ``key``: the setting concerned, when there is one."""
+
+    def __init__(self, detail: str, key: str | None = None) -> None:
+        super().__init__(Reason.BAD_CONFIG, detail)
+        self.key = key
+
+    def __str__(self) -> str:
+        return self.detail
