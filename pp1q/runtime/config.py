@@ -137,5 +137,5 @@ def open_capture(path: str | None, role: str, info: dict):
     try:
         return CaptureWriter.open(path, role, info)
     except OSError as e:
-        raise ConfigError(f"capture = {path!r}: cannot create it: {e.strerror}",
+        raise ConfigError(f"capture = {path!r}: cannot create capture file: {e.strerror}",
                           key="capture") from None
