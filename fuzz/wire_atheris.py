@@ -29,11 +29,8 @@ RemoteProtocolError (or a failed assertion) is a crash: libFuzzer stops and save
 from __future__ import annotations
 
 import contextlib
-import struct
 import sys
 from pathlib import Path
-
-import xxhash
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -50,14 +47,13 @@ from pp1q.wire import (  # noqa: E402
     WorkerEndpoint,
 )
 from pp1q.wire import context_channel as cc  # noqa: E402
+from pp1q.wire.framing import HEADER_BYTES, reseal  # noqa: E402
 
 _CONFIG = WireConfig(identity=wire_vectors.IDENTITY, limits=wire_vectors.LIMITS, versions=(1, 2))
 _HELLO = VerifierEndpoint(_CONFIG, session=wire_vectors.SESSION).hello()
 _HELLO_ANSWER = wire_vectors.build()["hello_answer"]  # the worker's answer to _HELLO
 _STEPS = (Step(**{**wire_vectors.STEP, "temperature": 0.75, "top_k": 0}),
           Step(**{**wire_vectors.STEP, "temperature": 0.75, "slot": 1, "top_k": 3}))
-_HEAD = struct.Struct("<4sBBHIIQ")  # pp1q.wire.framing's header, bytes 0..23
-_HEADER_BYTES = 32
 _MAX_CHUNK = 64  # BufferedProtocol path: at most this many bytes per buffer_updated call
 
 
@@ -107,16 +103,8 @@ def with_valid_checksums(data: bytes) -> bytes:
     bytes that are there, so that mutations reach the schema, row and state checks
     behind the head checksum (the CRC fix-up of PNG fuzzers). Declared lengths are kept."""
     out, pos = bytearray(data), 0
-    while pos + _HEADER_BYTES <= len(out):
-        *fields, _ = _HEAD.unpack_from(out, pos)
-        clen, plen = fields[4], fields[5]
-        control_end = min(pos + _HEADER_BYTES + clen, len(out))
-        payload_end = min(control_end + plen, len(out))
-        payload_sum = xxhash.xxh3_64_intdigest(bytes(out[control_end:payload_end]))
-        _HEAD.pack_into(out, pos, *fields, payload_sum)
-        head = bytes(out[pos:pos + 24]) + bytes(out[pos + _HEADER_BYTES:control_end])
-        struct.pack_into("<Q", out, pos + 24, xxhash.xxh3_64_intdigest(head))
-        pos = payload_end
+    while pos + HEADER_BYTES <= len(out):
+        pos = reseal(out, pos)
     return bytes(out)
 
 

@@ -1,7 +1,7 @@
 """Triton batched verification step: the GPU form of verify_step.py, same integers.
 
 Launches: per-tile P sums of all B * (D + 1) target rows (the row totals S), then
-``_decide`` (one program per request: its own seed, generation, round and anchor;
+``_decide`` (one program per request: its own seed, generation, round and first_position;
 Philox acceptance draws via tl.philox, exact ratio tests, first rejection, correction
 or bonus draw), then the residual pick of triton_residual on each request's chosen row.
 Every request reads its own seed (FlashInfer's kernel read seed[0] for the whole batch).
@@ -28,14 +28,14 @@ _BONUS = tl.constexpr(int(Domain.BONUS))
 
 
 @triton.jit
-def _decide(p_ptr, psum_ptr, q_ptr, qid_ptr, draft_ptr, seed_ptr, gen_ptr, rnd_ptr, anc_ptr,
+def _decide(p_ptr, psum_ptr, q_ptr, qid_ptr, draft_ptr, seed_ptr, gen_ptr, rnd_ptr, first_ptr,
             acc_ptr, prow_ptr, qrow_ptr, u_ptr, bad_ptr, V, NT, K, D,
             SPARSE: tl.constexpr, NT_P2: tl.constexpr, K_P2: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     seed = tl.load(seed_ptr + b)
     gen = tl.load(gen_ptr + b)
     rnd = tl.load(rnd_ptr + b)
-    anchor = tl.load(anc_ptr + b)
+    first_position = tl.load(first_ptr + b)
     tiles = tl.arange(0, NT_P2)
     accepted = D.to(tl.int64) + b * 0
     done = b * 0
@@ -53,14 +53,15 @@ def _decide(p_ptr, psum_ptr, q_ptr, qid_ptr, draft_ptr, seed_ptr, gen_ptr, rnd_p
         else:
             c = tl.load(q_ptr + qrow * V + x).to(tl.int64)
         p_x = to_fixed(tl.load(p_ptr + row * V + x))
-        ok = accepts_exact(keyed_u53(seed, gen, rnd, anchor + i, _ACCEPTANCE), c, p_x, s_total)
+        ok = accepts_exact(keyed_u53(seed, gen, rnd, first_position + i, _ACCEPTANCE), c, p_x,
+                           s_total)
         bad = bad | (c <= 0).to(tl.int64)
         now = (done == 0) & (ok == 0)
         accepted = tl.where(now, i, accepted)
         done = done | now.to(tl.int64)
     use_q = accepted < D
-    u_corr = keyed_u53(seed, gen, rnd, anchor + accepted, _CORRECTION)
-    u_bonus = keyed_u53(seed, gen, rnd, anchor + D, _BONUS)
+    u_corr = keyed_u53(seed, gen, rnd, first_position + accepted, _CORRECTION)
+    u_bonus = keyed_u53(seed, gen, rnd, first_position + D, _BONUS)
     tl.store(acc_ptr + b, accepted)
     tl.store(prow_ptr + b, b * (D + 1) + accepted)
     tl.store(qrow_ptr + b, tl.where(use_q, b * D + accepted, -1))
@@ -93,7 +94,7 @@ def verify_step(p, q, draft, keys: StepKeys, *, validate=True, block=BLOCK) -> S
     out = [torch.empty(B, dtype=torch.int64, device=p.device) for _ in range(5)]
     acc, prow, qrow, u, bad = out
     _decide[(B,)](p2d, psums, qc.contiguous(), qid.contiguous(), draft, keys.seeds,
-                  keys.generation, keys.round_id, keys.anchor, acc, prow, qrow, u, bad,
+                  keys.generation, keys.round_id, keys.first_position, acc, prow, qrow, u, bad,
                   V, psums.shape[1], k, D, SPARSE=isinstance(q, SparseCounts),
                   NT_P2=_p2(psums.shape[1]), K_P2=_p2(k))
     if bool(bad.any()):

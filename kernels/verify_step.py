@@ -1,7 +1,7 @@
 """The batched standard-verification step over [requests, depth] (kernel 6).
 
 docs/distribution.md, for B requests at once, each with its own keys (seed, generation,
-round, anchor): acceptance draws for every (request, position), exact ratio tests
+round, first_position): acceptance draws for every (request, position), exact ratio tests
 (``fixed.accepts_exact`` on the normalised fixed-point p), the first rejection, then one
 residual pick (correction) or target pick (bonus) per request (``residual.py``).
 Decisions equal the rational oracle's for the same draws whenever the fixed-point rows
@@ -33,7 +33,7 @@ class StepKeys:
     seeds: torch.Tensor
     generation: torch.Tensor
     round_id: torch.Tensor
-    anchor: torch.Tensor
+    first_position: torch.Tensor
 
     @classmethod
     def from_keys(cls, keys: Sequence[RoundKeys], device=None) -> StepKeys:
@@ -41,7 +41,7 @@ class StepKeys:
             return torch.tensor([getattr(k, name) for k in keys], dtype=torch.int64, device=device)
 
         return cls(seed_tensor([k.seed for k in keys], device), col("generation"),
-                   col("round_id"), col("anchor"))
+                   col("round_id"), col("first_position"))
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,12 @@ class StepResult:
 def step_draws(keys: StepKeys, depth: int):
     """(acceptance [B, D], correction [B, D], bonus [B]) 53-bit draws, per-request keys."""
     key = (keys.seeds.unsqueeze(-1), keys.generation.unsqueeze(-1), keys.round_id.unsqueeze(-1))
-    pos = keys.anchor.unsqueeze(-1) + torch.arange(depth, device=keys.anchor.device)
+    pos = keys.first_position.unsqueeze(-1) + torch.arange(depth, device=keys.first_position.device)
     return (
         keyed_u53(*key, pos, Domain.ACCEPTANCE),
         keyed_u53(*key, pos, Domain.CORRECTION),
-        keyed_u53(keys.seeds, keys.generation, keys.round_id, keys.anchor + depth, Domain.BONUS),
+        keyed_u53(keys.seeds, keys.generation, keys.round_id, keys.first_position + depth,
+                  Domain.BONUS),
     )
 
 
@@ -73,7 +74,8 @@ def check_keys(keys: StepKeys, depth: int) -> None:
     """Key fields within their bit widths (pp1q.core.rng), before any kernel reads them."""
     top = (1 << 32) - 1
     fields = [("generation", keys.generation, MAX_GENERATION), ("round", keys.round_id, top),
-              ("position", keys.anchor + depth, top), ("position", keys.anchor, top)]
+              ("position", keys.first_position + depth, top),
+              ("position", keys.first_position, top)]
     for name, t, hi in fields:
         if t.numel() and (int(t.min()) < 0 or int(t.max()) > hi):
             raise LocalProtocolError(Reason.RNG_KEY_OUT_OF_RANGE, f"{name} outside [0, {hi}]")

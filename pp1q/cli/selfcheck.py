@@ -70,7 +70,7 @@ def _round(rng, vocab: int, keys, top_k):
     q_rows = [build_row(mix * target[i] + noise * rng.normal(size=vocab), top_k=top_k)
               for i in range(DEPTH)]
     drafts = [sample(q_rows[i], proposal_u24(keys.seed, keys.generation, keys.round_id,
-                                             keys.anchor + i)) for i in range(DEPTH)]
+                                             keys.first_position + i)) for i in range(DEPTH)]
     return p, q_rows, drafts
 
 
@@ -83,7 +83,8 @@ def _check_rounds(args, n: int, vocab: int) -> bool:
     kinds = {"correction": 0, "bonus": 0}
     accepted = 0
     for r in range(n):
-        keys = RoundKeys(seed=args.seed, generation=1, round_id=r, anchor=1 + r * (DEPTH + 1))
+        keys = RoundKeys(seed=args.seed, generation=1, round_id=r,
+                         first_position=1 + r * (DEPTH + 1))
         p, q_rows, drafts = _round(rng, vocab, keys, top_k=None if r % 2 else 32)
         fast = verify_batch(p[None], [q_rows], [drafts], [keys])[0]
         exact = oracle_round(list(p), q_rows, drafts, RoundDraws.from_keys(keys, DEPTH))

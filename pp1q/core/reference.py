@@ -190,11 +190,11 @@ class RoundDraws:
         def u(pos: int, dom: Domain) -> int:
             return uniform53(keys.seed, keys.generation, keys.round_id, pos, dom)
 
-        pos = [keys.anchor + i for i in range(depth)]
+        pos = [keys.first_position + i for i in range(depth)]
         return cls(
             acceptance=tuple(u(x, Domain.ACCEPTANCE) for x in pos),
             correction=tuple(u(x, Domain.CORRECTION) for x in pos),
-            bonus=u(keys.anchor + depth, Domain.BONUS),
+            bonus=u(keys.first_position + depth, Domain.BONUS),
         )
 
 

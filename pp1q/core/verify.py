@@ -40,12 +40,12 @@ _INV_MASS = 1.0 / MASS  # exact: a power of two
 
 @dataclass(frozen=True)
 class RoundKeys:
-    """Everything that keys a round's draws; ``anchor`` is the absolute position of x_1."""
+    """Everything that keys a round's draws; ``first_position`` is the absolute position of x_1."""
 
     seed: int
     generation: int
     round_id: int
-    anchor: int
+    first_position: int
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,12 @@ class RoundDecision:
 def round_draws(keys: Sequence[RoundKeys], depth: int):
     """(acceptance [B, D], correction [B, D], bonus [B]) 53-bit integer draws.
 
-    Position of x_i is anchor + i - 1; the bonus is drawn at anchor + depth.
+    Position of x_i is first_position + i - 1; the bonus is drawn at first_position + depth.
     """
     seeds = np.stack([pack_key(k.seed) for k in keys])[:, None, :]
     gen = np.array([k.generation for k in keys], dtype=np.int64)[:, None]
     rnd = np.array([k.round_id for k in keys], dtype=np.int64)[:, None]
-    pos = np.array([k.anchor for k in keys], dtype=np.int64)[:, None] + np.arange(depth + 1)
+    pos = np.array([k.first_position for k in keys], dtype=np.int64)[:, None] + np.arange(depth + 1)
 
     # one Philox call for all three domains: [B, 2D+1] counters side by side
     counters = np.concatenate([

@@ -32,7 +32,7 @@ def expected_accepted(drafter: DraftModel, target: TargetModel, prompts: Sequenc
         prefix = Prefix(prompt)
         for r in range(rounds_per_prompt):
             spec = ProposalSpec(seed=THEORY_SEED + n, generation=0, round_id=r,
-                                anchor=len(prefix), depth=depth, temperature=temperature,
+                                first_position=len(prefix), depth=depth, temperature=temperature,
                                 top_k=top_k)
             chain = list(propose(drafter, prefix.tokens, spec))
             xs = [t for t, _ in chain]

@@ -25,7 +25,7 @@ class Outcome:
 
 def sampled(p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: Sequence[int],
             keys: RoundKeys) -> Outcome:
-    """Standard verification; ``keys.anchor`` is the absolute position of x_1."""
+    """Standard verification; ``keys.first_position`` is the absolute position of x_1."""
     d = verify_round(p, q_rows, drafts, keys)
     return Outcome(d.accepted, d.token)
 
@@ -41,7 +41,7 @@ def proposal_matches(q_rows: Sequence[DyadicRow], drafts: Sequence[int],
     """
     return all(
         int(x) == sample(q, proposal_u24(keys.seed, keys.generation, keys.round_id,
-                                         keys.anchor + i))
+                                         keys.first_position + i))
         for i, (q, x) in enumerate(zip(q_rows, drafts, strict=True))
     )
 

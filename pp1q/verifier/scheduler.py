@@ -159,9 +159,10 @@ class Scheduler:
             job.context_session = session
         round_id = job.next_round()
         req = job.req
-        anchor = job.prefix.last_position
+        last_committed = job.prefix.last_position
         step = Step(session=job.context_session, slot=job.slot, generation=job.generation,
-                    round_id=round_id, anchor=anchor, first_position=anchor + 1,
+                    round_id=round_id, last_committed=last_committed,
+                    first_position=last_committed + 1,
                     prefix_digest=job.prefix.digest, depth=self.depth,
                     temperature=0.0 if req.greedy else req.draft_temperature,
                     top_k=0 if req.greedy or req.top_k is None else req.top_k,
@@ -184,7 +185,7 @@ class Scheduler:
     async def _verify(self, job: Job, step: Step, ready: ProposalReady) -> None:
         drafts = list(ready.draft_ids)
         out, kind = await self._decide_round(job, step, ready)
-        committed = step.anchor + out.accepted + 1
+        committed = step.last_committed + out.accepted + 1
         self.link.commit(Commit(session=step.session, slot=step.slot,
                                 generation=step.generation, round_id=step.round_id,
                                 accepted=out.accepted, token=out.token, committed=committed))

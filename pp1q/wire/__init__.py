@@ -1,7 +1,9 @@
 """Wire v2: messages, framing, validators and sans-IO endpoints (docs/wire.md).
 
 Stable public surface: the message classes, ``encode``, ``FrameDecoder``, the
-endpoints and their events, ``Limits``/``DEFAULT_LIMITS``, and the two error classes.
+endpoints and their events, ``Limits``/``DEFAULT_LIMITS``, and the two error classes;
+for raw-byte readers, the frame header (``HEADER``, ``read_header``; offsets and checksum
+helpers in pp1q.wire.framing) and the protocol ``sniff``.
 """
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
@@ -18,7 +20,21 @@ from pp1q.wire.events import (
     StepRefused,
     StepRequested,
 )
-from pp1q.wire.framing import FRAME_VERSION, MAGIC, Frame, FrameDecoder, chain_checksum, encode
+from pp1q.wire.framing import (
+    FRAME_VERSION,
+    HEADER,
+    HEADER_BYTES,
+    MAGIC,
+    SNIFF_BYTES,
+    Frame,
+    FrameDecoder,
+    Header,
+    Stream,
+    chain_checksum,
+    encode,
+    read_header,
+    sniff,
+)
 from pp1q.wire.limits import DEFAULT_LIMITS, Limits
 from pp1q.wire.messages import (
     CONNECTION_SLOT,
@@ -45,7 +61,8 @@ from pp1q.wire.verifier_endpoint import VerifierEndpoint
 from pp1q.wire.worker_endpoint import WorkerEndpoint
 
 __all__ = [
-    "CONNECTION_SLOT", "DEFAULT_LIMITS", "FRAME_VERSION", "MAGIC", "WIRE_V1", "WIRE_V2",
+    "CONNECTION_SLOT", "DEFAULT_LIMITS", "FRAME_VERSION", "HEADER", "HEADER_BYTES", "MAGIC",
+    "SNIFF_BYTES", "WIRE_V1", "WIRE_V2", "Header", "Stream", "read_header", "sniff",
     "Commit", "Committed", "Completion", "Conn", "Discarded", "Event", "Form", "Frame",
     "FrameDecoder", "Hello", "HelloAnswer", "Identity", "Limits", "LocalProtocolError",
     "Message", "MsgType", "PayloadPool", "ProposalFailed", "ProposalReady", "Reason", "Refusal",

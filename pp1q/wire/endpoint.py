@@ -13,9 +13,17 @@ from dataclasses import dataclass, field
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.wire.framing import Frame, FrameDecoder
 from pp1q.wire.limits import Limits
-from pp1q.wire.messages import KNOWN_VERSIONS, Identity, MsgType
+from pp1q.wire.messages import KNOWN_VERSIONS, Identity
 from pp1q.wire.pool import PayloadPool
-from pp1q.wire.table import Conn, Dir, Role, SlotState, conn_next
+from pp1q.wire.table import (
+    Conn,
+    Pseudo,
+    Role,
+    SlotState,
+    check_receiving,
+    check_usable,
+    conn_event,
+)
 
 
 @dataclass(frozen=True)
@@ -78,8 +86,8 @@ class SlotTrack:
         if step.generation == self.generation:
             if step.round_id <= self.round_id:
                 raise err(Reason.DUPLICATE_ROUND, f"round {step.round_id}")
-            if self.committed is not None and step.anchor != self.committed:
-                raise err(Reason.BAD_POSITION, "anchor is not the last commit")
+            if self.committed is not None and step.last_committed != self.committed:
+                raise err(Reason.BAD_POSITION, "last_committed is not the last commit")
 
 
 class Endpoint:
@@ -89,7 +97,7 @@ class Endpoint:
         """``pool``: payload buffers to share across connections (e.g. preallocated at
         start-up and kept over reconnects); by default each endpoint has its own."""
         self.config = config
-        self.state = Conn.IDLE
+        self.state = Conn.IDLE  # every change after this one is wire/table.py's
         self.version: int | None = None
         self.session: int | None = None
         self.limits: Limits = config.limits  # becomes the negotiated limits
@@ -128,24 +136,19 @@ class Endpoint:
 
     def _consume(self, frames, now: float) -> list:
         # each frame is handled as soon as it is complete (its payload still in cache)
-        if self.state is Conn.ERROR:
-            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "endpoint is in state ERROR")
+        check_usable(self)
         events: list = []
         try:
             for frame in frames():
-                if self.state is Conn.CLOSED:
-                    raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "data after close")
+                check_receiving(self)
                 self._on_frame(frame, now, events)
         except RemoteProtocolError:
-            self.state = Conn.ERROR
+            conn_event(self, Pseudo.ERROR)
             raise
         return events
 
     def _on_frame(self, frame: Frame, now: float, events: list) -> None:
         raise NotImplementedError
-
-    def _conn(self, d: Dir, t: MsgType) -> None:
-        self.state = conn_next(self.role, self.state, d, t)
 
     def _start_session(self, version: int, limits: Limits, peer: Identity) -> None:
         self.version, self.limits, self.peer = version, limits, peer
@@ -160,10 +163,6 @@ class Endpoint:
         if not 0 <= slot < len(self.slots):
             raise err(Reason.SLOT_OUT_OF_RANGE, f"slot {slot} >= {len(self.slots)}")
         return self.slots[slot]
-
-    def _require_ready(self) -> None:
-        if self.state is not Conn.READY:
-            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"connection is {self.state}")
 
     @property
     def inflight(self) -> int:

@@ -13,24 +13,32 @@
 All integers little-endian. Lengths are checked as soon as the header is complete,
 before any buffer is allocated; the payload gets its own buffer, which decoded arrays
 view without a further copy.
+
+This module states each fact of the frame layout once, for every other reader of raw
+frames (chaos proxy, capture tap, replay, fuzz harness, tests): ``HEADER`` (the struct),
+``HEADER_BYTES``, the field offsets ``*_AT``, ``read_header`` (a ``Header`` tuple),
+``head_checksum``/``reseal`` (the two checksums), and ``sniff``, which tells a wire v2
+connection from a context channel (pp1q.wire.context_channel) by its first bytes.
 """
 
 from __future__ import annotations
 
+import enum
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
 import xxhash
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.wire.context_channel import PREAMBLE
 from pp1q.wire.limits import (
     DEFAULT_LIMITS,
     ENTRY_BYTES_DENSE,
     ENTRY_BYTES_SPARSE,
-    HEADER_BYTES,
     MAX_CONTROL_BYTES,
     MAX_PAYLOAD_CAP,
     Limits,
@@ -48,8 +56,85 @@ from pp1q.wire.pool import PayloadPool
 
 MAGIC = b"PP1Q"
 FRAME_VERSION = 2
-_HEAD = struct.Struct("<4sBBHIIQ")  # bytes 0..23; head_xxh3 follows
+
+# -- the header layout, stated once ---------------------------------------------------
+HEADER = struct.Struct("<4sBBHIIQQ")  # the 32-byte header, fields as in the table above
+HEADER_BYTES = HEADER.size
+MAGIC_AT, VERSION_AT, TYPE_AT, FLAGS_AT = 0, 4, 5, 6
+CONTROL_LEN_AT, PAYLOAD_LEN_AT, PAYLOAD_SUM_AT, HEAD_SUM_AT = 8, 12, 16, 24
+_HEAD = struct.Struct(HEADER.format[:-1])  # bytes 0..HEAD_SUM_AT: what head_xxh3 covers
+_U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+
+
+class Header(NamedTuple):
+    """The 32 header bytes of one frame, as read (nothing checked)."""
+
+    magic: bytes
+    version: int
+    mtype: int
+    flags: int
+    control_len: int
+    payload_len: int
+    payload_xxh3: int
+    head_xxh3: int
+
+    @property
+    def frame_bytes(self) -> int:
+        """The whole frame's size as this header declares it."""
+        return HEADER_BYTES + self.control_len + self.payload_len
+
+
+def read_header(buf, offset: int = 0) -> Header:
+    """The header of the frame at ``offset`` of ``buf`` (at least HEADER_BYTES there)."""
+    return Header._make(HEADER.unpack_from(buf, offset))
+
+
+def head_checksum(head, control) -> int:
+    """head_xxh3: xxh3_64 of header bytes 0..23 followed by the control part."""
+    return _xxh3(bytes(head[:HEAD_SUM_AT]) + bytes(control))
+
+
+def reseal(buf: bytearray, offset: int = 0) -> int:
+    """Recompute both checksums of the frame at ``offset`` over the bytes that are there
+    (declared lengths kept, cut short at the end of ``buf``); returns where it ends."""
+    h = read_header(buf, offset)
+    control_at = offset + HEADER_BYTES
+    control_end = min(control_at + h.control_len, len(buf))
+    payload_end = min(control_end + h.payload_len, len(buf))
+    _U64.pack_into(buf, offset + PAYLOAD_SUM_AT, _xxh3(bytes(buf[control_end:payload_end])))
+    _U64.pack_into(buf, offset + HEAD_SUM_AT,
+                   head_checksum(buf[offset:offset + HEAD_SUM_AT], buf[control_at:control_end]))
+    return payload_end
+
+
+def set_payload_len(buf: bytearray, n: int, offset: int = 0) -> None:
+    """Overwrite the payload_len field (callers reseal afterwards)."""
+    _U32.pack_into(buf, offset + PAYLOAD_LEN_AT, n)
+
+
+# -- the protocol sniff, stated once ------------------------------------------------------
+SNIFF_BYTES = len(PREAMBLE)  # enough to tell the context preamble from the wire magic
+
+
+class Stream(enum.StrEnum):
+    """What a connection carries, told by its first bytes (``sniff``)."""
+
+    WIRE = "wire"  # starts with MAGIC: wire v2 frames
+    CONTEXT = "context"  # starts with context_channel.PREAMBLE
+    UNKNOWN = "unknown"  # neither (or too short to tell)
+
+
+def sniff(first_bytes) -> Stream:
+    """Tell the protocol from a connection's first ``SNIFF_BYTES`` bytes (fewer: only
+    WIRE can be recognised, from the magic). The worker port serves both on one socket;
+    a caller that must pick one treats UNKNOWN as wire, whose decoder refuses it."""
+    head = bytes(first_bytes[:SNIFF_BYTES])
+    if head == PREAMBLE:
+        return Stream.CONTEXT
+    if head[:len(MAGIC)] == MAGIC:
+        return Stream.WIRE
+    return Stream.UNKNOWN
 _SCRATCH_BYTES = 64 * 1024  # BufferedProtocol receive size outside a payload (asyncio's default)
 
 _encoder = msgspec.msgpack.Encoder()
@@ -81,7 +166,7 @@ def encode(msg: Message) -> bytes:
     for p in parts:
         h.update(p)
     head = _HEAD.pack(MAGIC, FRAME_VERSION, t, 0, len(control), payload_len, h.intdigest())
-    head_sum = _U64.pack(_xxh3(head + control))
+    head_sum = _U64.pack(head_checksum(head, control))
     return b"".join((head, head_sum, control, *parts))
 
 
@@ -93,7 +178,7 @@ def chain_checksum(payload_checksums) -> int:
 
 def payload_checksum_of(frame: bytes) -> int:
     """The payload_xxh3 field of an encoded frame (what COMPLETION's checksum chains)."""
-    return _U64.unpack_from(frame, 16)[0]
+    return _U64.unpack_from(frame, PAYLOAD_SUM_AT)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +343,8 @@ class FrameDecoder:
     def _parse_control(self) -> Frame | None:
         _, _, mtype, _, control_len, payload_len = self._head
         buf = self._buf
-        head_sum = _U64.unpack_from(buf, 24)[0]
-        if _xxh3(bytes(buf[:24]) + bytes(buf[HEADER_BYTES:])) != head_sum:
+        head_sum = _U64.unpack_from(buf, HEAD_SUM_AT)[0]
+        if head_checksum(buf, buf[HEADER_BYTES:]) != head_sum:
             raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "header/control checksum")
         try:
             control = _decoders[mtype].decode(buf[HEADER_BYTES:])
@@ -309,7 +394,7 @@ class FrameDecoder:
 
     def _finish_payload(self) -> Frame:
         _, _, mtype, _, control_len, payload_len = self._head
-        declared = _U64.unpack_from(self._buf, 16)[0]
+        declared = _U64.unpack_from(self._buf, PAYLOAD_SUM_AT)[0]
         control, payload, error = self._control, self._payload, self._pending_error
         nbytes = HEADER_BYTES + control_len + payload_len
         self._buf = bytearray()

@@ -23,7 +23,6 @@ U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack itself caps integers at 2^64
 I32 = Annotated[int, msgspec.Meta(ge=-(1 << 31), le=(1 << 31) - 1)]
 
 # -- hard caps --
-HEADER_BYTES = 32  # the fixed frame header, see framing.py
 MAX_CONTROL_BYTES = 4096  # largest control part: a HELLO with every identity string at its cap
 MAX_ID_CHARS = 128  # identity strings (checkpoint names, hashes) fit; bounds HELLO size
 MAX_DETAIL_CHARS = 256  # refusal detail: enough for a diagnostic, never a data channel

@@ -109,8 +109,8 @@ class Step(_Control):
     slot: U16
     generation: U24  # request generation; a RESET moves the slot to a higher one
     round_id: U32  # strictly increasing within a generation
-    anchor: U32  # absolute position of the last committed token
-    first_position: U32  # absolute position of x_1; always anchor + 1
+    last_committed: U32  # absolute position of the last committed token
+    first_position: U32  # absolute position of x_1; always last_committed + 1
     prefix_digest: U64  # digest of the committed prefix / drafter state
     depth: U8  # fixed before sampling; never adapted from the draws
     temperature: float  # proposal temperature; 0 = greedy (token ids only)
@@ -236,7 +236,7 @@ class Commit(_Control):
     round_id: U32
     accepted: U8  # accepted draft tokens (0..depth)
     token: I32  # the correction (accepted < depth) or bonus (accepted = depth) id
-    committed: U32  # new absolute position of the last committed token (anchor+accepted+1)
+    committed: U32  # new absolute position of the last committed token (last_committed+accepted+1)
 
 
 class Reset(_Control):

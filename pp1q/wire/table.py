@@ -4,7 +4,15 @@ Two machines per endpoint, as in h11: the connection (handshake) and one per slo
 A (state, event) pair missing from a table is a protocol violation: raised as
 ``RemoteProtocolError(STATE_NOT_ALLOWED)`` for something received, and as
 ``LocalProtocolError(STATE_NOT_ALLOWED)`` for something we tried to send. Pseudo
-events (FAIL, TIMEOUT, LOST) are local decisions that move a slot too.
+events are local decisions that move a machine too: FAIL, TIMEOUT, LOST for a slot;
+REFUSE, CLOSE, ERROR for a connection.
+
+This module is the only place where a state changes (h11's rule): the endpoints call
+``conn_event`` / ``slot_event`` (look the event up and apply it at once) or
+``conn_transition`` / ``slot_transition`` (look it up now, apply it when the ``with``
+body, which holds the event's other checks, finishes without raising). The refusals
+that depend on the connection's state alone (``check_usable``, ``check_receiving``,
+``require_ready``) live here too.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ class Pseudo(enum.StrEnum):
     FAIL = "fail"  # a received row/completion/refusal failed the proposal
     TIMEOUT = "timeout"  # the STEP deadline passed
     LOST = "lost"  # the connection closed under the step
+    REFUSE = "refuse"  # worker: we refused the peer's HELLO
+    CLOSE = "close"  # the connection is gone (closed, or refused by the peer)
+    ERROR = "error"  # a protocol violation broke the stream
 
 
 V, W = Role.VERIFIER, Role.WORKER
@@ -64,6 +75,12 @@ CONN_TABLE: dict[tuple, Conn] = {
     **{(W, Conn.READY, R, t): Conn.READY for t in (T.STEP, T.COMMIT, T.RESET)},
     (W, Conn.READY, R, T.REFUSAL): Conn.CLOSED,  # the verifier gave up on this connection
     **{(W, Conn.READY, S, t): Conn.READY for t in (T.REPLY, T.COMPLETION, T.REFUSAL)},
+    # pseudo events
+    (W, Conn.IDLE, Pseudo.REFUSE): Conn.CLOSED,  # HELLO refused (the REFUSAL is sent next)
+    **{(V, c, Pseudo.CLOSE): Conn.CLOSED for c in (Conn.IDLE, Conn.HELLO_SENT, Conn.READY,
+                                                   Conn.CLOSED)},
+    (V, Conn.ERROR, Pseudo.CLOSE): Conn.ERROR,  # a broken stream stays broken
+    **{(r, c, Pseudo.ERROR): Conn.ERROR for r in (V, W) for c in Conn},
 }
 
 I, ST, DR, CO, RD, FA = (SlotState.IDLE, SlotState.STEPPING, SlotState.DRAFTING,
@@ -93,11 +110,14 @@ SLOT_TABLE: dict[tuple, SlotState] = {
 }
 
 
-def conn_next(role: Role, state: Conn, d: Dir, t: MsgType) -> Conn:
+def conn_next(role: Role, state: Conn, d: Dir | Pseudo, t: MsgType | None = None) -> Conn:
+    """The connection's next state (pure lookup); raises for a pair the table lacks."""
+    key = (role, state, d) if isinstance(d, Pseudo) else (role, state, d, t)
     try:
-        return CONN_TABLE[(role, state, d, t)]
+        return CONN_TABLE[key]
     except KeyError:
-        raise _refusal(d)(Reason.STATE_NOT_ALLOWED, f"{role} {state}: {d} {t.name}") from None
+        what = d if t is None else f"{d} {t.name}"
+        raise _refusal(d)(Reason.STATE_NOT_ALLOWED, f"{role} {state}: {what}") from None
 
 
 def slot_next(role: Role, state: SlotState, d: Dir | Pseudo, t: MsgType | None = None):
@@ -107,6 +127,65 @@ def slot_next(role: Role, state: SlotState, d: Dir | Pseudo, t: MsgType | None =
     except KeyError:
         what = d if t is None else f"{d} {t.name}"
         raise _refusal(d)(Reason.STATE_NOT_ALLOWED, f"{role} slot {state}: {what}") from None
+
+
+# -- applying transitions (the only writes of a ``state``) ----------------------------
+
+
+def conn_event(ep, d: Dir | Pseudo, t: MsgType | None = None) -> Conn:
+    """Check the event against CONN_TABLE and move endpoint ``ep`` (its ``role``,
+    ``state``) at once."""
+    ep.state = new = conn_next(ep.role, ep.state, d, t)
+    return new
+
+
+def slot_event(role: Role, track, d: Dir | Pseudo, t: MsgType | None = None) -> SlotState:
+    """Check the event against SLOT_TABLE and move slot ``track`` at once."""
+    track.state = new = slot_next(role, track.state, d, t)
+    return new
+
+
+class _Transition:
+    """``with``: the event is checked on entry and applied when the body (the event's
+    other checks) finishes without raising; if it raises, the state is unchanged."""
+
+    __slots__ = ("obj", "new")
+
+    def __init__(self, obj, new) -> None:
+        self.obj, self.new = obj, new
+
+    def __enter__(self):
+        return self.new
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.obj.state = self.new
+
+
+def conn_transition(ep, d: Dir, t: MsgType) -> _Transition:
+    return _Transition(ep, conn_next(ep.role, ep.state, d, t))
+
+
+def slot_transition(role: Role, track, d: Dir, t: MsgType) -> _Transition:
+    return _Transition(track, slot_next(role, track.state, d, t))
+
+
+def check_usable(ep) -> None:
+    """Refuse to feed bytes to a broken endpoint (our fault: the connection must go)."""
+    if ep.state is Conn.ERROR:
+        raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "endpoint is in state ERROR")
+
+
+def check_receiving(ep) -> None:
+    """Refuse a frame on a closed connection (the peer's fault to send more)."""
+    if ep.state is Conn.CLOSED:
+        raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "data after close")
+
+
+def require_ready(ep) -> None:
+    """Refuse to send anything but the handshake before READY or after close."""
+    if ep.state is not Conn.READY:
+        raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"connection is {ep.state}")
 
 
 def _refusal(d) -> type:

@@ -69,8 +69,9 @@ def check_step(step: Step, version: int, limits: Limits, err: type = RemoteProto
         raise err(Reason.SLOT_OUT_OF_RANGE, f"slot {step.slot} >= {limits.max_slots}")
     if not 0 < step.depth <= limits.max_depth:
         raise err(Reason.DEPTH_TOO_LARGE, f"depth {step.depth} not in 1..{limits.max_depth}")
-    if step.first_position != step.anchor + 1:
-        raise err(Reason.BAD_POSITION, f"first_position {step.first_position} != anchor + 1")
+    if step.first_position != step.last_committed + 1:
+        raise err(Reason.BAD_POSITION,
+                  f"first_position {step.first_position} != last_committed + 1")
     if step.first_position + step.depth > 0xFFFFFFFF:
         raise err(Reason.BAD_POSITION, "positions overflow 32 bits")
     t = step.temperature
@@ -177,8 +178,8 @@ def check_abort_reason(c: Completion) -> None:
 def check_commit(commit: Commit, step: Step, vocab: int, err: type = RemoteProtocolError) -> None:
     if commit.accepted > step.depth:
         raise err(Reason.DEPTH_TOO_LARGE, f"accepted {commit.accepted} > depth {step.depth}")
-    if commit.committed != step.anchor + commit.accepted + 1:
-        raise err(Reason.BAD_POSITION, f"committed {commit.committed} != anchor+accepted+1")
+    if commit.committed != step.last_committed + commit.accepted + 1:
+        raise err(Reason.BAD_POSITION, f"committed {commit.committed} != last_committed+accepted+1")
     if not 0 <= commit.token < vocab:
         raise err(Reason.ID_OUT_OF_RANGE, f"token {commit.token} outside [0, {vocab})")
 

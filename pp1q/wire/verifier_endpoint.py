@@ -32,7 +32,18 @@ from pp1q.wire.messages import (
     type_of,
 )
 from pp1q.wire.pool import PayloadPool
-from pp1q.wire.table import Conn, Dir, Pseudo, Role, SlotState, conn_next, slot_next
+from pp1q.wire.table import (
+    Conn,
+    Dir,
+    Pseudo,
+    Role,
+    SlotState,
+    conn_event,
+    conn_transition,
+    require_ready,
+    slot_event,
+    slot_transition,
+)
 from pp1q.wire.validate import (
     Rows,
     check_abort_reason,
@@ -76,28 +87,29 @@ class VerifierEndpoint(Endpoint):
         """
         t = type_of(msg)
         if t is MsgType.HELLO:
-            self._conn(Dir.SEND, t)
+            conn_event(self, Dir.SEND, t)
             return encode(msg)
-        self._require_ready()
+        require_ready(self)
         self._check_session(msg, LocalProtocolError)
         if t is MsgType.REFUSAL:
             return encode(msg)
         if t not in (MsgType.STEP, MsgType.COMMIT, MsgType.RESET):
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"verifier cannot send {t.name}")
         s = self._slot(msg.slot, LocalProtocolError)
-        new_state = slot_next(self.role, s.state, Dir.SEND, t)
+        with slot_transition(self.role, s, Dir.SEND, t):  # applied once the checks pass
+            if t is MsgType.STEP:
+                self._check_new_step(msg, s, now)
+            elif t is MsgType.COMMIT:
+                if (msg.generation, msg.round_id) != (s.generation, s.round_id):
+                    raise LocalProtocolError(Reason.STALE_GENERATION, "commit of another round")
+                check_commit(msg, s.step, self.vocab, LocalProtocolError)
         if t is MsgType.STEP:
-            self._check_new_step(msg, s, now)
             s.begin(msg)
             s.deadline = now + self.step_timeout
         elif t is MsgType.COMMIT:
-            if (msg.generation, msg.round_id) != (s.generation, s.round_id):
-                raise LocalProtocolError(Reason.STALE_GENERATION, "commit of another round")
-            check_commit(msg, s.step, self.vocab, LocalProtocolError)
             s.committed = msg.committed
         else:  # RESET: every generation <= msg.generation of this slot dies now
             s.invalidate(msg.generation)
-        s.state = new_state
         return encode(msg)
 
     def check_timeouts(self, now: float) -> list[ProposalFailed]:
@@ -118,8 +130,7 @@ class VerifierEndpoint(Endpoint):
         handed out stay valid; nothing more can be sent on this endpoint."""
         out = [self._fail(i, s, Pseudo.LOST, reason, "connection closed")
                for i, s in enumerate(self.slots) if s.state is SlotState.STEPPING]
-        if self.state is not Conn.ERROR:
-            self.state = Conn.CLOSED
+        conn_event(self, Pseudo.CLOSE)  # a broken (ERROR) connection stays broken
         return out
 
     def _check_new_step(self, step: Step, s: SlotTrack, now: float | None) -> None:
@@ -138,7 +149,7 @@ class VerifierEndpoint(Endpoint):
         if self.state is Conn.HELLO_SENT:
             self._on_handshake(msg, t, events)
             return
-        self._conn(Dir.RECV, t)
+        conn_event(self, Dir.RECV, t)
         self._check_session(msg, RemoteProtocolError)
         if t is MsgType.REFUSAL and msg.slot == CONNECTION_SLOT:
             events.extend(self.close(Reason.PEER_REFUSED))
@@ -150,33 +161,29 @@ class VerifierEndpoint(Endpoint):
         if not live:
             self._discard_or_raise(frame, s, t, events)
             return
-        slot_next(self.role, s.state, Dir.RECV, t)  # every live type is in the table
         if t is MsgType.REPLY:
+            slot_event(self.role, s, Dir.RECV, t)
             self._on_reply(frame, s, events)
         elif t is MsgType.COMPLETION:
             self._on_completion(msg, s, events)
-        else:
-            events.append(self._fail(msg.slot, s, Pseudo.FAIL, Reason(msg.reason),
+        else:  # the worker refused the step: the table fails the slot
+            events.append(self._fail(msg.slot, s, t, Reason(msg.reason),
                                      f"peer: {msg.detail}", by_peer=True))
 
     def _on_handshake(self, msg, t: MsgType, events: list) -> None:
-        new = self._next_conn(t)
         if t is MsgType.REFUSAL:
-            self.state = new
+            conn_event(self, Dir.RECV, t)
             events.append(SessionRefused(Reason(msg.reason), msg.detail, by_peer=True))
             return
         ans: HelloAnswer = msg
-        self._check_session(ans, RemoteProtocolError)
-        if ans.version not in self.config.versions:
-            raise RemoteProtocolError(Reason.BAD_VERSION, f"answered version {ans.version}")
-        check_identity(self.config.identity, ans.identity)
-        check_answer_limits(self.config.limits, ans.limits, self.vocab)
-        self.state = new
+        with conn_transition(self, Dir.RECV, t):  # READY once the answer checks pass
+            self._check_session(ans, RemoteProtocolError)
+            if ans.version not in self.config.versions:
+                raise RemoteProtocolError(Reason.BAD_VERSION, f"answered version {ans.version}")
+            check_identity(self.config.identity, ans.identity)
+            check_answer_limits(self.config.limits, ans.limits, self.vocab)
         self._start_session(ans.version, ans.limits, ans.identity)
         events.append(SessionStarted(self.session, ans.version, ans.limits, ans.identity))
-
-    def _next_conn(self, t: MsgType) -> Conn:
-        return conn_next(self.role, self.state, Dir.RECV, t)
 
     def _discard_or_raise(self, frame: Frame, s: SlotTrack, t: MsgType, events: list) -> None:
         msg = frame.message
@@ -229,7 +236,7 @@ class VerifierEndpoint(Endpoint):
             detail = e.detail if c.status == 0 else c.reason
             self._fail_into(events, c.slot, s, e.reason, detail)
             return
-        s.state = SlotState.READY
+        slot_event(self.role, s, Dir.RECV, MsgType.COMPLETION)  # READY: handed out next
         s.deadline = None
         greedy = step_form(s.step) is Form.TOKEN_ONLY
         events.append(ProposalReady(
@@ -244,9 +251,13 @@ class VerifierEndpoint(Endpoint):
     def _fail_into(self, events: list, slot: int, s: SlotTrack, reason: Reason, detail: str):
         events.append(self._fail(slot, s, Pseudo.FAIL, reason, detail))
 
-    def _fail(self, slot: int, s: SlotTrack, how: Pseudo, reason: Reason, detail: str,
-              by_peer: bool = False):
-        s.state = slot_next(self.role, s.state, how)
+    def _fail(self, slot: int, s: SlotTrack, how: Pseudo | MsgType, reason: Reason,
+              detail: str, by_peer: bool = False):
+        """``how``: a pseudo event, or the received message type (the peer's REFUSAL)."""
+        if isinstance(how, Pseudo):
+            slot_event(self.role, s, how)
+        else:
+            slot_event(self.role, s, Dir.RECV, how)
         s.invalidate(s.generation)
         s.frames, s.rows = [], []
         self.failures[reason] += 1

@@ -36,7 +36,17 @@ from pp1q.wire.messages import (
     type_of,
 )
 from pp1q.wire.pool import PayloadPool
-from pp1q.wire.table import Conn, Dir, Role, SlotState, conn_next, slot_next
+from pp1q.wire.table import (
+    Conn,
+    Dir,
+    Pseudo,
+    Role,
+    SlotState,
+    conn_event,
+    require_ready,
+    slot_event,
+    slot_transition,
+)
 from pp1q.wire.validate import (
     check_commit,
     check_identity,
@@ -64,7 +74,7 @@ class WorkerEndpoint(Endpoint):
         if self.state is Conn.IDLE and t is MsgType.HELLO:
             self._on_hello(msg, events)
             return
-        self._conn(Dir.RECV, t)
+        conn_event(self, Dir.RECV, t)
         self._check_session(msg, RemoteProtocolError)
         if t is MsgType.STEP:
             self._on_step(msg, events)
@@ -84,13 +94,13 @@ class WorkerEndpoint(Endpoint):
             hello.limits.check(hello.identity.vocab)
             limits = ours.limits.meet(hello.limits)
         except RemoteProtocolError as e:
-            self.state = Conn.CLOSED
+            conn_event(self, Pseudo.REFUSE)
             self._outbox.append(encode(Refusal(
                 session=hello.session, slot=CONNECTION_SLOT, generation=0, round_id=0,
                 reason=e.reason, detail=e.detail[:200])))
             events.append(SessionRefused(e.reason, e.detail, by_peer=False))
             return
-        self.state = conn_next(self.role, self.state, Dir.RECV, MsgType.HELLO)
+        conn_event(self, Dir.RECV, MsgType.HELLO)
         self._start_session(version, limits, hello.identity)
         self._outbox.append(encode(HelloAnswer(
             session=hello.session, version=version, identity=ours.identity, limits=limits)))
@@ -101,7 +111,7 @@ class WorkerEndpoint(Endpoint):
             s = self._slot(step.slot, RemoteProtocolError)
             check_step(step, self.version, self.limits)
             self._check_step_keys(step, s)
-            s.state = slot_next(self.role, s.state, Dir.RECV, MsgType.STEP)
+            slot_event(self.role, s, Dir.RECV, MsgType.STEP)
         except RemoteProtocolError as e:
             self._refuse(step, e.reason, e.detail, events)
             return
@@ -124,16 +134,16 @@ class WorkerEndpoint(Endpoint):
         s = self._slot(commit.slot, RemoteProtocolError)
         if (commit.generation, commit.round_id) != (s.generation, s.round_id):
             raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "commit of another round")
-        new = slot_next(self.role, s.state, Dir.RECV, MsgType.COMMIT)
-        check_commit(commit, s.step, self.vocab)
-        s.state, s.committed = new, commit.committed
+        with slot_transition(self.role, s, Dir.RECV, MsgType.COMMIT):
+            check_commit(commit, s.step, self.vocab)
+        s.committed = commit.committed
         events.append(Committed(commit))
 
     def _on_reset(self, reset: Reset, events: list) -> None:
         s = self._slot(reset.slot, RemoteProtocolError)
         was_drafting = s.state is SlotState.DRAFTING and s.generation <= reset.generation
         if s.generation <= reset.generation:
-            s.state = slot_next(self.role, s.state, Dir.RECV, MsgType.RESET)
+            slot_event(self.role, s, Dir.RECV, MsgType.RESET)
         s.invalidate(reset.generation)
         events.append(SlotReset(reset.slot, reset.generation, Reason(reset.reason), was_drafting))
 
@@ -163,7 +173,7 @@ class WorkerEndpoint(Endpoint):
     def send(self, msg: Message) -> bytes:
         """Validate ``msg`` against the tables and the step it answers; return its frame."""
         t = type_of(msg)
-        self._require_ready()
+        require_ready(self)
         self._check_session(msg, LocalProtocolError)
         if t is MsgType.REFUSAL:
             return encode(msg)
@@ -172,13 +182,12 @@ class WorkerEndpoint(Endpoint):
         s = self._slot(msg.slot, LocalProtocolError)
         if not self.is_live(msg.slot, msg.generation, msg.round_id):
             raise LocalProtocolError(Reason.STALE_GENERATION, "step reset, completed or unknown")
-        new_state = slot_next(self.role, s.state, Dir.SEND, t)
-        if t is MsgType.REPLY:
-            data = self._reply_frame(msg, s)
-        else:
-            self._check_own_completion(msg, s)
-            data = encode(msg)
-        s.state = new_state
+        with slot_transition(self.role, s, Dir.SEND, t):  # applied once the checks pass
+            if t is MsgType.REPLY:
+                data = self._reply_frame(msg, s)
+            else:
+                self._check_own_completion(msg, s)
+                data = encode(msg)
         return data
 
     def _reply_frame(self, reply: Reply, s: SlotTrack) -> bytes:

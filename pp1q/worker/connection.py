@@ -1,7 +1,7 @@
 """The worker's asyncio adapter: one BufferedProtocol per accepted TCP connection.
 
-The first 8 bytes tell the two kinds of connection apart: ``context_channel.PREAMBLE``
-opens a context channel, anything else is a wire v2 connection whose bytes go to a
+The first bytes tell the two kinds of connection apart (``pp1q.wire.sniff``): the
+context preamble opens a context channel, anything else is a wire v2 connection whose bytes go to a
 sans-IO ``WorkerEndpoint``. Wire bytes are received straight into the endpoint's own
 buffers (``get_buffer``/``buffer_updated``: a dense payload lands without a copy).
 """
@@ -14,7 +14,7 @@ import logging
 from pp1q.core.errors import Reason, RemoteProtocolError
 from pp1q.models.toy import DraftModel
 from pp1q.runtime.metrics import Metrics
-from pp1q.wire import WireConfig, WorkerEndpoint
+from pp1q.wire import SNIFF_BYTES, Stream, WireConfig, WorkerEndpoint, sniff
 from pp1q.wire import context_channel as cc
 from pp1q.wire.events import (
     Committed,
@@ -29,7 +29,6 @@ from pp1q.worker.state import StateRefusedError, WorkerState
 
 log = logging.getLogger("pp1q.worker")
 
-_SNIFF = len(cc.PREAMBLE)
 _SCRATCH_BYTES = 64 * 1024  # context-channel receive size (asyncio's default read size)
 
 
@@ -42,7 +41,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self._on_close = on_close
         self._drafter_cls = drafter_cls  # the round benchmark plugs in canned rows here
         self.transport: asyncio.Transport | None = None
-        self._sniff = bytearray(_SNIFF)
+        self._sniff = bytearray(SNIFF_BYTES)
         self._sniffed = 0
         self._mode: str | None = None  # None until sniffed, then "wire" or "context"
         self.endpoint: WorkerEndpoint | None = None
@@ -69,7 +68,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         try:
             if self._mode is None:
                 self._sniffed += nbytes
-                if self._sniffed == _SNIFF:
+                if self._sniffed == SNIFF_BYTES:
                     self._choose_mode(now)
             elif self._mode == "wire":
                 self._on_wire_events(self.endpoint.buffer_updated(nbytes, now))
@@ -104,7 +103,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
 
     def _choose_mode(self, now: float) -> None:
         head = bytes(self._sniff)
-        if head == cc.PREAMBLE:
+        if sniff(head) is Stream.CONTEXT:
             self._mode, self._ctx = "context", cc.ContextDecoder()
             return
         self._mode = "wire"

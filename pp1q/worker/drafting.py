@@ -94,10 +94,10 @@ class StepDrafter:
         self.metrics.round_latency.observe(time.perf_counter() - t0)
 
     def _prefix(self, step: Step) -> list[int]:
-        """The committed prefix this STEP drafts after (digest and anchor checked)."""
+        """The committed prefix this STEP drafts after (digest and last_committed checked)."""
         ep = self.endpoint
-        return self.state.prefix_for_step(ep.session, step.slot, step.generation, step.anchor,
-                                          step.prefix_digest).tokens
+        return self.state.prefix_for_step(ep.session, step.slot, step.generation,
+                                          step.last_committed, step.prefix_digest).tokens
 
     def _rows(self, step: Step, prefix: list[int]):
         if step_form(step) is Form.TOKEN_ONLY:
@@ -105,7 +105,7 @@ class StepDrafter:
                 yield token, None
             return
         spec = ProposalSpec(seed=step.seed, generation=step.generation, round_id=step.round_id,
-                            anchor=step.first_position, depth=step.depth,
+                            first_position=step.first_position, depth=step.depth,
                             temperature=step.temperature, top_k=step.top_k or None)
         yield from propose(self.model, prefix, spec)
 

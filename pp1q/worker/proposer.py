@@ -2,7 +2,7 @@
 
 Row i is built from the drafter's backbone row i plus the Markov bias of x_{i-1}
 (x_0 = last committed token), turned into the dyadic q that samples x_i with the
-PROPOSAL-domain draw at absolute position anchor + i - 1. Rows are produced in order:
+PROPOSAL-domain draw at absolute position first_position + i - 1. Rows are produced in order:
 x_i must exist before row i + 1 can be built. The q yielded is the q that sampled.
 """
 
@@ -25,7 +25,7 @@ class ProposalSpec:
     seed: int
     generation: int
     round_id: int
-    anchor: int  # absolute position of x_1 (= committed length)
+    first_position: int  # absolute position of x_1 (= last committed position + 1)
     depth: int
     temperature: float
     top_k: int | None  # None: dense support
@@ -40,7 +40,7 @@ def propose(model: DraftModel, prefix: Sequence[int],
         logits = model.row_logits(backbone[i], prev)
         row = build_row(logits, temperature=spec.temperature, top_k=spec.top_k)
         token = sample(row, proposal_u24(spec.seed, spec.generation, spec.round_id,
-                                         spec.anchor + i))
+                                         spec.first_position + i))
         yield token, row
         prev = token
 

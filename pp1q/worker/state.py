@@ -68,14 +68,14 @@ class WorkerState:
         self._slots[(session, slot)] = SlotState(generation, prefix)
         return prefix
 
-    def prefix_for_step(self, session: int, slot: int, generation: int, anchor: int,
+    def prefix_for_step(self, session: int, slot: int, generation: int, last_committed: int,
                         digest: int) -> Prefix:
         st = self._slots.get((session, slot))
         if st is None or st.generation != generation:
             raise StateRefusedError(Reason.STALE_GENERATION, "no context for this generation")
-        if st.prefix.last_position != anchor:
-            raise StateRefusedError(Reason.BAD_POSITION,
-                               f"anchor {anchor} != committed {st.prefix.last_position}")
+        if st.prefix.last_position != last_committed:
+            raise StateRefusedError(Reason.BAD_POSITION, f"last_committed {last_committed}"
+                                    f" != committed {st.prefix.last_position}")
         if st.prefix.digest != digest:
             raise StateRefusedError(Reason.CHECKSUM_MISMATCH, "prefix digest differs")
         return st.prefix

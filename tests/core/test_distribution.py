@@ -28,7 +28,7 @@ from pp1q.core.verify import DenseQ, decide
 
 SEED = 0x5EED_0001
 GEN = 1
-ANCHOR = 1000
+FIRST_POSITION = 1000
 DEPTH = 5
 TRIALS = 200_000  # the regime that caught vLLM's shared-noise bug needs this many
 
@@ -51,7 +51,7 @@ class Round:
 
 def _draws(trials: int, depth: int):
     rounds = np.arange(trials, dtype=np.int64)[:, None]
-    pos = ANCHOR + np.arange(depth + 1)[None, :]
+    pos = FIRST_POSITION + np.arange(depth + 1)[None, :]
 
     def words(domain, positions):
         return draw_words(SEED, GEN, rounds, positions, domain)
@@ -94,7 +94,8 @@ def simulate(rnd: Round, trials: int, bug: str | None = None) -> np.ndarray:
         # proposal and sample position 1 target-only from p_1
         favourite = int(rnd.q_sampling[0].ids[np.argmax(rnd.q_sampling[0].counts)])
         redo = drafts[:, 0] != favourite
-        u = u53_from_words(draw_words(SEED, GEN, np.arange(trials), ANCHOR, Domain.TARGET_ONLY))
+        u = u53_from_words(draw_words(SEED, GEN, np.arange(trials), FIRST_POSITION,
+                                      Domain.TARGET_ONLY))
         out[redo] = -1
         out[redo, 0] = verify.pick(np.broadcast_to(p[0], (int(redo.sum()), V)), u[redo])
     return out
@@ -171,7 +172,7 @@ def test_simulation_uses_the_library_sampler_and_draws():
     out_prop, *_ = _draws(4, DEPTH)
     for t in range(4):
         for i in range(DEPTH):
-            u = proposal_u24(SEED, GEN, t, ANCHOR + i)
+            u = proposal_u24(SEED, GEN, t, FIRST_POSITION + i)
             assert u == out_prop[t, i]
             assert _sample_many(rnd.q_sampling[i], np.array([u]))[0] == sample(rnd.q_sampling[i], u)
 

@@ -124,7 +124,7 @@ def test_round_hand_computed():
 
 
 def test_round_draws_from_keys_follow_the_contract():
-    k = RoundKeys(seed=7, generation=3, round_id=11, anchor=100)
+    k = RoundKeys(seed=7, generation=3, round_id=11, first_position=100)
     d = RoundDraws.from_keys(k, 2)
     assert d.acceptance == tuple(uniform53(7, 3, 11, 100 + i, Domain.ACCEPTANCE) for i in (0, 1))
     assert d.correction == tuple(uniform53(7, 3, 11, 100 + i, Domain.CORRECTION) for i in (0, 1))

@@ -83,7 +83,7 @@ def _qualify(n_rounds: int, seed: int) -> dict:
             p, q = _case(rng, kind, vocab, depth)
             k = RoundKeys(int(rng.integers(1 << 63)), int(rng.integers(1 << 24)),
                           int(rng.integers(1 << 32)), int(rng.integers(1 << 31)))
-            x = [sample(q[i], proposal_u24(k.seed, k.generation, k.round_id, k.anchor + i))
+            x = [sample(q[i], proposal_u24(k.seed, k.generation, k.round_id, k.first_position + i))
                  for i in range(depth)]
             ps.append(p)
             qs.append(q)
@@ -206,7 +206,7 @@ def _round_inputs(vocab=8, depth=3, seed=3):
 
 def test_per_request_seeds_give_per_request_streams():
     p, q = _round_inputs()
-    keys = [RoundKeys(seed=s, generation=1, round_id=9, anchor=40) for s in range(64)]
+    keys = [RoundKeys(seed=s, generation=1, round_id=9, first_position=40) for s in range(64)]
     x = [int(q[i].ids[np.argmax(q[i].counts)]) for i in range(3)]
     batch = verify_batch(np.stack([p] * 64), [q] * 64, [x] * 64, keys)
     assert batch == [verify_round(p, q, x, k) for k in keys]

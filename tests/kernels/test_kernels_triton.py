@@ -108,7 +108,7 @@ def test_verify_step_bit_for_bit_with_per_request_seeds(sparse):
     q = q if sparse else dense_counts(q)
     q = type(q)(q.ids.to(DEV), q.counts.to(DEV), q.vocab) if sparse else q.to(DEV)
     k = keys(g, B)
-    k[3] = type(k[0])(2**64 - 1, k[3].generation, k[3].round_id, k[3].anchor)
+    k[3] = type(k[0])(2**64 - 1, k[3].generation, k[3].round_id, k[3].first_position)
     sk = vs.StepKeys.from_keys(k, DEV)
     want = vs.verify_step(p, q, draft, sk)
     got = triton_verify.verify_step(p, q, draft, sk, block=BLOCK)

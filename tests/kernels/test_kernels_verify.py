@@ -107,7 +107,7 @@ def test_each_request_uses_its_own_seed():
         assert same(alone, vs.StepResult(batch.accepted[b:b + 1], batch.token[b:b + 1],
                                          batch.underflow[b:b + 1]))
     # planted bug: every request keyed by request 0's seed gives different decisions
-    seed0 = vs.StepKeys.from_keys([type(x)(k[0].seed, x.generation, x.round_id, x.anchor)
+    seed0 = vs.StepKeys.from_keys([type(x)(k[0].seed, x.generation, x.round_id, x.first_position)
                                    for x in k])
     assert not same(vs.verify_step(p, q, draft, seed0), batch)
 
@@ -126,7 +126,7 @@ def test_refusals():
         (lambda: vs.verify_step(p, q, outside, sk), Reason.ID_OUT_OF_RANGE),
         (lambda: vs.verify_step(p[:, :2], q, draft, sk), Reason.UNEXPECTED_SIZE),
         (lambda: vs.verify_step(p, q, draft, vs.StepKeys(sk.seeds, sk.generation + (1 << 24),
-                                                          sk.round_id, sk.anchor)),
+                                                          sk.round_id, sk.first_position)),
          Reason.RNG_KEY_OUT_OF_RANGE),
     ]
     for call, reason in cases:

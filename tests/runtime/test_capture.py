@@ -24,13 +24,14 @@ from pp1q.runtime.capture.format import (
     file_header,
     record_head,
 )
+from pp1q.wire import MAGIC as WIRE_MAGIC
 
 
 def _small(path, **kw):
     with CaptureWriter(path, role=Role.WORKER, wall_ns=123, **kw) as w:
         w.info({"step_timeout_s": 2.0}, now=1.0)
         c = w.open_conn(Protocol.WIRE, "10.0.0.2:5000", now=1.0)
-        w.record(Direction.IN, c, 1.25, b"PP1Q" + bytes(40))
+        w.record(Direction.IN, c, 1.25, WIRE_MAGIC + bytes(40))
         w.record("out", c, 1.5, memoryview(bytearray(b"abc")))
         w.close_conn(c, "peer closed", now=2.0)
     return path
@@ -43,7 +44,7 @@ def test_round_trip(tmp_path):
     assert recs[0].meta == {"step_timeout_s": 2.0} and recs[0].conn == 0
     assert recs[1].meta == {"protocol": "wire", "peer": "10.0.0.2:5000"}
     assert (recs[2].direction, recs[2].time_ns, recs[2].body) == (Direction.IN, 1_250_000_000,
-                                                                  b"PP1Q" + bytes(40))
+                                                                  WIRE_MAGIC + bytes(40))
     assert (recs[3].direction, recs[3].body) == (Direction.OUT, b"abc")
     assert recs[4].meta == {"reason": "peer closed"}
     assert recs[2].offset == recs[1].offset + RECORD_HEADER_BYTES + len(recs[1].body)

@@ -8,9 +8,11 @@ import json
 import subprocess
 
 import pytest
-from daemon_harness import REPLY, Fault, FaultProxy, Pair, value
+from daemon_harness import Pair, value
 
 from pp1q.runtime.launcher import daemon_env, pp1q_command
+from pp1q.tools.chaos.faults import BitFlip, Rule
+from pp1q.wire import MsgType
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
@@ -28,9 +30,9 @@ def _replay(path, *extra) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def _run(tmp_path, proxy=None, verifier_args=()) -> tuple[float, float]:
+def _run(tmp_path, rules=None, verifier_args=()) -> tuple[float, float]:
     """Both daemons with --capture; returns (verified rounds, fallbacks) from /metrics."""
-    pair = Pair(tmp_path, vocab=64, proxy=proxy,
+    pair = Pair(tmp_path, vocab=64, rules=rules,
                 worker_args=["--capture", str(tmp_path / "worker.pp1qcap")],
                 verifier_args=["--capture", str(tmp_path / "verifier.pp1qcap"),
                                *verifier_args])
@@ -77,9 +79,9 @@ def test_capture_of_ranked_verifier_redecides_every_commit_alike(tmp_path):
 
 
 def test_capture_of_a_corrupted_reply_replays_as_the_same_fallback(tmp_path):
-    fault = Fault("corrupt", REPLY, nth=1, offset=0)
-    verified, fallbacks = _run(tmp_path, FaultProxy(fault))
-    assert fault.fired.is_set() and fallbacks == 1
+    fault = Rule(BitFlip("payload", offset=0, bit=0), msg_type=MsgType.REPLY)
+    verified, fallbacks = _run(tmp_path, [fault])
+    assert fault.fired == 1 and fallbacks == 1
     rc, out = _replay(tmp_path / "verifier.pp1qcap", "--reverify", "--json")
     assert rc == 0, out
     report = json.loads(out)

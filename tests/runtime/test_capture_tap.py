@@ -82,8 +82,8 @@ async def test_buffered_protocol_reads_into_its_own_buffer(tmp_path):
 async def test_short_or_foreign_connections_are_unknown(tmp_path):
     _, recs = await _exchange(tmp_path, Echo, [b"GET / HTTP/1.1\r\n"])
     assert recs[0].meta["protocol"] == "unknown"
-    _, recs = await _exchange(tmp_path, Echo, [b"PP1"])  # closed before 8 bytes
-    assert recs[0].meta["protocol"] == "unknown" and _streams(recs)[0] == b"PP1"
+    _, recs = await _exchange(tmp_path, Echo, [MAGIC[:3]])  # closed before 8 bytes
+    assert recs[0].meta["protocol"] == "unknown" and _streams(recs)[0] == MAGIC[:3]
 
 
 def test_no_writer_means_no_wrapper():

@@ -46,6 +46,7 @@ from pp1q.wire import (
 )
 from pp1q.wire import context_channel as cc
 from pp1q.wire.events import Committed, ProposalFailed, ProposalReady, StepRequested
+from pp1q.wire.framing import HEADER_BYTES, read_header
 from pp1q.wire.session_config import PRECISION, VERIFIER_ID
 from pp1q.wire.validate import step_form
 from pp1q.worker.proposer import ProposalSpec, propose, propose_greedy
@@ -169,7 +170,7 @@ class Session:
             rows = [(t, None) for t in propose_greedy(self.drafter, prefix.tokens, step.depth)]
         else:
             spec = ProposalSpec(seed=step.seed, generation=step.generation,
-                                round_id=step.round_id, anchor=step.first_position,
+                                round_id=step.round_id, first_position=step.first_position,
                                 depth=step.depth, temperature=step.temperature,
                                 top_k=step.top_k or None)
             rows = list(propose(self.drafter, prefix.tokens, spec))
@@ -192,9 +193,10 @@ class Session:
         if not req.context_sent:
             self.set_context(req)
         req.round_id += 1
-        anchor = req.prefix.last_position
+        last_committed = req.prefix.last_position
         return Step(session=self.v.session, slot=req.slot, generation=req.generation,
-                    round_id=req.round_id, anchor=anchor, first_position=anchor + 1,
+                    round_id=req.round_id, last_committed=last_committed,
+                    first_position=last_committed + 1,
                     prefix_digest=req.prefix.digest, depth=DEPTH, temperature=req.temperature,
                     top_k=req.top_k, context_version=0, seed=req.seed)
 
@@ -219,7 +221,7 @@ class Session:
                 req.seed, step.generation, step.round_id, step.first_position))
         commit = Commit(session=self.v.session, slot=req.slot, generation=req.generation,
                         round_id=req.round_id, accepted=out.accepted, token=out.token,
-                        committed=step.anchor + out.accepted + 1)
+                        committed=step.last_committed + out.accepted + 1)
         self.send_to_worker(self.v.send(commit, self.now))
         self.commits.append({"slot": req.slot, "generation": req.generation,
                              "round_id": req.round_id, "accepted": out.accepted,
@@ -293,8 +295,7 @@ def _run_round(s: Session, reqs: list[Request], fault=None) -> None:
 
 
 def _flip_payload_byte(frame: bytes, at: int) -> bytes:
-    control_len = int.from_bytes(frame[8:12], "little")
-    i = 32 + control_len + at
+    i = HEADER_BYTES + read_header(frame).control_len + at
     return frame[:i] + bytes([frame[i] ^ 0x40]) + frame[i + 1:]
 
 

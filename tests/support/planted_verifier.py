@@ -29,7 +29,7 @@ class CorrectionFromTargetScheduler(Scheduler):
         if out.accepted == len(drafts):
             return out
         i = out.accepted
-        u = uniform53(keys.seed, keys.generation, keys.round_id, keys.anchor + i,
+        u = uniform53(keys.seed, keys.generation, keys.round_id, keys.first_position + i,
                       Domain.CORRECTION)
         return rounds.Outcome(i, int(pick(np.asarray(p[i])[None], np.array([u]))[0]))
 

@@ -8,6 +8,14 @@ from wire_vectors import IDENTITY, LIMITS, VOCAB
 from pp1q.core.q import build_row, sample
 from pp1q.core.rng import proposal_u24
 from pp1q.wire import Form, Step, VerifierEndpoint, WireConfig, WorkerEndpoint, reply_from_row
+from pp1q.wire.framing import (
+    FRAME_VERSION,
+    HEADER,
+    HEADER_BYTES,
+    MAGIC,
+    head_checksum,
+    read_header,
+)
 
 SESSION = 77
 
@@ -25,10 +33,11 @@ def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0):
     return v, w
 
 
-def step(slot=0, generation=1, round_id=1, anchor=9, depth=3, temperature=0.8, top_k=0,
+def step(slot=0, generation=1, round_id=1, last_committed=9, depth=3, temperature=0.8, top_k=0,
          **kw) -> Step:
     fields = dict(session=SESSION, slot=slot, generation=generation, round_id=round_id,
-                  anchor=anchor, first_position=anchor + 1, prefix_digest=0, depth=depth,
+                  last_committed=last_committed, first_position=last_committed + 1,
+                  prefix_digest=0, depth=depth,
                   temperature=temperature, top_k=top_k, context_version=0, seed=11)
     fields.update(kw)
     return Step(**fields)
@@ -78,31 +87,25 @@ def feed_all(decoder, chunks) -> list:
     return out
 
 
-def forge(mtype: int, control: bytes, payload: bytes = b"", *, magic=b"PP1Q", version=2,
-          flags=0, control_len=None, payload_len=None, payload_sum=None) -> bytes:
+def forge(mtype: int, control: bytes, payload: bytes = b"", *, magic=MAGIC,
+          version=FRAME_VERSION, flags=0, control_len=None, payload_len=None,
+          payload_sum=None) -> bytes:
     """A frame with arbitrary fields but correct checksums (unless overridden)."""
-    import struct
-
     import xxhash
 
-    head = struct.pack(
-        "<4sBBHIIQ", magic, version, mtype, flags,
-        len(control) if control_len is None else control_len,
-        len(payload) if payload_len is None else payload_len,
-        xxhash.xxh3_64_intdigest(payload) if payload_sum is None else payload_sum,
-    )
-    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head + control)) + control + payload
+    fields = [magic, version, mtype, flags,
+              len(control) if control_len is None else control_len,
+              len(payload) if payload_len is None else payload_len,
+              xxhash.xxh3_64_intdigest(payload) if payload_sum is None else payload_sum, 0]
+    fields[-1] = head_checksum(HEADER.pack(*fields), control)
+    return HEADER.pack(*fields) + control + payload
 
 
 def control_of(frame: bytes) -> bytes:
-    import struct
-
-    n = struct.unpack_from("<I", frame, 8)[0]
-    return frame[32:32 + n]
+    n = read_header(frame).control_len
+    return frame[HEADER_BYTES:HEADER_BYTES + n]
 
 
 def payload_of(frame: bytes) -> bytes:
-    import struct
-
-    n = struct.unpack_from("<I", frame, 8)[0]
-    return frame[32 + n:]
+    n = read_header(frame).control_len
+    return frame[HEADER_BYTES + n:]

@@ -51,7 +51,7 @@ LOGITS = np.array([0.5, -1.0, 2.0, 0.0, -np.inf, 1.5, -2.0, 0.25,
                    -0.5, 1.0, -3.0, 0.75, -np.inf, 0.1, -1.5, 0.3])
 DENSE_ROW = build_row(LOGITS, temperature=0.75)
 SPARSE_ROW = build_row(LOGITS, temperature=0.75, top_k=3)
-STEP = dict(session=SESSION, slot=2, generation=7, round_id=3, anchor=41, first_position=42,
+STEP = dict(session=SESSION, slot=2, generation=7, round_id=3, last_committed=41, first_position=42,
             prefix_digest=0x5EED5EED5EED5EED, depth=5, context_version=1, seed=2024)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import struct
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from pp1q.tools.chaos.proxy import FaultProxy
 from pp1q.tools.chaos.spec import parse_rule
 from pp1q.wire import Commit, Completion, FrameDecoder, MsgType, Reply, Reset, Step, encode
 from pp1q.wire.context_channel import PREAMBLE
+from pp1q.wire.framing import HEADER_BYTES, set_payload_len
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
@@ -78,10 +78,10 @@ def test_cutter_goes_raw_on_bad_magic_and_impossible_lengths():
     assert c.feed(b"XXXX" + bytes(40)) == [Piece(b"XXXX" + bytes(40))] and c.raw
     assert c.feed(b"more") == [Piece(b"more")]
     huge = bytearray(encode(reply(1)))
-    struct.pack_into("<I", huge, 12, 1 << 31)  # declared payload 2^31: never buffered
+    set_payload_len(huge, 1 << 31)  # declared payload 2^31: never buffered
     c = FrameCutter()
-    out = c.feed(bytes(huge[:32]))
-    assert c.raw and out == [Piece(bytes(huge[:32]))]
+    out = c.feed(bytes(huge[:HEADER_BYTES]))
+    assert c.raw and out == [Piece(bytes(huge[:HEADER_BYTES]))]
 
 
 def test_flip_bit_payload_poisons_one_frame_header_breaks_the_stream():
@@ -152,7 +152,7 @@ def test_fault_specs():
 # -- audit ------------------------------------------------------------------------------
 
 def _step(depth=3, temperature=1.0, round_id=1, generation=1):
-    return Step(session=5, slot=0, generation=generation, round_id=round_id, anchor=9,
+    return Step(session=5, slot=0, generation=generation, round_id=round_id, last_committed=9,
                 first_position=10, prefix_digest=0, depth=depth, temperature=temperature,
                 top_k=0, context_version=0, seed=1)
 

@@ -3,18 +3,17 @@ same failures; corrupted copies are refused with the right reason."""
 
 import dataclasses
 import json
-import struct
 
 import capture_vectors
 import msgspec
 import numpy as np
 import pytest
-import xxhash
 
 from pp1q.core.errors import Reason
 from pp1q.runtime.capture import Direction, Kind, read_capture, write_records
 from pp1q.tools.replay import replay_verifier, target_from_identity
-from pp1q.wire import MsgType
+from pp1q.wire import HEADER_BYTES, MsgType, Stream, read_header, sniff
+from pp1q.wire.framing import reseal
 
 DATA = capture_vectors.DATA_DIR
 NAMES = capture_vectors.NAMES
@@ -120,28 +119,26 @@ def test_replay_is_independent_of_record_boundaries(tmp_path, size):
 
 
 def _frame_type(rec):
-    if rec.kind is not Kind.DATA or len(rec.body) < 32 or rec.body[:4] != b"PP1Q":
+    if (rec.kind is not Kind.DATA or len(rec.body) < HEADER_BYTES
+            or sniff(rec.body) is not Stream.WIRE):
         return None
-    return rec.body[5]
+    return read_header(rec.body).mtype
 
 
 def _first_reply(recs, sparse: bool):
     for i, r in enumerate(recs):
         if r.direction is Direction.IN and _frame_type(r) == MsgType.REPLY:
-            control_len, payload_len = struct.unpack_from("<II", r.body, 8)
+            h = read_header(r.body)
+            control_len, payload_len = h.control_len, h.payload_len
             entries_bytes = 8 if sparse else 4
             n = payload_len // entries_bytes
             if payload_len and (n != capture_vectors.VOCAB) == sparse:
-                return i, 32 + control_len, n
+                return i, HEADER_BYTES + control_len, n
     raise AssertionError("no such reply")
 
 
 def _rechecksum(frame: bytearray) -> bytes:
-    control_len, payload_len = struct.unpack_from("<II", frame, 8)
-    payload = bytes(frame[32 + control_len:])
-    struct.pack_into("<Q", frame, 16, xxhash.xxh3_64_intdigest(payload))
-    head = bytes(frame[:24]) + bytes(frame[32:32 + control_len])
-    struct.pack_into("<Q", frame, 24, xxhash.xxh3_64_intdigest(head))
+    reseal(frame)
     return bytes(frame)
 
 

@@ -33,7 +33,7 @@ def test_one_line_per_message(capsys):
     assert sum(" REPLY " in ln for ln in msgs) == 30  # 6 rounds x depth 5
     assert "row:" not in out  # rows only with --verbose
     first_step = next(ln for ln in msgs if " STEP " in ln)
-    assert "s0 g1 r1 anchor=3 depth=5 T=1 dense seed=2026" in first_step
+    assert "s0 g1 r1 last_committed=3 depth=5 T=1 dense seed=2026" in first_step
 
 
 def test_verbose_rows(capsys):

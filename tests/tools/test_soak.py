@@ -80,7 +80,7 @@ async def test_link_never_writes_to_a_closing_transport():
     link._proto = SimpleNamespace(transport=_ClosingTransport())
     link._ready = True  # as it stays until connection_lost
     assert link.reset(0, 1, Reason.CANCELLED) is False  # not written, no exception
-    step = Step(session=5, slot=0, generation=1, round_id=1, anchor=1, first_position=2,
+    step = Step(session=5, slot=0, generation=1, round_id=1, last_committed=1, first_position=2,
                 prefix_digest=0, depth=5, temperature=1.0, top_k=0, context_version=0, seed=1)
     fut = link.propose(step)
     link._flush()  # the STEP stays queued; losing the connection fails it

@@ -1,6 +1,6 @@
 """Faults between real daemons: every request completes, the right fallback happens once,
-and the counters say so. The proxy (tests/support/daemon_harness.py) sits between verifier and
-worker and injects one fault on the worker -> verifier stream."""
+and the counters say so. pp1q.tools.chaos's proxy (``Pair(rules=...)``) sits between verifier
+and worker and injects one fault on the worker -> verifier stream."""
 
 from __future__ import annotations
 
@@ -8,16 +8,10 @@ import threading
 import time
 
 import pytest
-from daemon_harness import (
-    COMPLETION,
-    REPLY,
-    Fault,
-    FaultProxy,
-    Pair,
-    fallbacks_of,
-    one_request,
-    value,
-)
+from daemon_harness import Pair, fallbacks_of, one_request, value, wait_fired
+
+from pp1q.tools.chaos.faults import BitFlip, Delay, Drop, Rule
+from pp1q.wire import MsgType
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
@@ -35,8 +29,8 @@ def _wait_metric(pair: Pair, role: str, name: str, at_least: float, **labels) ->
 
 
 def test_reply_late_past_the_watchdog(tmp_path):
-    fault = Fault("delay", COMPLETION, nth=1, seconds=1.5)
-    pair = Pair(tmp_path, preset="close", proxy=FaultProxy(fault),
+    fault = Rule(Delay(1.5), msg_type=MsgType.COMPLETION)  # the first COMPLETION, late
+    pair = Pair(tmp_path, preset="close", rules=[fault],
                 verifier_args=["--watchdog-ms", "500"])
     try:
         answer = one_request(pair)
@@ -56,12 +50,12 @@ def test_reply_late_past_the_watchdog(tmp_path):
 
 
 def test_one_corrupt_byte_discards_the_proposal(tmp_path):
-    fault = Fault("corrupt", REPLY, nth=1, offset=0)
-    pair = Pair(tmp_path, preset="close", proxy=FaultProxy(fault))
+    fault = Rule(BitFlip("payload", offset=0, bit=0), msg_type=MsgType.REPLY)  # first REPLY
+    pair = Pair(tmp_path, preset="close", rules=[fault])
     try:
         answer = one_request(pair)
         assert len(answer["token_ids"]) == 12
-        assert fault.fired.is_set()
+        assert fault.fired == 1
         assert fallbacks_of(answer) == {"invalid_reply": 1}
         m = pair.metrics("verifier")
         assert value(m, "pp1q_validation_failures_total", reason="checksum_mismatch") == 1
@@ -77,16 +71,16 @@ def test_one_corrupt_byte_discards_the_proposal(tmp_path):
 
 
 def test_worker_killed_mid_round_then_restarted(tmp_path):
-    fault = Fault("hold", COMPLETION, nth=1)
-    pair = Pair(tmp_path, preset="close", proxy=FaultProxy(fault),
+    fault = Rule(Drop(), msg_type=MsgType.COMPLETION)  # the first COMPLETION never arrives
+    pair = Pair(tmp_path, preset="close", rules=[fault],
                 verifier_args=["--watchdog-ms", "10000"])
     try:
         box: dict = {}
         t = threading.Thread(target=lambda: box.update(answer=one_request(pair, max_tokens=10)))
         t.start()
-        assert fault.fired.wait(WAIT_S), pair.logs()
+        assert wait_fired(fault, WAIT_S), pair.logs()
         port = pair.worker.port
-        pair.worker.kill()  # the STEP's COMPLETION is in the proxy: mid-round
+        pair.worker.kill()  # the STEP's COMPLETION was lost in the proxy: mid-round
         t.join(WAIT_S * 2)
         answer = box["answer"]
         assert len(answer["token_ids"]) == 10

@@ -19,9 +19,12 @@ from pp1q.runtime.settings import parse_hostport
 from pp1q.tools.theory import expected_accepted
 from pp1q.verifier import rounds
 from pp1q.verifier.link import classify
+from pp1q.wire import FRAME_VERSION, MAGIC
 from pp1q.wire import context_channel as cc
 from pp1q.wire.events import ProposalFailed
 from pp1q.worker.state import StateRefusedError, WorkerState
+
+V2_FRAME_START = MAGIC + bytes([FRAME_VERSION, 0, 0, 0])  # a wire frame's first 8 bytes
 
 
 def _args(parser_fn, argv):
@@ -70,7 +73,7 @@ def test_context_channel_round_trip_chunked_and_bounded():
         cc.ContextDecoder().feed((cc.MAX_FRAME_BYTES + 1).to_bytes(4, "little"))
     assert e.value.reason is Reason.FRAME_TOO_LARGE
     with pytest.raises(RemoteProtocolError) as e:
-        cc.ContextDecoder(expect_preamble=True).feed(b"PP1Q\x02\x00\x00\x00")
+        cc.ContextDecoder(expect_preamble=True).feed(V2_FRAME_START)
     assert e.value.reason is Reason.BAD_MAGIC
     with pytest.raises(RemoteProtocolError) as e:
         cc.ContextDecoder().feed(b"\x03\x00\x00\x00abc")
@@ -86,10 +89,10 @@ def test_worker_state_follows_context_commit_reset():
         st.set_context(1, 0, 1, [5, 6], digest=123)
     assert e.value.reason is Reason.CHECKSUM_MISMATCH
     st.set_context(1, 0, 1, [5, 6], digest_of([5, 6]))
-    prefix = st.prefix_for_step(1, 0, 1, anchor=1, digest=digest_of([5, 6]))
+    prefix = st.prefix_for_step(1, 0, 1, last_committed=1, digest=digest_of([5, 6]))
     assert prefix.tokens == [5, 6]
     with pytest.raises(StateRefusedError) as e:
-        st.prefix_for_step(1, 0, 1, anchor=2, digest=digest_of([5, 6]))
+        st.prefix_for_step(1, 0, 1, last_committed=2, digest=digest_of([5, 6]))
     assert e.value.reason is Reason.BAD_POSITION
     st.drafted(1, 0, 1, round_id=1, drafts=[7, 8, 9])
     st.commit(1, 0, 1, round_id=1, accepted=2, token=4, committed=4)

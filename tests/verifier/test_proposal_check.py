@@ -13,9 +13,9 @@ VOCAB = 64
 PREFIX = [3, 1, 4, 1, 5]
 
 
-def _chain(seed, temperature=0.9, top_k=None, generation=2, round_id=7, anchor=5):
+def _chain(seed, temperature=0.9, top_k=None, generation=2, round_id=7, first_position=5):
     drafter, _ = toy_pair(VOCAB, 0, "far")
-    spec = ProposalSpec(seed, generation, round_id, anchor, 5, temperature, top_k)
+    spec = ProposalSpec(seed, generation, round_id, first_position, 5, temperature, top_k)
     chain = list(propose(drafter, PREFIX, spec))
     return [t for t, _ in chain], [q for _, q in chain]
 
@@ -36,7 +36,8 @@ def test_wrong_key_fields_are_caught():
         hits = 0
         for seed in range(30):
             d, r = _chain(seed)
-            k = RoundKeys(keys.seed + seed - 11, keys.generation, keys.round_id, keys.anchor)
+            k = RoundKeys(keys.seed + seed - 11, keys.generation, keys.round_id,
+                          keys.first_position)
             hits += not proposal_matches(r, d, k)
         assert hits > 0, keys
 

@@ -20,6 +20,7 @@ from pp1q.verifier.daemon import build as build_verifier
 from pp1q.verifier.http import HttpError, parse_head
 from pp1q.wire import FrameDecoder, VerifierEndpoint, WorkerEndpoint
 from pp1q.wire import context_channel as cc
+from pp1q.wire.framing import HEADER_BYTES
 from pp1q.wire.limits import MAX_CONTROL_BYTES
 from pp1q.wire.messages import MsgType
 from pp1q.wire.session_config import verifier_config, worker_config
@@ -35,7 +36,7 @@ TIMEOUT_S = 10.0
 def _header(field: str, n: int, mtype: MsgType = MsgType.REPLY) -> bytes:
     control = control_of(V["reply_dense"] if mtype is MsgType.REPLY else V["step_dense"])
     kw = {"payload_len": n} if field == "payload_len" else {"control_len": n}
-    return forge(mtype, control, **kw)[:32]  # the header only: nothing else ever arrives
+    return forge(mtype, control, **kw)[:HEADER_BYTES]  # the header only: nothing else ever arrives
 
 
 def _buffered(endpoint, data: bytes) -> None:

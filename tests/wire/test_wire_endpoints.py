@@ -27,6 +27,7 @@ from pp1q.wire import (
     WorkerEndpoint,
     encode,
 )
+from pp1q.wire.framing import read_header
 from pp1q.wire.table import CONN_TABLE, SLOT_TABLE, Dir, Role, conn_next, slot_next
 from pp1q.wire.table import Conn as C
 
@@ -133,10 +134,11 @@ def test_round_trip_hands_out_exact_rows_only_after_completion(top_k, temperatur
     else:
         assert ready.greedy and ready.q_rows == ()
     commit = Commit(session=SESSION, slot=1, generation=1, round_id=1, accepted=2, token=4,
-                    committed=st.anchor + 3)
+                    committed=st.last_committed + 3)
     assert w.receive_data(v.send(commit), 0.2) == [Committed(commit)]
     assert v.slots[1].state is w.slots[1].state is SlotState.IDLE
-    nxt = step(slot=1, round_id=2, anchor=st.anchor + 3, top_k=top_k, temperature=temperature)
+    nxt = step(slot=1, round_id=2, last_committed=st.last_committed + 3, top_k=top_k,
+               temperature=temperature)
     assert w.receive_data(v.send(nxt, now=0.3), 0.3) == [StepRequested(nxt)]
 
 
@@ -146,9 +148,9 @@ def test_next_step_must_start_at_the_commit():
     w.receive_data(v.send(st, now=0.0), 0.0)
     v.receive_data(worker_frames(w, st), 0.0)
     v.send(Commit(session=SESSION, slot=0, generation=1, round_id=1, accepted=0, token=1,
-                  committed=st.anchor + 1))
+                  committed=st.last_committed + 1))
     with pytest.raises(LocalProtocolError) as e:
-        v.send(step(round_id=2, anchor=st.anchor + 5), now=0.0)
+        v.send(step(round_id=2, last_committed=st.last_committed + 5), now=0.0)
     assert e.value.reason == Reason.BAD_POSITION
 
 
@@ -302,18 +304,15 @@ def test_a_new_generation_retires_older_ones_without_a_reset():
     frames = worker_frames(w, st)
     v.receive_data(frames, 0.0)
     commit = Commit(session=SESSION, slot=0, generation=1, round_id=1, accepted=0, token=1,
-                    committed=st.anchor + 1)
+                    committed=st.last_committed + 1)
     w.receive_data(v.send(commit), 0.0)
-    nxt = step(generation=2, anchor=100)  # the slot's next request: any anchor
+    nxt = step(generation=2, last_committed=100)  # the slot's next request: any last_committed
     assert w.receive_data(v.send(nxt, now=0.0), 0.0) == [StepRequested(nxt)]
     replay = v.receive_data(_first_frame(frames), 0.0)  # a replayed frame of generation 1
     assert [(type(e), e.reason) for e in replay] == [(Discarded, Reason.STALE_GENERATION)]
-    [refused] = w.receive_data(encode(step(round_id=2, anchor=st.anchor + 1)), 0.0)
+    [refused] = w.receive_data(encode(step(round_id=2, last_committed=st.last_committed + 1)), 0.0)
     assert refused.reason == Reason.STALE_GENERATION
 
 
 def _first_frame(data: bytes) -> bytes:
-    import struct
-
-    control_len, payload_len = struct.unpack_from("<II", data, 8)
-    return data[:32 + control_len + payload_len]
+    return data[:read_header(data).frame_bytes]

@@ -16,6 +16,7 @@ from pp1q.wire import (
     Step,
     encode,
 )
+from pp1q.wire.framing import FRAME_VERSION, HEADER_BYTES, MAGIC, PAYLOAD_SUM_AT
 from pp1q.wire.limits import MAX_CONTROL_BYTES
 
 V = wire_vectors.load()
@@ -62,9 +63,9 @@ def test_control_part_over_its_cap():
 
 
 def test_declared_payload_beyond_limits_is_refused_from_the_header_alone():
-    # 2^31 declared: refused after the 32 header bytes, before anything is allocated
+    # 2^31 declared: refused after the header bytes, before anything is allocated
     frame = forge(MsgType.REPLY, control_of(V["reply_dense"]), payload_len=1 << 31)
-    e = refused(frame[:32], Reason.FRAME_TOO_LARGE)
+    e = refused(frame[:HEADER_BYTES], Reason.FRAME_TOO_LARGE)
     assert "2147483648" in e.detail
 
 
@@ -75,7 +76,7 @@ def test_payload_on_a_message_type_without_one():
 def test_header_or_control_corruption_fails_the_head_checksum():
     data = V["step_dense"]
     refused(patched(data, 40, bytes([data[40] ^ 0x10])), Reason.CHECKSUM_MISMATCH)
-    refused(patched(data, 16, b"\xff"), Reason.CHECKSUM_MISMATCH)  # payload sum field
+    refused(patched(data, PAYLOAD_SUM_AT, b"\xff"), Reason.CHECKSUM_MISMATCH)
 
 
 def test_payload_corruption_fails_the_payload_checksum():
@@ -172,6 +173,39 @@ def test_encode_refuses_a_reply_whose_arrays_disagree_with_its_head():
 
 def test_one_header_and_payload_in_one_bytes_object():
     data = encode(wire_vectors.messages()["reply_dense"])
-    assert isinstance(data, bytes) and len(data) == 32 + len(control_of(data)) + 4 * 20
+    assert isinstance(data, bytes) and len(data) == HEADER_BYTES + len(control_of(data)) + 4 * 20
     assert isinstance(FrameDecoder(LIM).feed(data)[0], Reply)
     assert isinstance(FrameDecoder(LIM).feed(V["step_dense"])[0], Step)
+
+
+# -- the published header layout and protocol sniff ---------------------------------------
+
+def test_read_header_reads_what_encode_wrote():
+    from pp1q.wire import HEADER, Stream, read_header, sniff
+    from pp1q.wire.context_channel import PREAMBLE
+    from pp1q.wire.framing import CONTROL_LEN_AT, HEAD_SUM_AT, PAYLOAD_LEN_AT, TYPE_AT
+
+    data = V["reply_dense"]
+    h = read_header(data)
+    assert HEADER.size == HEADER_BYTES and h.magic == MAGIC and h.version == FRAME_VERSION
+    assert h.mtype == data[TYPE_AT] == MsgType.REPLY and h.frame_bytes == len(data)
+    assert h.control_len == int.from_bytes(data[CONTROL_LEN_AT:CONTROL_LEN_AT + 4], "little")
+    assert h.payload_len == len(payload_of(data))
+    assert PAYLOAD_LEN_AT == CONTROL_LEN_AT + 4 and HEAD_SUM_AT + 8 == HEADER_BYTES
+    for name, frame in V.items():
+        assert sniff(frame) is Stream.WIRE, name
+    assert sniff(PREAMBLE + b"\x00\x00\x00\x10") is Stream.CONTEXT
+    assert sniff(PREAMBLE[:5]) is sniff(b"GET / HT") is sniff(b"") is Stream.UNKNOWN
+    assert sniff(MAGIC) is Stream.WIRE  # a short wire start is still wire
+
+
+def test_reseal_makes_an_edited_frame_decode_again():
+    from pp1q.wire.framing import reseal
+
+    data = bytearray(V["reply_dense"])
+    data[-1] ^= 0x01  # a payload bit: the payload checksum no longer matches
+    [frame] = FrameDecoder(LIM).feed_frames(bytes(data))
+    assert frame.error is not None and frame.error.reason == Reason.CHECKSUM_MISMATCH
+    assert reseal(data) == len(data)
+    [frame] = FrameDecoder(LIM).feed_frames(bytes(data))
+    assert frame.error is None

@@ -1,7 +1,6 @@
 """Property tests: malformed input raises RemoteProtocolError and nothing else, and a
 state machine drives both endpoints through their tables with clean traffic."""
 
-import struct
 
 import msgspec
 import numpy as np
@@ -22,6 +21,7 @@ from pp1q.wire import (
     Reset,
     SlotState,
 )
+from pp1q.wire.framing import HEADER, HEADER_BYTES
 from pp1q.wire.messages import MsgType
 
 V = wire_vectors.load()
@@ -128,7 +128,7 @@ class Pair(RuleBasedStateMachine):
         self.now = 0.0
         self.to_w, self.to_v = b"", b""
         n = len(self.v.slots)
-        self.gen, self.round, self.anchor = [1] * n, [0] * n, [9] * n
+        self.gen, self.round, self.last_committed = [1] * n, [0] * n, [9] * n
         self.pending = {}  # slot -> replies the worker has yet to send
         self.ready = {}  # (slot, gen, round) -> tokens the worker sent
         self.sent_tokens = {}
@@ -172,7 +172,7 @@ class Pair(RuleBasedStateMachine):
         slot = data.draw(st.sampled_from(self._idle()))
         self.round[slot] += 1
         stp = step(slot=slot, generation=self.gen[slot], round_id=self.round[slot],
-                   anchor=self.anchor[slot], depth=depth,
+                   last_committed=self.last_committed[slot], depth=depth,
                    top_k=3 if kind == "sparse" else 0,
                    temperature=0.0 if kind == "greedy" else 0.9)
         self.to_w += self.v.send(stp, now=self.now)
@@ -218,11 +218,11 @@ class Pair(RuleBasedStateMachine):
         slot = data.draw(st.sampled_from(self._in_state(SlotState.READY)))
         s = self.v.slots[slot]
         accepted = min(accepted, s.step.depth)
-        committed = s.step.anchor + accepted + 1
+        committed = s.step.last_committed + accepted + 1
         self.to_w += self.v.send(Commit(session=SESSION, slot=slot, generation=s.generation,
                                         round_id=s.round_id, accepted=accepted, token=token,
                                         committed=committed))
-        self.anchor[slot] = committed
+        self.last_committed[slot] = committed
 
     @precondition(lambda self: self._in_state(SlotState.STEPPING, SlotState.READY,
                                               SlotState.FAILED))
@@ -264,7 +264,7 @@ TestPair = Pair.TestCase
 
 
 def test_header_struct_is_32_bytes():
-    assert struct.calcsize("<4sBBHIIQQ") == 32 and len(FRAMES[0]) > 32
+    assert HEADER.size == HEADER_BYTES == 32 and len(FRAMES[0]) > HEADER_BYTES  # docs/wire.md
     assert np.frombuffer(V["reply_dense"][-80:], "<f4").sum() == 1.0
 
 

@@ -75,9 +75,11 @@ ROW_FAULTS = [
     ("form not the step's", SPARSE, dict(form=Form.DENSE, q=dense(HALF)),
      Reason.UNEXPECTED_SIZE),
     ("position", SPARSE, dict(ids=[2, 5], q=[0.5, 0.5], position=99), Reason.BAD_POSITION),
-    ("out of order", SPARSE, dict(index=2, ids=[2, 5], q=[0.5, 0.5], position=SPARSE.anchor + 2),
+    ("out of order", SPARSE,
+     dict(index=2, ids=[2, 5], q=[0.5, 0.5], position=SPARSE.last_committed + 2),
      Reason.OUT_OF_ORDER),
-    ("depth", SPARSE, dict(index=3, ids=[2, 5], q=[0.5, 0.5], position=SPARSE.anchor + 3),
+    ("depth", SPARSE,
+     dict(index=3, ids=[2, 5], q=[0.5, 0.5], position=SPARSE.last_committed + 3),
      Reason.DEPTH_TOO_LARGE),
 ]
 
@@ -208,8 +210,8 @@ def test_worker_refuses_a_duplicate_round():
     from pp1q.wire import Commit
 
     w.receive_data(v.send(Commit(session=SESSION, slot=0, generation=1, round_id=1,
-                                 accepted=0, token=1, committed=st.anchor + 1)), 0.0)
-    [ev] = w.receive_data(encode(step(anchor=st.anchor + 1)), 0.0)  # round 1 again
+                                 accepted=0, token=1, committed=st.last_committed + 1)), 0.0)
+    [ev] = w.receive_data(encode(step(last_committed=st.last_committed + 1)), 0.0)  # round 1 again
     assert ev.reason == Reason.DUPLICATE_ROUND
 
 

@@ -77,9 +77,10 @@ async def _set_context(port: int, slot: int, generation: int, prefix: Prefix):
 
 
 def _step(prefix: Prefix, generation: int, round_id: int, seed: int = 5) -> Step:
-    anchor = prefix.last_position
-    return Step(session=99, slot=0, generation=generation, round_id=round_id, anchor=anchor,
-                first_position=anchor + 1, prefix_digest=prefix.digest, depth=5,
+    last_committed = prefix.last_position
+    return Step(session=99, slot=0, generation=generation, round_id=round_id,
+                last_committed=last_committed,
+                first_position=last_committed + 1, prefix_digest=prefix.digest, depth=5,
                 temperature=0.9, top_k=8, context_version=0, seed=seed)
 
 
@@ -116,7 +117,7 @@ async def test_commit_advances_and_reset_drops_the_slot(worker):
     ready = [e for e in await v.events_until(ProposalReady) if isinstance(e, ProposalReady)][0]
     new = list(ready.draft_ids[:2]) + [7]
     v.send(Commit(session=99, slot=0, generation=1, round_id=1, accepted=2, token=7,
-                  committed=step.anchor + 3))
+                  committed=step.last_committed + 3))
     prefix.extend(new)
     v.send(_step(prefix, 1, 2))  # the worker's prefix digest matches the commit
     assert any(isinstance(e, ProposalReady) for e in await v.events_until(ProposalReady))

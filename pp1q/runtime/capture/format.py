@@ -32,7 +32,8 @@ import struct
 
 import xxhash
 
-from pp1q.wire.limits import HEADER_BYTES, MAX_CONTROL_BYTES, MAX_PAYLOAD_CAP
+from pp1q.wire.framing import HEADER_BYTES
+from pp1q.wire.limits import MAX_CONTROL_BYTES, MAX_PAYLOAD_CAP
 
 MAGIC = b"PP1QCAP\0"
 FORMAT_VERSION = 1

@@ -9,8 +9,8 @@ land straight in the wrapped protocol's own buffers; the tap records a view of t
     server = await loop.create_server(tap(lambda: WorkerConnection(...), capture), host, port)
     _, proto = await loop.create_connection(tap(lambda: _WireProtocol(...), capture), h, p)
 
-The protocol name (wire or context channel) is read from the first 8 bytes of the
-connection (``context_channel.PREAMBLE`` or the wire magic) unless given; records
+The protocol name (wire or context channel) is read from the first bytes of the
+connection (``pp1q.wire.sniff``) unless given; records
 wait for those bytes, then OPEN and they are written with their original times.
 
 Limit: a client made by ``asyncio.open_connection`` writes through the real transport
@@ -26,11 +26,10 @@ import time
 
 from pp1q.runtime.capture.format import Direction, Protocol
 from pp1q.runtime.capture.writer import CaptureWriter
-from pp1q.wire import MAGIC as WIRE_MAGIC
-from pp1q.wire import context_channel as cc
+from pp1q.wire import SNIFF_BYTES, Stream, sniff
 
-SNIFF_BYTES = len(cc.PREAMBLE)  # enough to tell the context preamble from wire magic
-UNKNOWN = "unknown"  # neither preamble nor wire magic first: replay shows its bytes raw
+UNKNOWN = Stream.UNKNOWN.value  # neither preamble nor wire magic first: replay shows it raw
+_PROTOCOL = {Stream.WIRE: Protocol.WIRE, Stream.CONTEXT: Protocol.CONTEXT}
 
 
 def tap(factory, writer: CaptureWriter | None, protocol: Protocol | str | None = None):
@@ -91,9 +90,7 @@ class _TapBase:
     def _open(self, fallback: str) -> None:
         name = self.name
         if name is None:
-            head = bytes(self._first[:SNIFF_BYTES])
-            name = (Protocol.CONTEXT if head == cc.PREAMBLE else
-                    Protocol.WIRE if head.startswith(WIRE_MAGIC) else fallback)
+            name = _PROTOCOL.get(sniff(self._first), fallback)
         t0 = self._pending[0][1] if self._pending else time.monotonic_ns()
         self.conn = self.writer.open_conn(name, self.peer, t0 / 1e9)
         for direction, t, chunk in self._pending:

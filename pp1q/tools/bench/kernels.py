@@ -45,7 +45,7 @@ def _cases():
     w = counts.softmax_weights(logits.double())
     u53 = torch.randint(0, 2**53, (ROWS,), generator=g)
     keys = verify_step.StepKeys.from_keys(
-        [RoundKeys(seed=b + 1, generation=1, round_id=7, anchor=100) for b in range(BATCH)])
+        [RoundKeys(seed=b + 1, generation=1, round_id=7, first_position=100) for b in range(BATCH)])
     q_step = q_sparse.reshape(BATCH, DEPTH)
     draft = torch.stack([q_step.ids[b, :, 0] for b in range(BATCH)])  # in-support drafts
 

@@ -39,7 +39,8 @@ def _cases(rng: np.random.Generator):
     p /= p.sum(axis=-1, keepdims=True)
     q_rows = [[build_row(-target[b, i], top_k=32) for i in range(DEPTH)] for b in range(BATCH)]
     drafts = [[sample(r, u24) for r in chain] for chain in q_rows]  # heavy rejection
-    keys = [RoundKeys(seed=b + 1, generation=1, round_id=7, anchor=100) for b in range(BATCH)]
+    keys = [RoundKeys(seed=b + 1, generation=1, round_id=7, first_position=100)
+            for b in range(BATCH)]
 
     torch_cases = []
     try:

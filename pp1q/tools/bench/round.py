@@ -147,11 +147,12 @@ async def _ours(port: int, form: str, rounds: int) -> tuple[float, float]:
         raise RuntimeError("bench worker peer did not answer HELLO")
     rng = np.random.default_rng(7)
     p = [softmax64(rng.normal(size=(DEPTH + 1, VOCAB)) * 3.0) for _ in range(REQUESTS)]
-    anchors = [10] * REQUESTS
+    last_committed = [10] * REQUESTS
     wire_t, total_t = [], []
     for r in range(1, rounds + 1):
-        steps = [Step(session=link.session, slot=s, generation=1, round_id=r, anchor=anchors[s],
-                      first_position=anchors[s] + 1, prefix_digest=0, depth=DEPTH,
+        steps = [Step(session=link.session, slot=s, generation=1, round_id=r,
+                      last_committed=last_committed[s],
+                      first_position=last_committed[s] + 1, prefix_digest=0, depth=DEPTH,
                       temperature=1.0, top_k=top_k, context_version=0, seed=s)
                  for s in range(REQUESTS)]
         t0 = time.perf_counter()
@@ -160,10 +161,10 @@ async def _ours(port: int, form: str, rounds: int) -> tuple[float, float]:
         for st, pr in zip(steps, ready, strict=True):
             d = verify_round(p[st.slot], pr.q_rows, pr.draft_ids,
                              RoundKeys(st.seed, 1, r, st.first_position))
-            committed = st.anchor + d.accepted + 1
+            committed = st.last_committed + d.accepted + 1
             link.commit(Commit(session=st.session, slot=st.slot, generation=1, round_id=r,
                                accepted=d.accepted, token=d.token, committed=committed))
-            anchors[st.slot] = committed
+            last_committed[st.slot] = committed
         t2 = time.perf_counter()
         wire_t.append(t1 - t0)
         total_t.append(t2 - t0)

@@ -43,7 +43,7 @@ def _config() -> WireConfig:
 
 
 def _steps(top_k: int) -> list[Step]:
-    return [Step(session=SESSION, slot=s, generation=1, round_id=1, anchor=99,
+    return [Step(session=SESSION, slot=s, generation=1, round_id=1, last_committed=99,
                  first_position=100, prefix_digest=0, depth=DEPTH, temperature=0.8,
                  top_k=top_k, context_version=0, seed=s) for s in range(REQUESTS)]
 

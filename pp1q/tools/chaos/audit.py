@@ -6,7 +6,7 @@ daemon's own counters:
 - zero partial commits: every COMMIT (verifier -> worker) names a proposal whose REPLY
   rows 1..depth reached the verifier exactly once each, in order and byte-identical to
   what the worker sent, followed by an intact COMPLETION, and no frame of which took a
-  poisoning fault; ``committed`` = anchor + accepted + 1.
+  poisoning fault; ``committed`` = last_committed + accepted + 1.
 - zero sampled ids without q: every row of a committed sampled proposal (STEP
   temperature > 0) carried a q row (dense or sparse) with q(token) > 0.
 
@@ -96,9 +96,9 @@ class WireAudit:
         if key not in self._completed:
             self.violations.append(f"{where}: no intact COMPLETION delivered")
         if not 0 <= commit.accepted <= step.depth or \
-                commit.committed != step.anchor + commit.accepted + 1:
+                commit.committed != step.last_committed + commit.accepted + 1:
             self.violations.append(f"{where}: accepted {commit.accepted}, committed "
-                                   f"{commit.committed}, anchor {step.anchor}")
+                                   f"{commit.committed}, last_committed {step.last_committed}")
         if step.temperature > 0 or step.top_k > 0:
             self.sampled_rows += len(rows)
             missing = [i for i, _, q in rows if not q > 0.0]

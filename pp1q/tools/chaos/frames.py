@@ -1,7 +1,7 @@
 """Cutting a byte stream into wire v2 frames, and editing frames, for the fault proxy.
 
-The header layout is docs/wire.md section 2 (magic, version, type, flags, control_len,
-payload_len, payload_xxh3, head_xxh3; little-endian). The proxy must forward anything,
+The header layout and checksums are pp1q.wire.framing's (``read_header``, ``reseal``;
+docs/wire.md section 2). The proxy must forward anything,
 including frames an earlier fault broke, so the cutter validates nothing but the two
 declared lengths: a length above the wire's hard caps (or a bad magic) means the stream
 can no longer be framed, and the rest of it is passed through as raw bytes. That keeps
@@ -11,21 +11,15 @@ at most HEADER + MAX_CONTROL + MAX_PAYLOAD_CAP bytes.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import msgspec
-import xxhash
 
 from pp1q.wire import MAGIC, MsgType
-from pp1q.wire.limits import HEADER_BYTES, MAX_CONTROL_BYTES, MAX_PAYLOAD_CAP
+from pp1q.wire.framing import HEADER_BYTES, read_header, reseal, set_payload_len
+from pp1q.wire.limits import MAX_CONTROL_BYTES, MAX_PAYLOAD_CAP
 from pp1q.wire.messages import CONTROL_CLASSES
 
-HEAD = struct.Struct("<4sBBHII")  # magic, version, type, flags, control_len, payload_len
-_U64 = struct.Struct("<Q")
-PAYLOAD_SUM_AT = 16  # payload_xxh3
-HEAD_SUM_AT = 24  # head_xxh3 over bytes 0..23 followed by the control part
-PAYLOAD_LEN_AT = 12
 _decoders = {t: msgspec.msgpack.Decoder(cls) for t, cls in CONTROL_CLASSES.items()}
 
 
@@ -69,16 +63,17 @@ class FrameCutter:
         self._buf += data
         out: list[Piece] = []
         while len(self._buf) >= HEADER_BYTES:
-            magic, _version, mtype, _flags, clen, plen = HEAD.unpack_from(self._buf)
-            if magic != MAGIC or clen > MAX_CONTROL_BYTES or plen > MAX_PAYLOAD_CAP:
+            h = read_header(self._buf)
+            if (h.magic != MAGIC or h.control_len > MAX_CONTROL_BYTES
+                    or h.payload_len > MAX_PAYLOAD_CAP):
                 self.raw = True  # forward as is: the receiver must refuse it, not us
                 out.append(Piece(bytes(self._buf)))
                 self._buf.clear()
                 return out
-            n = HEADER_BYTES + clen + plen
+            n = h.frame_bytes
             if len(self._buf) < n:
                 break
-            out.append(Piece(bytes(self._buf[:n]), mtype, clen))
+            out.append(Piece(bytes(self._buf[:n]), h.mtype, h.control_len))
             del self._buf[:n]
         return out
 
@@ -104,9 +99,6 @@ def truncate_reframed(piece: Piece, keep: int) -> bytes:
     which only the receiver's size checks can catch."""
     cut = HEADER_BYTES + piece.control_len + max(0, min(keep, len(piece.payload) - 1))
     out = bytearray(piece.data[:cut])
-    payload = bytes(out[HEADER_BYTES + piece.control_len:])
-    struct.pack_into("<I", out, PAYLOAD_LEN_AT, len(payload))
-    _U64.pack_into(out, PAYLOAD_SUM_AT, xxhash.xxh3_64_intdigest(payload))
-    control = bytes(out[HEADER_BYTES: HEADER_BYTES + piece.control_len])
-    _U64.pack_into(out, HEAD_SUM_AT, xxhash.xxh3_64_intdigest(bytes(out[:HEAD_SUM_AT]) + control))
+    set_payload_len(out, cut - HEADER_BYTES - piece.control_len)
+    reseal(out)
     return bytes(out)

@@ -4,7 +4,7 @@ Modelled on etcd's pkg/proxy: one listening socket on 127.0.0.1 forwards every a
 connection to the upstream (the worker), and each direction can be delayed, paused,
 blackholed or reset. Wire v2 connections are cut into frames (pp1q.tools.chaos.frames), so
 frame faults (``faults.Rule``) hit exactly the frame they name; context-channel
-connections (their first 8 bytes are ``context_channel.PREAMBLE``) pass through
+connections (told apart by ``pp1q.wire.sniff`` on their first bytes) pass through
 untouched. Every injection is counted in ``injections`` when it takes effect on the
 wire, and an optional ``WireAudit`` sees every frame as delivered.
 
@@ -40,8 +40,7 @@ from pp1q.tools.chaos.faults import (
     poisons,
 )
 from pp1q.tools.chaos.frames import FrameCutter, Piece, flip_bit, truncate_reframed
-from pp1q.wire import MsgType
-from pp1q.wire.context_channel import PREAMBLE
+from pp1q.wire import SNIFF_BYTES, MsgType, Stream, sniff
 
 log = logging.getLogger("pp1q.tools.chaos")
 
@@ -146,8 +145,8 @@ class FaultProxy:
         self._conns.add(conn)
         try:
             with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-                first = await v_reader.readexactly(len(PREAMBLE))
-                conn.wire = first != PREAMBLE
+                first = await v_reader.readexactly(SNIFF_BYTES)
+                conn.wire = sniff(first) is not Stream.CONTEXT  # unknown: framed, refused
                 self.connections += conn.wire
                 pumps = [asyncio.ensure_future(self._pump(conn, Direction.TO_WORKER, v_reader,
                                                           first)),

@@ -1,7 +1,7 @@
 """Protocol-analyser text: one line per message, optional per-row detail lines.
 
     time(s)    conn dir  TYPE          key fields
-    0.000100   c1   V>W  STEP          s0 g1 r1 anchor=2 depth=5 T=1 dense seed=7
+    0.000100   c1   V>W  STEP          s0 g1 r1 last_committed=2 depth=5 T=1 dense seed=7
     0.000200   c1   W>V  REPLY         s0 g1 r1 #1 pos=3 token=17 dense n=64
                           row: support=40 token=17 q=123456/2^24 (0.00736) checksum=ok valid
 
@@ -74,7 +74,7 @@ DESCRIBE = {  # message class -> (type label, key fields)
     Hello: ("HELLO", _hello),
     HelloAnswer: ("HELLO_ANSWER", lambda m: f"session={m.session:016x} v{m.version} "
                                             f"{_limits(m.limits)}"),
-    Step: ("STEP", lambda m: f"{_key(m)} anchor={m.anchor} depth={m.depth} "
+    Step: ("STEP", lambda m: f"{_key(m)} last_committed={m.last_committed} depth={m.depth} "
                              f"T={m.temperature:g} {_step_form(m)} seed={m.seed}"),
     Reply: ("REPLY", _reply),
     Completion: ("COMPLETION", _completion),

@@ -20,19 +20,13 @@ from daemon_distribution import (
     run_arm,
     worst_position,
 )
-from daemon_harness import (
-    COMPLETION,
-    REPLY,
-    Fault,
-    FaultProxy,
-    Pair,
-    fallbacks_of,
-    one_request,
-    value,
-)
+from daemon_harness import Pair, fallbacks_of, one_request, value, wait_fired
 from rank_harness import log_text, rank_failures, rank_metrics, ranked_pair, wait_metric
 from scipy import stats
 from stats import ALPHA
+
+from pp1q.tools.chaos.faults import BitFlip, Delay, Drop, Rule
+from pp1q.wire import MsgType
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
@@ -98,9 +92,8 @@ def _no_rank_failures(pair) -> None:
 
 
 def test_late_reply_invalidates_on_every_rank(tmp_path):
-    fault = Fault("delay", COMPLETION, nth=1, seconds=1.5)
-    pair = ranked_pair(tmp_path, "--watchdog-ms", "500", preset="close",
-                       proxy=FaultProxy(fault))
+    fault = Rule(Delay(1.5), msg_type=MsgType.COMPLETION)
+    pair = ranked_pair(tmp_path, "--watchdog-ms", "500", preset="close", rules=[fault])
     try:
         answer = one_request(pair)
         assert len(answer["token_ids"]) == 12
@@ -116,11 +109,11 @@ def test_late_reply_invalidates_on_every_rank(tmp_path):
 
 
 def test_corrupt_byte_discards_the_proposal_on_every_rank(tmp_path):
-    fault = Fault("corrupt", REPLY, nth=1, offset=0)
-    pair = ranked_pair(tmp_path, preset="close", proxy=FaultProxy(fault))
+    fault = Rule(BitFlip("payload", offset=0, bit=0), msg_type=MsgType.REPLY)
+    pair = ranked_pair(tmp_path, preset="close", rules=[fault])
     try:
         answer = one_request(pair)
-        assert len(answer["token_ids"]) == 12 and fault.fired.is_set()
+        assert len(answer["token_ids"]) == 12 and fault.fired == 1
         assert fallbacks_of(answer) == {"invalid_reply": 1}
         m = rank_metrics(pair, 0)
         assert value(m, "pp1q_validation_failures_total", reason="checksum_mismatch") == 1
@@ -133,14 +126,13 @@ def test_corrupt_byte_discards_the_proposal_on_every_rank(tmp_path):
 
 
 def test_worker_killed_mid_round_then_restarted(tmp_path):
-    fault = Fault("hold", COMPLETION, nth=1)
-    pair = ranked_pair(tmp_path, "--watchdog-ms", "10000", preset="close",
-                       proxy=FaultProxy(fault))
+    fault = Rule(Drop(), msg_type=MsgType.COMPLETION)
+    pair = ranked_pair(tmp_path, "--watchdog-ms", "10000", preset="close", rules=[fault])
     try:
         box: dict = {}
         t = threading.Thread(target=lambda: box.update(answer=one_request(pair, max_tokens=10)))
         t.start()
-        assert fault.fired.wait(30), pair.logs()
+        assert wait_fired(fault, 30), pair.logs()
         port = pair.worker.port
         pair.worker.kill()
         t.join(60)
