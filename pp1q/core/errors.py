@@ -18,6 +18,7 @@ class Reason(enum.StrEnum):
     ZERO_MASS = "zero_mass"
     BAD_TEMPERATURE = "bad_temperature"
     BAD_TOP_K = "bad_top_k"
+    BAD_TOP_P = "bad_top_p"  # target processor: top_p outside (0, 1]
     ALLOCATION_INCONSISTENT = "allocation_inconsistent"
     DRAW_OUT_OF_RANGE = "draw_out_of_range"
     RNG_KEY_OUT_OF_RANGE = "rng_key_out_of_range"
@@ -61,6 +62,8 @@ class Reason(enum.StrEnum):
     STEP_TIMEOUT = "step_timeout"
     WORKER_ABORTED = "worker_aborted"
     CONNECTION_LOST = "connection_lost"
+    # a drafter/target pair whose token id maps (tokenizer digests) or widths differ
+    TOKENIZER_MISMATCH = "tokenizer_mismatch"
     CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
     # -- daemon start-up --
     BAD_CONFIG = "bad_config"  # a setting (file or option) the operator must fix

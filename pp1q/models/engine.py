@@ -1,0 +1,125 @@
+"""The engine seam: what the worker needs from a drafter and the verifier from a target.
+
+Both roles are per-request and stateful, because every real engine keeps a KV cache:
+
+* ``Drafter`` is autoregressive and incremental. Row i of a proposal depends on every
+  token before it (committed prefix and x_1..x_{i-1}), so the worker asks for one row
+  at a time: ``next_logits(req)`` for x_1, then ``next_logits(req, x_i)`` after sampling
+  each x_i. ``append(req, x_D)`` records the last draft (no row is needed after it, so
+  no forward is spent on it; it is fed lazily if it is accepted).
+* ``Target`` scores all requests of a round in one call: ``score([(req, drafts), ...])``
+  returns, per request, logits [len(drafts) + 1, V] on the model's device, where row i
+  is conditioned on the committed prefix + drafts[:i]. ``score(... [])`` is a
+  target-only step (one row).
+
+Both end a round the same way: ``commit(req, accepted, token)`` keeps the first
+``accepted`` speculative tokens plus the correction/bonus ``token`` and rolls the KV
+cache back over the rest; ``reset(req)`` drops speculative state only (a discarded
+round); ``close(req)`` frees the request. Logits are float32 or float64 torch tensors;
+turning them into q (pp1q.q.build_row) or into p (processors.processed_probs) is the
+caller's job, so the q shipped is always built from exactly the logits returned here.
+
+Each engine names itself for HELLO: ``identity`` (checkpoint digest, plus early-exit
+depth and the like), ``tokenizer_digest`` (digest of the id -> token map) and ``vocab``
+(the logits width). ``check_pair`` refuses a drafter/target pair that would draft in a
+different id space: same ids meaning different strings is silent garbage, not an error
+anything downstream can see.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from pp1q.core.errors import LocalProtocolError, Reason
+
+RequestKey = Hashable  # whatever the daemon uses to name a request (an int, a tuple...)
+
+
+def lookup(table: dict, request: RequestKey):
+    """``table[request]``, or the refusal every engine gives for a request never opened."""
+    try:
+        return table[request]
+    except KeyError:
+        raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"unknown request {request!r}") from None
+
+
+class Engine(abc.ABC):
+    """What HELLO and the metrics need to know about a model, whichever role it plays."""
+
+    identity: str  # checkpoint digest (+ how it is used, e.g. early-exit depth)
+    tokenizer_digest: str  # digest of the id -> token map; pairs must agree
+    vocab: int  # width of every logits row
+    variant: str = ""  # run-time knobs that change numerics, not the checkpoint (metrics)
+
+    @abc.abstractmethod
+    def close(self, request: RequestKey) -> None:
+        """Free everything held for ``request`` (unknown requests are ignored)."""
+
+
+class Drafter(Engine):
+    """An autoregressive, incremental drafter (see the module docstring)."""
+
+    @abc.abstractmethod
+    def open(self, request: RequestKey, committed: Sequence[int]) -> None:
+        """Start ``request`` from its committed token ids (at least one)."""
+
+    @abc.abstractmethod
+    def append(self, request: RequestKey, token: int) -> None:
+        """Record a sampled speculative token without computing the row after it."""
+
+    @abc.abstractmethod
+    def next_logits(self, request: RequestKey, token: int | None = None) -> torch.Tensor:
+        """Logits [V] for the next position, after appending ``token`` if given.
+
+        ``token=None`` gives the row after everything recorded so far: the first row
+        of a round (conditioned on the committed prefix).
+        """
+
+    @abc.abstractmethod
+    def commit(self, request: RequestKey, accepted: int, token: int) -> None:
+        """Keep the first ``accepted`` speculative tokens and ``token``; drop the rest."""
+
+    @abc.abstractmethod
+    def reset(self, request: RequestKey) -> None:
+        """Drop speculative tokens and their cache; the committed prefix stays."""
+
+
+class Target(Engine):
+    """A target that scores a round's requests in one batch (see the module docstring)."""
+
+    @abc.abstractmethod
+    def open(self, request: RequestKey, prompt: Sequence[int]) -> None:
+        """Start ``request`` from its prompt ids (at least one) and cache them."""
+
+    @abc.abstractmethod
+    def score(self, batch: Sequence[tuple[RequestKey, Sequence[int]]]) -> list[torch.Tensor]:
+        """Per (request, drafts): logits [len(drafts) + 1, V]; row i sees drafts[:i].
+
+        Scoring a request again before its commit replaces the earlier drafts.
+        """
+
+    @abc.abstractmethod
+    def commit(self, request: RequestKey, accepted: int, token: int) -> None:
+        """Keep the first ``accepted`` scored drafts and ``token``; roll back the rest."""
+
+    @abc.abstractmethod
+    def reset(self, request: RequestKey) -> None:
+        """Forget the last scored drafts (a discarded round); committed tokens stay."""
+
+
+def check_pair(drafter: Engine, target: Engine) -> None:
+    """Refuse a pair whose ids mean different things (or whose rows differ in width)."""
+    if drafter.tokenizer_digest != target.tokenizer_digest:
+        raise LocalProtocolError(
+            Reason.TOKENIZER_MISMATCH,
+            f"drafter {drafter.identity} tokenizer {drafter.tokenizer_digest} != "
+            f"target {target.identity} tokenizer {target.tokenizer_digest}",
+        )
+    if drafter.vocab != target.vocab:
+        raise LocalProtocolError(
+            Reason.TOKENIZER_MISMATCH,
+            f"drafter vocab {drafter.vocab} != target vocab {target.vocab}",
+        )

@@ -1,0 +1,146 @@
+"""Drafters over Hugging Face causal LMs: a second checkpoint, or the target's early exit.
+
+``HFDrafter`` runs any causal LM incrementally with one DynamicCache per request and
+the shared ``Ledger`` rules: a row costs one forward of the tokens not yet cached
+(usually one; two at the start of a round after a bonus). Drafting is batch size 1
+per request on purpose: rows are produced one at a time, in order, and each q must be
+built from exactly the logits that row's forward returned.
+
+Early exit (LayerSkip-style, no training): the first k decoder layers of the target
+checkpoint, then the checkpoint's own final norm and LM head. ``early_exit_view``
+builds a model object that shares those parameters (read-only; nothing here trains)
+but has its own module list and config, so the full model it came from is untouched
+and its per-request caches are never shared. With k equal to the layer count it is the
+target itself, which is what the tests use to check that positions, caches and
+processors line up (acceptance ~100%).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+
+from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.models.engine import Drafter, RequestKey, lookup
+from pp1q.models.hf import CausalLM, Checkpoint, crop, load_checkpoint
+from pp1q.models.ledger import Ledger
+
+
+def _decoder(model):
+    """The decoder stack holding ``layers`` and ``norm`` (``model.model`` for Llama-likes)."""
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    if not hasattr(inner, "layers") or not hasattr(inner, "norm"):
+        raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE,
+                                 f"{type(model).__name__}: no decoder layers/norm to exit from")
+    return inner
+
+
+def num_layers(model) -> int:
+    return len(_decoder(model).layers)
+
+
+def early_exit_view(model, k: int):
+    """A causal LM running only the first ``k`` decoder layers of ``model``.
+
+    Shallow copies of the outer and decoder modules with a new module dict: parameters
+    are the same tensors (no copy, no extra memory), the layer list is a new
+    ``ModuleList`` of the first k layers and the config is a copy with k layers (the
+    decoder's forward loops over ``config.num_hidden_layers`` layers, and DynamicCache
+    sizes itself from the config).
+    """
+    inner = _decoder(model)
+    total = len(inner.layers)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= total:
+        raise ValueError(f"early exit k={k!r}: the checkpoint has layers 1..{total}")
+    config = copy.deepcopy(model.config)
+    text = config.get_text_config()  # the config itself for plain LMs
+    for cfg in {id(config): config, id(text): text}.values():
+        cfg.num_hidden_layers = k
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = list(cfg.layer_types)[:k]
+    view_inner = copy.copy(inner)
+    view_inner._modules = dict(inner._modules)
+    view_inner._modules["layers"] = torch.nn.ModuleList(list(inner.layers)[:k])
+    view_inner.config = config.get_text_config()
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    name = next(n for n, m in model._modules.items() if m is inner)
+    view._modules[name] = view_inner
+    view.config = config
+    return view
+
+
+class HFDrafter(Drafter):
+    """An incremental drafter over a causal LM (a checkpoint, or an early-exit view)."""
+
+    def __init__(self, model, *, identity: str, tokenizer_digest: str, vocab: int,
+                 variant: str = "") -> None:
+        self.lm = CausalLM(model)
+        self.identity = identity
+        self.tokenizer_digest = tokenizer_digest
+        self.vocab = int(vocab)
+        self.variant = variant
+        self._requests: dict[RequestKey, tuple[Ledger, object]] = {}
+
+    # -- construction ------------------------------------------------------
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint) -> HFDrafter:
+        """A second checkpoint as the drafter (pair it with ``check_pair``)."""
+        return cls(ckpt.model, identity=ckpt.identity, tokenizer_digest=ckpt.tokenizer_digest,
+                   vocab=ckpt.vocab, variant=ckpt.variant)
+
+    @classmethod
+    def early_exit(cls, ckpt: Checkpoint, k: int) -> HFDrafter:
+        """First ``k`` layers of ``ckpt`` + its final norm and LM head."""
+        total = num_layers(ckpt.model)
+        return cls(early_exit_view(ckpt.model, k),
+                   identity=f"{ckpt.identity}:early-exit={k}/{total}",
+                   tokenizer_digest=ckpt.tokenizer_digest, vocab=ckpt.vocab,
+                   variant=ckpt.variant)
+
+    @classmethod
+    def load_early_exit(cls, path, k: int, **load) -> HFDrafter:
+        """Load a checkpoint for early exit only: layers past k are not kept alive."""
+        return cls.early_exit(load_checkpoint(path, **load), k)
+
+    # -- the seam ----------------------------------------------------------
+
+    def _get(self, request: RequestKey) -> tuple[Ledger, object]:
+        return lookup(self._requests, request)
+
+    def open(self, request: RequestKey, committed: Sequence[int]) -> None:
+        ledger = Ledger.start(committed)
+        cache = self.lm.new_cache()
+        if len(ledger.committed) > 1:  # prefill now; the first row feeds one token
+            self.lm.forward(torch.tensor([ledger.committed[:-1]]), cache, last=1)
+            ledger.cached = len(ledger.committed) - 1
+        self._requests[request] = (ledger, cache)
+
+    def append(self, request: RequestKey, token: int) -> None:
+        ledger, _ = self._get(request)
+        ledger.spec.append(int(token))
+
+    def next_logits(self, request: RequestKey, token: int | None = None) -> torch.Tensor:
+        ledger, cache = self._get(request)
+        if token is not None:
+            ledger.spec.append(int(token))
+        start = ledger.feed_start(1)
+        crop(cache, start)
+        feed = ledger.tokens[start:]
+        logits = self.lm.forward(torch.tensor([feed]), cache, last=1)[0, -1]
+        ledger.cached = len(ledger.committed) + len(ledger.spec)
+        return logits
+
+    def commit(self, request: RequestKey, accepted: int, token: int) -> None:
+        ledger, cache = self._get(request)
+        crop(cache, ledger.commit(accepted, token))
+
+    def reset(self, request: RequestKey) -> None:
+        ledger, cache = self._get(request)
+        crop(cache, ledger.reset())
+
+    def close(self, request: RequestKey) -> None:
+        self._requests.pop(request, None)

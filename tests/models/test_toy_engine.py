@@ -1,0 +1,61 @@
+"""The toy pair behind the engine seam gives exactly what the toy models give directly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pp1q.core.errors import LocalProtocolError
+from pp1q.models.ledger import Ledger
+from pp1q.models.proposal import propose
+from pp1q.models.toy import ToyDrafter, ToySpec, ToyTarget
+from pp1q.models.toy_engine import ToyDrafterEngine, ToyTargetEngine
+from pp1q.worker.proposer import ProposalSpec
+from pp1q.worker.proposer import propose as toy_propose
+
+SPEC = ToySpec(vocab=512, seed=3)
+
+
+def test_seam_chain_equals_toy_chain():
+    model = ToyDrafter(SPEC, distance=0.2)
+    engine = ToyDrafterEngine(model)
+    prefix = [5, 9, 17, 33]
+    engine.open("r", prefix)
+    for round_id in range(3):
+        spec = ProposalSpec(seed=1, generation=0, round_id=round_id, anchor=len(prefix),
+                            depth=4, temperature=0.8, top_k=32 if round_id else None)
+        want = list(toy_propose(model, prefix, spec))
+        got = list(propose(engine, "r", spec))
+        assert [s.token for s in got] == [t for t, _ in want]
+        assert all(s.row == row for s, (_, row) in zip(got, want, strict=True))
+        accepted = round_id  # 0, 1, 2 accepted, then a correction token
+        engine.commit("r", accepted, 7)
+        prefix = prefix + [s.token for s in got[:accepted]] + [7]
+        assert engine._requests.get("r").committed == prefix
+
+
+def test_toy_target_engine_equals_toy_target():
+    model = ToyTarget(SPEC)
+    engine = ToyTargetEngine(model)
+    engine.open(1, [4, 5, 6])
+    out = engine.score([(1, [7, 8])])[0].numpy()
+    assert np.array_equal(out, model.logits([4, 5, 6], [7, 8]))
+    engine.commit(1, 1, 9)
+    assert np.array_equal(engine.score([(1, [])])[0].numpy(), model.logits([4, 5, 6, 7, 9], []))
+
+
+def test_ledger_rules():
+    led = Ledger.start([1, 2, 3])
+    led.cached = 2
+    led.spec = [4, 5, 6]
+    assert led.feed_start(4) == 2
+    led.cached = 6
+    assert led.feed_start(4) == 2 and led.feed_start(1) == 5
+    assert led.commit(1, 9) == 4 and led.tokens == [1, 2, 3, 4, 9] and led.cached == 4
+    led.spec = [10]
+    led.cached = 6
+    assert led.reset() == 5 and led.feed_start(1) == 4
+    with pytest.raises(LocalProtocolError):
+        led.commit(1, 0)  # nothing speculative to accept
+    with pytest.raises(LocalProtocolError):
+        Ledger.start([])
