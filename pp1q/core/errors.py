@@ -65,6 +65,8 @@ class Reason(enum.StrEnum):
     # a drafter/target pair whose token id maps (tokenizer digests) or widths differ
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
     CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
+    # -- daemon start-up --
+    BAD_CONFIG = "bad_config"  # a setting (file or option) the operator must fix
 
 
 class Pp1qError(Exception):
@@ -90,3 +92,17 @@ class RemoteProtocolError(Pp1qError):
 
 class RowValidationError(RemoteProtocolError):
     """A received q row (dense or sparse wire form) is not a valid dyadic24 row."""
+
+
+class ConfigError(Pp1qError):
+    """A setting the operator must fix (file, option, or a resource it names, such as a
+    port in use). The message is one line naming the key and the value; the daemons
+    print it and exit with status 2 (their supervisors do not restart on 2).
+    ``key``: the setting concerned, when there is one."""
+
+    def __init__(self, detail: str, key: str | None = None) -> None:
+        super().__init__(Reason.BAD_CONFIG, detail)
+        self.key = key
+
+    def __str__(self) -> str:
+        return self.detail

@@ -34,6 +34,7 @@ import numpy as np
 
 from pp1q.core.errors import Reason
 from pp1q.runtime.metrics import Metrics, RankFailure, StepKind
+from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier import rounds
 from pp1q.verifier.http import HttpError
 from pp1q.verifier.ranks.collective import Collective, GroupError
@@ -276,7 +277,7 @@ class RankedScheduler(Scheduler):
                 "metrics": [p.get("metrics") for p in g.peers]}
 
 
-async def start_group(settings: dict, launch, scheduler: RankedScheduler, config,
+async def start_group(settings: VerifierSettings, launch, scheduler: RankedScheduler, config,
                       stop: asyncio.Event, state_cls=None) -> RankGroup | None:
     """Rank 0: form the group (``launch``: pp1q.verifier.ranks.launch.Launch), start the
     exchange thread; None when the ranks did not all join within the join timeout."""
@@ -284,7 +285,7 @@ async def start_group(settings: dict, launch, scheduler: RankedScheduler, config
 
     rv = launch.plan.rv
     limits = limits_of(config, rv.world)
-    record = identity(settings, scheduler.target.identity, limits, rv.backend, None)
+    record = identity(scheduler.target.identity, limits, rv.backend, None)
     try:
         coll, records = await form_group(launch, limits, record, stop)
     except TimeoutError as e:
@@ -293,10 +294,10 @@ async def start_group(settings: dict, launch, scheduler: RankedScheduler, config
     metrics = scheduler.metrics
     metrics.rank_world_size.set(rv.world)
     state = (state_cls or RankState)(0, limits, scheduler.target, scheduler.target_delay_s)
-    group = RankGroup(coll, state, metrics, settings["rank_timeout_s"])
+    group = RankGroup(coll, state, metrics, settings.rank_timeout_s)
     group.peers, group.children = records, launch.children
     loop = asyncio.get_running_loop()
-    grace = settings["rank_exit_grace_s"]
+    grace = settings.rank_exit_grace_s
     group.on_lost = lambda _lost: loop.call_later(grace, stop.set)
     scheduler.group = group
     group.start()
