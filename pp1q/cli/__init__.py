@@ -23,9 +23,16 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr, exit status 2 (as a settings error)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pp1q",
         description="Exact draft-distribution transport for remote speculative sampling.",
     )

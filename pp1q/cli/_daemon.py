@@ -1,4 +1,9 @@
-"""Shared start-up of the two daemons: settings, logging, event loop, signals."""
+"""Shared start-up of the two daemons: settings, logging, event loop, signals.
+
+A settings problem (pp1q.core.errors.ConfigError: a bad option or config key, a port in
+use) ends the daemon with one line on stderr and exit status 2, whether it is found
+while reading the settings or while binding; the systemd units do not restart on 2.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,16 @@ import signal
 import sys
 
 
-def run_daemon(args, role: str, settings_table, serve) -> int:
+def run_daemon(args, role: str, serve) -> int:
     """Resolve settings and run ``serve(settings, stop_event)`` until SIGINT/SIGTERM."""
-    from pp1q.runtime.config import ConfigError, resolve
+    from pp1q.core.errors import ConfigError
+    from pp1q.runtime.config import resolve
 
     try:
-        settings = resolve(args, role, settings_table)
+        settings = resolve(args, role)
     except ConfigError as e:
-        print(f"pp1q {role}: {e}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=settings["log_level"].upper(),
+        return refuse(role, e)
+    logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
@@ -36,5 +41,9 @@ def run_daemon(args, role: str, settings_table, serve) -> int:
             return int(uvloop.run(main()) or 0)
         return int(asyncio.run(main()) or 0)
     except ConfigError as e:
-        print(f"pp1q {role}: {e}", file=sys.stderr)
-        return 2
+        return refuse(role, e)
+
+
+def refuse(role: str, e: Exception) -> int:
+    print(f"pp1q {role}: {e}", file=sys.stderr)
+    return 2

@@ -77,6 +77,8 @@ class Reason(enum.StrEnum):
     REQUEST_REFUSED = "request_refused"  # the API answered with an error (status and code)
     # -- files and rank groups --
     BAD_CAPTURE = "bad_capture"  # a capture file is corrupt, truncated or not a capture
+    # -- daemon start-up --
+    BAD_CONFIG = "bad_config"  # a setting (file or option) the operator must fix
 
 
 class Pp1qError(Exception):
@@ -110,6 +112,20 @@ class ServiceError(Pp1qError):
     """The verifier cannot serve this request (queue full, rank group lost or in
     disagreement, generations exhausted). Raised by the scheduler and its deciders; only
     the HTTP layer turns the reason into a status (pp1q.verifier.http.STATUS_OF)."""
+
+
+class ConfigError(Pp1qError):
+    """A setting the operator must fix (file, option, or a resource it names, such as a
+    port in use). The message is one line naming the key and the value; the daemons
+    print it and exit with status 2 (their supervisors do not restart on 2).
+    ``key``: the setting concerned, when there is one."""
+
+    def __init__(self, detail: str, key: str | None = None) -> None:
+        super().__init__(Reason.BAD_CONFIG, detail)
+        self.key = key
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 # Other members of the set live beside their raisers, each a Pp1qError with a Reason:

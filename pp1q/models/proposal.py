@@ -2,7 +2,7 @@
 
 The same contract as the worker's toy chain (pp1q.worker.proposer.propose): row i is
 built from the drafter's logits after x_1..x_{i-1}, turned into the dyadic q that
-samples x_i with the PROPOSAL-domain draw at absolute position anchor + i - 1. The q
+samples x_i with the PROPOSAL-domain draw at absolute position first_position + i - 1. The q
 yielded is built from exactly the logits yielded (nothing is recomputed), so the q on
 the wire is the q that sampled.
 """
@@ -38,7 +38,7 @@ def propose(drafter: Drafter, request: RequestKey, spec) -> Iterator[DraftStep]:
         logits = drafter.next_logits(request, prev)
         row = build_row(logits, temperature=spec.temperature, top_k=spec.top_k)
         token = sample(row, proposal_u24(spec.seed, spec.generation, spec.round_id,
-                                         spec.anchor + i))
+                                         spec.first_position + i))
         if i + 1 == spec.depth:
             drafter.append(request, token)
         yield DraftStep(token, row, logits)

@@ -1,8 +1,11 @@
-"""Daemon settings: command-line options over a TOML file over built-in defaults.
+"""Where a daemon's settings come from: command-line options over a TOML file over the
+defaults of its settings struct (pp1q.runtime.settings).
 
 A config file holds keys shared by both daemons at the top level and per-daemon keys in
 ``[worker]`` / ``[verifier]`` tables (the table wins). Keys are the long option names,
-with ``-`` or ``_``; an unknown key or a value of the wrong type is refused, naming it.
+with ``-`` or ``_``. An unknown key, a key in the wrong place (a worker-only key at the
+top level or in ``[verifier]``), a value of the wrong type or out of range is refused
+with one line naming the key, the value, the file and the scope.
 
     vocab = 129280
     model_seed = 0
@@ -20,44 +23,49 @@ import argparse
 import tomllib
 from pathlib import Path
 
-ROLES = ("worker", "verifier")
+from msgspec import inspect as mi
+
+from pp1q.core.errors import ConfigError
+from pp1q.runtime.settings import (
+    ROLES,
+    DaemonSettings,
+    check_value,
+    default_of,
+    describe,
+    fields,
+    from_option,
+    kind_of,
+    parse_hostport,
+)
+
+__all__ = ["ConfigError", "add_config_option", "add_setting", "load", "open_capture",
+           "option_of", "parse_hostport", "resolve"]
 
 
-class ConfigError(Exception):
-    """A settings problem the user must fix (message names the key and the file)."""
+def option_of(key: str) -> str:
+    return "--" + key.replace("_", "-")
 
 
-def parse_hostport(text: str, what: str = "address") -> tuple[str, int]:
-    """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port)."""
-    host, sep, port = str(text).rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what} {text!r} is not HOST:PORT")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-def hostport(text: str) -> str:
-    """argparse ``type=``: validate HOST:PORT, keep the text."""
-    try:
-        parse_hostport(text)
-    except ConfigError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-def open_capture(settings: dict, role: str, info: dict):
-    """The ``--capture FILE`` writer of a daemon (pp1q.runtime.capture), None without the option;
-    a file that cannot be created is a settings error."""
-    path = settings.get("capture")
-    if not path:
-        return None
-    from pp1q.runtime.capture import CaptureWriter
-
-    try:
-        return CaptureWriter.open(path, role, info)
-    except OSError as e:
-        raise ConfigError(f"cannot create capture {path}: {e.strerror}") from None
+def add_setting(p: argparse.ArgumentParser, role: str, key: str, metavar: str | None = None,
+                help: str = "") -> None:  # noqa: A002 - argparse's own word
+    """The option of setting ``key``: a string (the settings struct converts and checks
+    it), ``default=None`` so "not given" is visible; the help states the struct's default
+    and, for a number, its range."""
+    cls = ROLES[role]
+    node, default = kind_of(cls, key), default_of(cls, key)
+    notes = []
+    if default is not None:
+        notes.append(f"default {str(default).lower() if isinstance(default, bool) else default}")
+    if isinstance(node, mi.IntType | mi.FloatType):
+        notes.append(describe(node))
+    if notes:
+        help = f"{help} ({'; '.join(notes)})" if help else "; ".join(notes)
+    if isinstance(node, mi.BoolType):
+        p.add_argument(option_of(key), dest=key, action=argparse.BooleanOptionalAction,
+                       default=None, help=help)
+    else:
+        p.add_argument(option_of(key), dest=key, metavar=metavar or key.upper(), default=None,
+                       help=help)
 
 
 def add_config_option(p: argparse.ArgumentParser) -> None:
@@ -65,59 +73,69 @@ def add_config_option(p: argparse.ArgumentParser) -> None:
                    help="TOML settings (top level: both daemons; [worker]/[verifier] tables)")
 
 
-Settings = dict[str, tuple[type, object]]  # key -> (type, default); default None: unset
-
-
-def resolve(args: argparse.Namespace, role: str, settings: Settings) -> dict:
-    """Merge: explicit options > config file ([role] table > top level) > defaults.
-
-    Options must be declared with ``default=None`` so "not given" is visible.
-    """
-    file_values: dict[str, object] = {}
+def resolve(args: argparse.Namespace, role: str) -> DaemonSettings:
+    """Merge: explicit options > config file ([role] table > top level) > defaults."""
+    cls = ROLES[role]
+    values: dict[str, object] = {}
     path = getattr(args, "config", None)
     if path:
-        file_values = _load(Path(path), role, settings)
-    out = {}
-    for key, (_kind, default) in settings.items():
+        values.update(load(Path(path), role))
+    for key, _node, _default in fields(cls):
         given = getattr(args, key, None)
-        out[key] = given if given is not None else file_values.get(key, default)
-    return out
+        if given is not None:
+            values[key] = from_option(cls, key, given, option_of(key))
+    return cls(**values)
 
 
-def _load(path: Path, role: str, settings: Settings) -> dict[str, object]:
+def load(path: Path, role: str) -> dict[str, object]:
+    """The values a config file gives ``role``: top level, then its table over it."""
     try:
         data = tomllib.loads(path.read_text())
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config {path}: {e}") from None
-    merged: dict[str, object] = {}
-    shared = {k: v for k, v in data.items() if k not in ROLES}
-    table = data.get(role, {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"config {path}: [{role}] must be a table")
-    for scope, values in (("top level", shared), (f"[{role}]", table)):
+    keys = {r: {k for k, _n, _d in fields(c)} for r, c in ROLES.items()}
+    shared = set.intersection(*keys.values())
+    tables = {r: data[r] for r in ROLES if isinstance(data.get(r), dict)}
+    top = {k: v for k, v in data.items() if k not in tables}
+    cls = ROLES[role]
+    out: dict[str, object] = {}
+    for scope, owner, values in (("top level", None, top),
+                                 *((f"[{r}]", r, t) for r, t in tables.items())):
+        allowed = shared if owner is None else keys[owner]
         for raw_key, value in values.items():
             key = raw_key.replace("-", "_")
-            if key not in settings:
-                if scope == "top level" and _known_elsewhere(key):
-                    continue  # a key for the other daemon, shared file
-                raise ConfigError(f"config {path}: unknown key {raw_key!r} in {scope}; "
-                                  f"known: {', '.join(sorted(settings))}")
-            merged[key] = _typed(path, raw_key, value, settings[key][0])
-    return merged
+            if key not in allowed:
+                raise _misplaced(path, scope, raw_key, key, value, keys, allowed)
+            if owner in (None, role):  # another role's table: its daemon checks the values
+                out[key] = check_value(cls, key, value, f"config {path}, {scope}")
+    return out
 
 
-def _known_elsewhere(key: str) -> bool:
-    from pp1q.cli import verifier, worker  # the other role's keys are legal at top level
+def _misplaced(path: Path, scope: str, raw_key: str, key: str, value,
+               keys: dict[str, set[str]], allowed: set[str]) -> ConfigError:
+    owners = [r for r, ks in keys.items() if key in ks]
+    where = f"config {path}, {scope}"
+    if isinstance(value, dict):
+        return ConfigError(f"[{raw_key}] ({where}): unknown table; known: "
+                           f"[{'], ['.join(ROLES)}]", key=key)
+    if owners:
+        return ConfigError(f"{raw_key} = {value!r} ({where}): a {owners[0]} setting, "
+                           f"misplaced: put it in [{owners[0]}]", key=key)
+    return ConfigError(f"{raw_key} ({where}): unknown key; known: {', '.join(sorted(allowed))}",
+                       key=key)
 
-    return key in worker.SETTINGS or key in verifier.SETTINGS
 
+def open_capture(path: str | None, role: str, info: dict):
+    """The ``--capture FILE`` writer of a daemon (pp1q.runtime.capture), None without the
+    option; a file that cannot be created is a settings error."""
+    if not path:
+        return None
+    from pp1q.runtime.capture import CaptureWriter
 
-def _typed(path: Path, key: str, value: object, want: type) -> object:
-    if want is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
-        raise ConfigError(f"config {path}: {key} must be {want.__name__}, "
-                          f"got {type(value).__name__}")
-    return value
+    try:
+        return CaptureWriter.open(path, role, info)
+    except OSError as e:
+        raise ConfigError(f"capture = {path!r}: cannot create capture file: {e.strerror}",
+                          key="capture") from None

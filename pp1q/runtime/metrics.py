@@ -20,6 +20,7 @@ from prometheus_client.exposition import start_http_server
 from pp1q import __version__
 from pp1q.core.errors import Reason
 from pp1q.core.outcomes import FallbackCause, PeerRefusal, RankFailure, StepKind
+from pp1q.runtime.settings import DaemonSettings, cannot_listen
 
 PREFIX = "pp1q"
 MAX_DEPTH_BUCKET = 8  # accepted-length buckets 0..8 cover the fixed depth 5 with room
@@ -118,11 +119,15 @@ class Metrics:
     @contextlib.contextmanager
     def served(self, host: str, port: int | None):
         """Serve /metrics while the block runs (``port`` None: not at all); yields the
-        bound port (``port`` 0 picks a free one) or None."""
+        bound port (``port`` 0 picks a free one) or None. A port that cannot be bound (in
+        use, say) is a settings error."""
         if port is None:
             yield None
             return
-        server = self.serve(host, port)
+        try:
+            server = self.serve(host, port)
+        except OSError as e:
+            raise cannot_listen("metrics_port", f"{host}:{port}", e) from None
         try:
             yield server.server_port
         finally:
@@ -135,12 +140,12 @@ class Metrics:
         return 0.0 if v is None else float(v)
 
 
-async def serve_until_stopped(metrics: Metrics, settings: dict, banner: str, port: int,
+async def serve_until_stopped(metrics: Metrics, settings: DaemonSettings, banner: str, port: int,
                               stop: asyncio.Event, ready=None) -> None:
     """A daemon's main wait: /metrics up, one banner line naming the ports on stdout
     (pp1q.runtime.launcher reads it), ``ready(port, metrics_port)``, then wait for ``stop``."""
-    host = settings["metrics_host"]
-    with metrics.served(host, settings["metrics_port"]) as mport:
+    host = settings.metrics_host
+    with metrics.served(host, settings.metrics_port) as mport:
         print(banner + (f", metrics on {host}:{mport}" if mport else ""), flush=True)
         if ready is not None:
             ready(port, mport)

@@ -27,37 +27,30 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pp1q.core.errors import ConfigError
 from pp1q.core.outcomes import PeerRefusal
-from pp1q.runtime.config import ConfigError
+from pp1q.runtime.config import add_setting
 from pp1q.runtime.metrics import Metrics
+from pp1q.runtime.settings import TLS_FILES, DaemonSettings, VerifierSettings
 
 log = logging.getLogger("pp1q.runtime.tls")
 
 MIN_VERSION = ssl.TLSVersion.TLSv1_3  # no downgrade: 1.3 only has forward-secret AEAD suites
 HANDSHAKE_TIMEOUT_S = 10.0  # a peer that has not finished the handshake by then is dropped
-FILE_KEYS = ("tls_cert", "tls_key", "tls_ca")
-
-SETTINGS = {  # key: (type, default); shared by both daemons, also the TOML keys
-    "tls_cert": (str, None),
-    "tls_key": (str, None),
-    "tls_ca": (str, None),
-}
-VERIFIER_SETTINGS = {"tls_server_name": (str, None)}
 
 OnRefused = Callable[[ssl.SSLError], None]  # called once per failed handshake
 
 
-def add_arguments(p, verifier: bool = False) -> None:
-    p.add_argument("--tls-cert", metavar="FILE.pem",
-                   help="this daemon's certificate (PEM, chain allowed); with --tls-key and "
-                        "--tls-ca turns on mutual TLS between worker and verifier")
-    p.add_argument("--tls-key", metavar="FILE.pem", help="private key of --tls-cert (PEM)")
-    p.add_argument("--tls-ca", metavar="FILE.pem",
-                   help="the only CA whose certificates are accepted from the peer (PEM)")
-    if verifier:
-        p.add_argument("--tls-server-name", metavar="NAME",
-                       help="name the worker's certificate must carry "
-                            "(default: the host of --worker)")
+def add_arguments(p, role: str) -> None:
+    add_setting(p, role, "tls_cert", "FILE.pem",
+                "this daemon's certificate (PEM, chain allowed); with --tls-key and --tls-ca "
+                "turns on mutual TLS between worker and verifier")
+    add_setting(p, role, "tls_key", "FILE.pem", "private key of --tls-cert (PEM)")
+    add_setting(p, role, "tls_ca", "FILE.pem",
+                "the only CA whose certificates are accepted from the peer (PEM)")
+    if role == "verifier":
+        add_setting(p, role, "tls_server_name", "NAME",
+                    "name the worker's certificate must carry (unset: the host of --worker)")
 
 
 @dataclass(frozen=True)
@@ -84,29 +77,26 @@ def serve_kwargs(context: ssl.SSLContext | None) -> dict:
     return {"ssl": context, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S}
 
 
-def enabled(settings: dict) -> bool:
-    """True when all three files are set; ConfigError when only some are."""
-    given = [k for k in FILE_KEYS if settings.get(k)]
-    if given and len(given) != len(FILE_KEYS):
-        missing = ", ".join(k for k in FILE_KEYS if k not in given)
-        raise ConfigError(f"mutual TLS needs tls_cert, tls_key and tls_ca; missing {missing}")
-    return bool(given)
+def enabled(settings: DaemonSettings) -> bool:
+    """True when the three files are set (the settings struct refuses only some)."""
+    return bool(settings.tls_cert)
 
 
-def server_context(settings: dict, metrics: Metrics | None = None) -> ssl.SSLContext | None:
+def server_context(settings: DaemonSettings,
+                   metrics: Metrics | None = None) -> ssl.SSLContext | None:
     """The worker's context (None when TLS is off); refusals are counted in ``metrics``."""
     if not enabled(settings):
         return None
     return _context(ssl.PROTOCOL_TLS_SERVER, settings, counting(metrics))
 
 
-def client_tls(settings: dict, default_server_name: str,
+def client_tls(settings: VerifierSettings, default_server_name: str,
                metrics: Metrics | None = None) -> ClientTls | None:
     """The verifier's TLS settings for the worker at ``default_server_name`` (None: off)."""
     if not enabled(settings):
         return None
     context = _context(ssl.PROTOCOL_TLS_CLIENT, settings, counting(metrics))
-    return ClientTls(context, settings.get("tls_server_name") or default_server_name)
+    return ClientTls(context, settings.tls_server_name or default_server_name)
 
 
 def counting(metrics: Metrics | None) -> OnRefused | None:
@@ -121,19 +111,21 @@ def counting(metrics: Metrics | None) -> OnRefused | None:
     return refused
 
 
-def _context(protocol: int, settings: dict, on_refused: OnRefused | None) -> ssl.SSLContext:
+def _context(protocol: int, settings: DaemonSettings,
+             on_refused: OnRefused | None) -> ssl.SSLContext:
     ctx = ssl.SSLContext(protocol)  # never create_default_context: no system CAs
     ctx.minimum_version = MIN_VERSION
     ctx.verify_mode = ssl.CERT_REQUIRED  # PROTOCOL_TLS_CLIENT also checks the host name
-    cert, key, ca = (settings[k] for k in FILE_KEYS)
+    cert, key, ca = (getattr(settings, k) for k in TLS_FILES)
     try:
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"tls_cert {cert} / tls_key {key}: {_why(e)}") from None
+        raise ConfigError(f"tls_cert = {cert!r}, tls_key = {key!r}: {_why(e)}",
+                          key="tls_cert") from None
     try:
         ctx.load_verify_locations(cafile=ca)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"tls_ca {ca}: {_why(e)}") from None
+        raise ConfigError(f"tls_ca = {ca!r}: {_why(e)}", key="tls_ca") from None
     if on_refused is not None:
         ctx.sslobject_class = _counting_sslobject(on_refused)
     return ctx

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 
 from pp1q.core.errors import Reason, RemoteProtocolError
 from pp1q.core.outcomes import FallbackCause
@@ -18,6 +19,15 @@ from pp1q.wire import context_channel as cc
 log = logging.getLogger("pp1q.verifier")
 
 _READ_BYTES = 64 * 1024  # answers are ~40 bytes; one read usually holds several
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Why a proposal produced nothing consumable (pp1q.verifier.link uses it too)."""
+
+    cause: FallbackCause
+    reason: Reason
+    detail: str = ""
 
 
 class ContextClient:
@@ -84,9 +94,7 @@ class ContextClient:
             self.closed.set_result(None)
 
     async def set_context(self, session: int, slot: int, generation: int, prefix: Prefix):
-        """None when acknowledged, else a ``link.Fallback`` saying why not."""
-        from pp1q.verifier.link import Fallback
-
+        """None when acknowledged, else a ``Fallback`` saying why not."""
         if self.closed.done():
             return Fallback(FallbackCause.CONNECTION_LOST, Reason.CONNECTION_LOST)
         fut = asyncio.get_running_loop().create_future()

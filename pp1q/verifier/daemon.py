@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.runtime import tls
-from pp1q.runtime.config import ConfigError, open_capture, parse_hostport
+from pp1q.runtime.config import open_capture
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
+from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostport
 from pp1q.verifier.api import decode_generate
 from pp1q.verifier.decider import Decider, LocalDecider
 from pp1q.verifier.http import HttpError, HttpServer
@@ -25,8 +26,7 @@ from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
 
 log = logging.getLogger("pp1q.verifier")
 
-MAX_SLOTS = 64  # the scheduler preallocates target rows per slot; bound that memory
-MAX_DEPTH = 16  # the design fixes depth 5; a larger value is an experiment, bounded
+
 
 
 @dataclass(frozen=True)
@@ -43,36 +43,21 @@ class Deciders:
 STANDARD = Deciders()
 
 
-def build(settings: dict, deciders: Deciders = STANDARD, ranked: bool = False):
-    """(link, scheduler, metrics, config) from resolved settings; ConfigError if invalid.
+def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: bool = False):
+    """(link, scheduler, metrics, config) from settings (checked when they were made).
     ``ranked``: rank 0 of a group (its decider gets the group from start_group)."""
-    try:
-        spec = ToySpec(vocab=settings["vocab"], seed=settings["model_seed"])
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    slots, depth, top_k = settings["slots"], settings["depth"], settings["top_k"]
-    if not 1 <= slots <= MAX_SLOTS:
-        raise ConfigError(f"slots {slots} outside 1..{MAX_SLOTS}")
-    if not 1 <= depth <= MAX_DEPTH:
-        raise ConfigError(f"depth {depth} outside 1..{MAX_DEPTH}")
-    if not 0 <= top_k <= DEFAULT_MAX_SUPPORT:
-        raise ConfigError(f"top_k {top_k} outside 0..{DEFAULT_MAX_SUPPORT} (0 = dense)")
-    if settings["watchdog_ms"] <= 0 or settings["reconnect_max_s"] <= 0:
-        raise ConfigError("watchdog_ms and reconnect_max_s must be positive")
-    if settings["target_delay_ms"] < 0:
-        raise ConfigError("target_delay_ms must be >= 0")
-    if settings["wire_version"] not in (WIRE_V1, WIRE_V2):
-        raise ConfigError(f"wire_version {settings['wire_version']}: 1 or 2")
-    versions = (WIRE_V2, WIRE_V1) if settings["wire_version"] == WIRE_V2 else (WIRE_V1,)
-    host, port = parse_hostport(settings["worker"], "--worker")
+    spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
+    slots, depth, top_k = settings.slots, settings.depth, settings.top_k
+    versions = (WIRE_V2, WIRE_V1) if settings.wire_version == WIRE_V2 else (WIRE_V1,)
+    host, port = parse_hostport(settings.worker)
     config = verifier_config(spec, versions, slots, depth, DEFAULT_MAX_SUPPORT)
     target = ToyTarget(spec)
     metrics = Metrics("verifier", {"target": target.identity, "draft": spec.draft_identity,
                                    "wire_versions": ",".join(map(str, versions))})
     needs = Needs(slots=slots, depth=depth, support=min(top_k, spec.vocab))
-    link = WorkerLink(host, port, config, needs, metrics, settings["watchdog_ms"] / 1000.0,
-                      settings["reconnect_max_s"], tls=tls.client_tls(settings, host, metrics))
-    delay_s = settings["target_delay_ms"] / 1000.0
+    link = WorkerLink(host, port, config, needs, metrics, settings.watchdog_ms / 1000.0,
+                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics))
+    delay_s = settings.target_delay_ms / 1000.0
     if ranked:
         from pp1q.verifier.ranks.decider import RankedDecider
 
@@ -83,11 +68,11 @@ def build(settings: dict, deciders: Deciders = STANDARD, ranked: bool = False):
     return link, scheduler, metrics, config
 
 
-def routes(settings: dict, link: WorkerLink, scheduler: Scheduler, config) -> dict:
+def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config) -> dict:
     vocab = config.identity.vocab
-    top_k = settings["top_k"]
+    top_k = settings.top_k
     default_top_k = top_k if 0 < top_k < vocab else None  # k >= vocab: the dense support
-    v1_only = settings["wire_version"] == WIRE_V1
+    v1_only = settings.wire_version == WIRE_V1
 
     async def generate(head, body):
         req = decode_generate(body, vocab=vocab, default_top_k=default_top_k,
@@ -113,7 +98,7 @@ def routes(settings: dict, link: WorkerLink, scheduler: Scheduler, config) -> di
     return {("POST", "/v1/generate"): generate, ("GET", "/healthz"): healthz}
 
 
-async def serve(settings: dict, stop: asyncio.Event, ready=None, *,
+async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
                 deciders: Deciders = STANDARD, child_command: list[str] | None = None) -> int:
     """Run until ``stop`` is set. ``ready(http_port, metrics_port)`` once listening.
     With ``--ranks N``: rank 0 serves (``child_command`` starts spawned ranks), the
@@ -140,14 +125,19 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None, *,
         if group is None:  # the ranks did not all join in time: let the supervisor retry
             return EXIT_RANKS_LOST
     http = HttpServer(routes(settings, link, scheduler, config))
-    host, port = parse_hostport(settings["http"], "--http")
-    port = await http.start(host, port)
+    host, port = parse_hostport(settings.http)
+    try:
+        port = await http.start(host, port)
+    except OSError as e:  # in use, not an address of this machine, ...
+        if group is not None:
+            await group.close()
+        raise cannot_listen("http", settings.http, e) from None
     # the worker link's traffic (wire and context channel); replay needs the watchdog
-    cap = link.capture = open_capture(settings, "verifier",
-                                      {"step_timeout_s": settings["watchdog_ms"] / 1e3})
+    cap = link.capture = open_capture(settings.capture, "verifier",
+                                      {"step_timeout_s": settings.watchdog_ms / 1e3})
     link_task = asyncio.get_running_loop().create_task(link.run(stop))
     try:
-        banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings['worker']}"
+        banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings.worker}"
         if group is not None:
             banner += f", ranks {group.world}"
         await serve_until_stopped(metrics, settings, banner, port, stop, ready)
@@ -163,19 +153,14 @@ async def serve(settings: dict, stop: asyncio.Event, ready=None, *,
     return group.exit_status if group is not None else 0
 
 
-async def _serve_follower(settings: dict, plan, stop: asyncio.Event,
+async def _serve_follower(settings: VerifierSettings, plan, stop: asyncio.Event,
                           deciders: Deciders) -> int:
     """Ranks 1..N-1: the target and the replica, no worker link, no HTTP API."""
     from pp1q.verifier.ranks.follower import serve_follower
     from pp1q.verifier.ranks.launch import limits_of
 
-    try:
-        spec = ToySpec(vocab=settings["vocab"], seed=settings["model_seed"])
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if not (1 <= settings["slots"] <= MAX_SLOTS and 1 <= settings["depth"] <= MAX_DEPTH):
-        raise ConfigError(f"slots 1..{MAX_SLOTS} and depth 1..{MAX_DEPTH}")
-    config = verifier_config(spec, (WIRE_V2,), settings["slots"], settings["depth"],
+    spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
+    config = verifier_config(spec, (WIRE_V2,), settings.slots, settings.depth,
                              DEFAULT_MAX_SUPPORT)
     target = ToyTarget(spec)
     metrics = Metrics("verifier", {"target": target.identity, "rank": str(plan.rv.rank)})

@@ -25,7 +25,7 @@ from pp1q.core.prefix import Prefix
 from pp1q.runtime.capture import Protocol, tap
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.tls import ClientTls, connect_kwargs
-from pp1q.verifier.context import ContextClient
+from pp1q.verifier.context import ContextClient, Fallback
 from pp1q.verifier.watchdog import Watchdog
 from pp1q.wire import Commit, Reset, Step, VerifierEndpoint, WireConfig
 from pp1q.wire.events import (
@@ -43,15 +43,6 @@ log = logging.getLogger("pp1q.verifier")
 MAX_BATCHES_IN_FLIGHT = 2  # the design's two in-flight STEP batches
 HELLO_TIMEOUT_S = 5.0  # a worker that does not answer HELLO by then is treated as down
 FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_s
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """Why a proposal produced nothing consumable."""
-
-    cause: FallbackCause
-    reason: Reason
-    detail: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pp1q.models.toy import DraftModel, ToyDrafter, ToySpec
 from pp1q.runtime import tls
 from pp1q.runtime.capture import tap
-from pp1q.runtime.config import ConfigError, open_capture, parse_hostport
+from pp1q.runtime.config import open_capture
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
-from pp1q.wire.session_config import parse_versions, worker_config
+from pp1q.runtime.settings import WorkerSettings, cannot_listen, parse_hostport
+from pp1q.wire.session_config import worker_config
 from pp1q.worker.connection import WorkerConnection
 from pp1q.worker.drafting import Proposer
 from pp1q.worker.state import WorkerState
@@ -19,53 +20,52 @@ from pp1q.worker.state import WorkerState
 log = logging.getLogger("pp1q.worker")
 
 
-def build(settings: dict):
-    """(wire config, drafter, metrics) from resolved settings; ConfigError if invalid."""
-    try:
-        spec = ToySpec(vocab=settings["vocab"], seed=settings["model_seed"])
-        drafter = ToyDrafter.preset(spec, settings["draft_preset"])
-        if settings["draft_distance"] is not None:
-            drafter = ToyDrafter(spec, settings["draft_distance"], drafter.adversarial)
-        versions = parse_versions(settings["wire_versions"])
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    config = worker_config(spec, versions, settings["max_support"])
+def build(settings: WorkerSettings):
+    """(wire config, drafter, metrics) from settings (checked when they were made)."""
+    spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
+    drafter = ToyDrafter.preset(spec, settings.draft_preset)
+    if settings.draft_distance is not None:
+        drafter = ToyDrafter(spec, settings.draft_distance, drafter.adversarial)
+    versions = settings.versions
+    config = worker_config(spec, versions, settings.max_support)
     metrics = Metrics("worker", {"draft": drafter.identity, "variant": drafter.variant,
                                  "target": drafter.target_identity,
                                  "wire_versions": ",".join(map(str, versions))})
     return config, drafter, metrics
 
 
-async def serve(settings: dict, stop: asyncio.Event, ready=None, *,
+async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
                 proposer: Callable[[DraftModel], Proposer] = Proposer) -> int:
     """Run until ``stop`` is set. ``ready(port, metrics_port)`` is called once listening.
     ``proposer(model)``: what a STEP's rows are (Proposer; a planted-bug test passes its
     own)."""
     config, drafter, metrics = build(settings)
     proposal = proposer(drafter)
-    host, port = parse_hostport(settings["listen"], "--listen")
+    host, port = parse_hostport(settings.listen)
     state = WorkerState()
     connections: set[WorkerConnection] = set()
 
     def accept() -> WorkerConnection:
         conn = WorkerConnection(config, state, proposal, metrics, on_close=connections.discard,
-                                check_outgoing=settings["check_outgoing"])
+                                check_outgoing=settings.check_outgoing)
         connections.add(conn)
         return conn
 
     tls_context = tls.server_context(settings, metrics)  # None: plain TCP
-    cap = open_capture(settings, "worker", {"listen": settings["listen"]})
+    cap = open_capture(settings.capture, "worker", {"listen": settings.listen})
     try:  # the tap sits inside TLS: it records the plaintext frames
         server = await asyncio.get_running_loop().create_server(
             tap(accept, cap), host, port, **tls.serve_kwargs(tls_context))
-    except BaseException:
+    except BaseException as e:
         if cap is not None:
             cap.close()
+        if isinstance(e, OSError):  # in use, not an address of this machine, ...
+            raise cannot_listen("listen", settings.listen, e) from None
         raise
     port = server.sockets[0].getsockname()[1]
     try:
         log.info("worker on %s:%d: %s (%s), wire versions %s, %s", host, port,
-                 drafter.identity, drafter.variant, settings["wire_versions"],
+                 drafter.identity, drafter.variant, settings.wire_versions,
                  "mutual TLS" if tls_context else "plain TCP")
         banner = f"pp1q worker listening on {host}:{port}"
         await serve_until_stopped(metrics, settings, banner, port, stop, ready)

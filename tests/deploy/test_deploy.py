@@ -112,13 +112,13 @@ def _env(path) -> dict[str, str]:
     return out
 
 
-def _settings(role: str, extra: list[str]) -> dict:
+def _settings(role: str, extra: list[str]):
     mod = {"worker": worker, "verifier": verifier}[role]
     import argparse
     p = argparse.ArgumentParser()
     mod.add_arguments(p)
     args = p.parse_args(["--config", str(CONFIG / "pp1q.toml"), *extra])
-    return resolve(args, role, mod.SETTINGS)
+    return resolve(args, role)
 
 
 def _deployment():
@@ -130,17 +130,17 @@ def _deployment():
 
 def test_config_is_read_by_both_daemons_and_ranks_are_consistent():
     w, ranks = _deployment()
-    w_host, _ = parse_hostport(w["listen"])
+    w_host, _ = parse_hostport(w.listen)
     for r, v in ranks.items():
-        assert v["worker"] == w["listen"], r  # every rank dials the worker
-        assert (v["vocab"], v["model_seed"]) == (w["vocab"], w["model_seed"])  # HELLO identity
-        assert v["metrics_port"] is not None and parse_hostport(v["http"])[0] != w_host
+        assert v.worker == w.listen, r  # every rank dials the worker
+        assert (v.vocab, v.model_seed) == (w.vocab, w.model_seed)  # HELLO identity
+        assert v.metrics_port is not None and parse_hostport(v.http)[0] != w_host
     # one rank group: each unit its own --rank, the same size and rendezvous
     assert [rank_plan(v, environ={}).rv.rank for v in ranks.values()] == list(RANKS)
-    assert {(v["ranks"], v["rank_master"]) for v in ranks.values()} == {
-        (len(RANKS), ranks[0]["rank_master"])}
-    assert len({v["metrics_port"] for v in ranks.values()}) == len(RANKS)
-    assert w["metrics_port"] is not None
+    assert {(v.ranks, v.rank_master) for v in ranks.values()} == {
+        (len(RANKS), ranks[0].rank_master)}
+    assert len({v.metrics_port for v in ranks.values()}) == len(RANKS)
+    assert w.metrics_port is not None
 
 
 def test_scrape_targets_are_the_configured_metrics_ports():
@@ -149,9 +149,9 @@ def test_scrape_targets_are_the_configured_metrics_ports():
     jobs = {j["job_name"]: j["static_configs"] for j in cfg["scrape_configs"]}
     assert set(jobs) == {"pp1q-worker", "pp1q-verifier"}
     worker_targets = [t for sc in jobs["pp1q-worker"] for t in sc["targets"]]
-    assert worker_targets == [f"{w['metrics_host']}:{w['metrics_port']}"]
+    assert worker_targets == [f"{w.metrics_host}:{w.metrics_port}"]
     rank_targets = {sc["labels"]["rank"]: sc["targets"] for sc in jobs["pp1q-verifier"]}
-    assert rank_targets == {str(r): [f"{v['metrics_host']}:{v['metrics_port']}"]
+    assert rank_targets == {str(r): [f"{v.metrics_host}:{v.metrics_port}"]
                             for r, v in ranks.items()}
 
 

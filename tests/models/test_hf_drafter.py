@@ -76,7 +76,7 @@ def test_q_is_build_row_of_the_drafters_own_logits(smol64, story_ids):
     smol = smol64
     drafter = HFDrafter.early_exit(smol, 12)
     drafter.open("r", story_ids)
-    spec = ProposalSpec(seed=11, generation=0, round_id=3, anchor=len(story_ids), depth=5,
+    spec = ProposalSpec(seed=11, generation=0, round_id=3, first_position=len(story_ids), depth=5,
                         temperature=0.7, top_k=64)
     steps = list(propose(drafter, "r", spec))
     assert len(steps) == spec.depth
@@ -85,7 +85,7 @@ def test_q_is_build_row_of_the_drafters_own_logits(smol64, story_ids):
         again = build_row(step.logits, temperature=0.7, top_k=64)
         assert np.array_equal(step.row.ids, again.ids)
         assert np.array_equal(step.row.counts, again.counts)
-        assert step.token == sample(step.row, proposal_u24(11, 0, 3, spec.anchor + i))
+        assert step.token == sample(step.row, proposal_u24(11, 0, 3, spec.first_position + i))
         # and those logits are the drafter's row after x_1..x_{i-1}
         ref = full_logits(early_exit_view(smol.model, 12), prefix)[-1]
         assert max_diff(step.logits, ref) <= TOL
@@ -111,7 +111,7 @@ def test_drafter_equal_to_target_accepts_nearly_everything(smol, story_ids):
         batch, rows = [], {}
         for key in prompts:
             spec = ProposalSpec(seed=100 + key, generation=0, round_id=round_id,
-                                anchor=len(committed[key]), depth=depth,
+                                first_position=len(committed[key]), depth=depth,
                                 temperature=temperature, top_k=top_k)
             steps = list(propose(drafter, key, spec))
             rows[key] = steps
@@ -120,7 +120,7 @@ def test_drafter_equal_to_target_accepts_nearly_everything(smol, story_ids):
         for (key, drafts), logits in zip(batch, scored, strict=True):
             p = processed_probs(logits, temperature, top_k).numpy()
             keys = RoundKeys(seed=100 + key, generation=0, round_id=round_id,
-                             anchor=len(committed[key]))
+                             first_position=len(committed[key]))
             d = verify_round(p, [s.row for s in rows[key]], drafts, keys)
             drafted += depth
             accepted += d.accepted

@@ -22,7 +22,7 @@ def test_seam_chain_equals_toy_chain():
     prefix = [5, 9, 17, 33]
     engine.open("r", prefix)
     for round_id in range(3):
-        spec = ProposalSpec(seed=1, generation=0, round_id=round_id, anchor=len(prefix),
+        spec = ProposalSpec(seed=1, generation=0, round_id=round_id, first_position=len(prefix),
                             depth=4, temperature=0.8, top_k=32 if round_id else None)
         want = list(toy_propose(model, prefix, spec))
         got = list(propose(engine, "r", spec))

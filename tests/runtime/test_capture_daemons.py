@@ -27,10 +27,10 @@ REQUESTS = [  # (prompt, max_tokens, options): sampled dense and sparse, greedy
 START_TIMEOUT_S = 30.0  # both daemons start in well under a second here
 
 
-def _settings(mod, role: str, argv: list[str]) -> dict:
+def _settings(mod, role: str, argv: list[str]):
     p = argparse.ArgumentParser()
     mod.add_arguments(p)
-    return resolve(p.parse_args(argv), role, mod.SETTINGS)
+    return resolve(p.parse_args(argv), role)
 
 
 async def _run_pair(tmp_path, capture_side: str) -> CaptureWriter:

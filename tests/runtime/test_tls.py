@@ -20,10 +20,12 @@ from tls_certs import Ca
 
 from pp1q.cli import verifier as verifier_cmd
 from pp1q.cli import worker as worker_cmd
+from pp1q.core.errors import ConfigError
 from pp1q.core.outcomes import PeerRefusal
 from pp1q.models.toy import ToySpec
 from pp1q.runtime import tls
-from pp1q.runtime.config import ConfigError, resolve
+from pp1q.runtime.config import resolve
+from pp1q.runtime.settings import VerifierSettings, WorkerSettings
 from pp1q.verifier.daemon import build as build_verifier
 from pp1q.wire import FrameDecoder, HelloAnswer, Refusal, VerifierEndpoint, encode
 from pp1q.wire.session_config import identity, verifier_config
@@ -49,17 +51,15 @@ def pki(tmp_path_factory):
             "impostor": foreign.issue("impostor", server=True)}
 
 
-def _settings(cmd, **over) -> dict:
-    s = {k: v for k, (_t, v) in cmd.SETTINGS.items()}
-    s.update(vocab=VOCAB, metrics_port=0, **over)
-    return s
+def _settings(cls, **over):
+    return cls(**{"vocab": VOCAB, "metrics_port": 0, **over})
 
 
 @contextlib.asynccontextmanager
 async def worker(**over):
     """An in-process worker on 127.0.0.1; yields (port, metrics scraper)."""
     stop, ports = asyncio.Event(), []
-    settings = _settings(worker_cmd, listen="127.0.0.1:0", draft_preset="far", **over)
+    settings = _settings(WorkerSettings, listen="127.0.0.1:0", draft_preset="far", **over)
     task = asyncio.create_task(serve(settings, stop, ready=lambda p, m: ports.append((p, m))))
     while not ports and not task.done():
         await asyncio.sleep(0.01)
@@ -87,7 +87,7 @@ async def _hello(port: int, model_seed: int = 0, **tls_kwargs):
 
 
 def _client(leaf, ca=None, name="127.0.0.1") -> dict:
-    return tls.client_tls(leaf.settings(ca), name).kwargs()
+    return tls.client_tls(VerifierSettings(**leaf.settings(ca)), name).kwargs()
 
 
 def _refused(samples, reason: PeerRefusal) -> float:
@@ -99,13 +99,15 @@ def _refused(samples, reason: PeerRefusal) -> float:
 
 def test_tls_needs_all_three_files_and_says_which_is_wrong(pki, tmp_path):
     leaf = pki["worker"]
-    assert tls.server_context({}) is None and tls.client_tls({}, "h") is None  # off by default
-    with pytest.raises(ConfigError, match="missing tls_ca"):
-        tls.server_context({"tls_cert": str(leaf.cert), "tls_key": str(leaf.key)})
-    with pytest.raises(ConfigError, match="tls_ca .*nope.pem"):
-        tls.server_context(leaf.settings(tmp_path / "nope.pem"))
+    assert tls.server_context(WorkerSettings()) is None  # off by default
+    assert tls.client_tls(VerifierSettings(), "h") is None
+    with pytest.raises(ConfigError, match="missing tls_ca"):  # refused as the settings are made
+        WorkerSettings(tls_cert=str(leaf.cert), tls_key=str(leaf.key))
+    with pytest.raises(ConfigError, match="tls_ca = .*nope.pem"):
+        tls.server_context(WorkerSettings(**leaf.settings(tmp_path / "nope.pem")))
     with pytest.raises(ConfigError, match="tls_cert"):  # the key of another certificate
-        tls.server_context({**leaf.settings(), "tls_key": str(pki["verifier"].key)})
+        tls.server_context(WorkerSettings(**{**leaf.settings(),
+                                             "tls_key": str(pki["verifier"].key)}))
 
 
 def test_options_and_toml_keys_reach_the_settings(pki, tmp_path):
@@ -115,25 +117,25 @@ def test_options_and_toml_keys_reach_the_settings(pki, tmp_path):
                    f'tls_key = "{v.key}"\ntls_server_name = "worker.internal"\n')
     p = argparse.ArgumentParser()
     verifier_cmd.add_arguments(p)
-    s = resolve(p.parse_args(["--config", str(cfg), "--tls-server-name", "w2"]), "verifier",
-                verifier_cmd.SETTINGS)
-    assert (s["tls_cert"], s["tls_ca"], s["tls_server_name"]) == (str(v.cert), str(v.ca), "w2")
+    s = resolve(p.parse_args(["--config", str(cfg), "--tls-server-name", "w2"]), "verifier")
+    assert (s.tls_cert, s.tls_ca, s.tls_server_name) == (str(v.cert), str(v.ca), "w2")
     p = argparse.ArgumentParser()
     worker_cmd.add_arguments(p)
-    w = resolve(p.parse_args(pki["worker"].args()), "worker", worker_cmd.SETTINGS)
-    assert w["tls_key"] == str(pki["worker"].key)
+    w = resolve(p.parse_args(pki["worker"].args()), "worker")
+    assert w.tls_key == str(pki["worker"].key)
 
 
 def test_contexts_are_tls13_both_ways_required_and_trust_only_the_ca(pki):
-    server = tls.server_context(pki["worker"].settings())
-    client = tls.client_tls(pki["verifier"].settings(), "10.0.0.2")
+    server = tls.server_context(WorkerSettings(**pki["worker"].settings()))
+    client = tls.client_tls(VerifierSettings(**pki["verifier"].settings()), "10.0.0.2")
     for ctx in (server, client.context):
         assert ctx.minimum_version is ssl.TLSVersion.TLSv1_3
         assert ctx.verify_mode is ssl.CERT_REQUIRED
         assert [c["subject"] for c in ctx.get_ca_certs()] == [((("commonName",
                                                                   "pp1q-test-ca"),),)]
     assert client.context.check_hostname and client.server_name == "10.0.0.2"
-    renamed = tls.client_tls({**pki["verifier"].settings(), "tls_server_name": "w"}, "10.0.0.2")
+    renamed = tls.client_tls(VerifierSettings(**pki["verifier"].settings(), tls_server_name="w"),
+                             "10.0.0.2")
     assert renamed.server_name == "w"
 
 
@@ -184,7 +186,7 @@ async def test_worker_counts_a_hello_identity_that_does_not_match(pki):
 async def _run_link(port: int, until, **over):
     """The verifier's link to ``port``, run until ``until(link, metrics)`` or the deadline;
     returns (metrics, whether a session ever came up)."""
-    settings = _settings(verifier_cmd, worker=f"127.0.0.1:{port}", reconnect_max_s=0.05,
+    settings = _settings(VerifierSettings, worker=f"127.0.0.1:{port}", reconnect_max_s=0.05,
                          top_k=8, **over)
     link, _scheduler, metrics, _config = build_verifier(settings)
     stop, ever_ready = asyncio.Event(), False

@@ -43,7 +43,7 @@ def main() -> int:
     args = parser.parse_args()
     planted = functools.partial(serve, deciders=Deciders(rank=IndependentSampler),
                                 child_command=[sys.executable, __file__])
-    return run_daemon(args, "verifier", verifier_command.SETTINGS, planted)
+    return run_daemon(args, "verifier", planted)
 
 
 if __name__ == "__main__":

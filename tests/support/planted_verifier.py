@@ -44,7 +44,7 @@ def main() -> int:
     verifier_command.add_arguments(parser)
     args = parser.parse_args()
     planted = functools.partial(serve, deciders=Deciders(local=CorrectionFromTarget))
-    return run_daemon(args, "verifier", verifier_command.SETTINGS, planted)
+    return run_daemon(args, "verifier", planted)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def main() -> int:
     worker_command.add_arguments(parser)
     args = parser.parse_args()
     planted = functools.partial(serve, proposer=WrongQ)
-    return run_daemon(args, "worker", worker_command.SETTINGS, planted)
+    return run_daemon(args, "worker", planted)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ import pytest
 
 from pp1q.cli import verifier as verifier_cmd
 from pp1q.cli import worker as worker_cmd
-from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.errors import ConfigError, Reason, RemoteProtocolError
 from pp1q.core.outcomes import FallbackCause
 from pp1q.core.prefix import Prefix, digest_of
 from pp1q.models.toy import toy_pair
-from pp1q.runtime.config import ConfigError, parse_hostport, resolve
+from pp1q.runtime.config import resolve
+from pp1q.runtime.settings import parse_hostport
 from pp1q.tools.theory import expected_accepted
 from pp1q.verifier import rounds
 from pp1q.verifier.link import classify
@@ -37,20 +38,18 @@ def test_settings_precedence_and_refusals(tmp_path):
     cfg.write_text('vocab = 64\nmodel_seed = 3\n[verifier]\nhttp = "127.0.0.1:9000"\n'
                    'watchdog_ms = 700\n[worker]\nlisten = "127.0.0.1:9001"\n')
     args = _args(verifier_cmd.add_arguments, ["--config", str(cfg), "--watchdog-ms", "900"])
-    s = resolve(args, "verifier", verifier_cmd.SETTINGS)
-    assert (s["vocab"], s["model_seed"], s["http"], s["watchdog_ms"]) == (
+    s = resolve(args, "verifier")
+    assert (s.vocab, s.model_seed, s.http, s.watchdog_ms) == (
         64, 3, "127.0.0.1:9000", 900)  # option > [verifier] > top level > default
-    assert s["slots"] == 4 and s["depth"] == 5
-    w = resolve(_args(worker_cmd.add_arguments, ["--config", str(cfg)]), "worker",
-                worker_cmd.SETTINGS)
-    assert (w["listen"], w["vocab"]) == ("127.0.0.1:9001", 64)
-    for text, needle in [("[verifier]\nbogus = 1\n", "unknown key"),
-                         ("vocab = 'many'\n", "vocab must be int"),
+    assert s.slots == 4 and s.depth == 5
+    w = resolve(_args(worker_cmd.add_arguments, ["--config", str(cfg)]), "worker")
+    assert (w.listen, w.vocab) == ("127.0.0.1:9001", 64)
+    for text, needle in [("[verifier]\nbogus = 1\n", "bogus .*unknown key"),
+                         ("vocab = 'many'\n", "vocab = 'many' .*must be an integer"),
                          ("vocab = \n", "config")]:
         cfg.write_text(text)
         with pytest.raises(ConfigError, match=needle):
-            resolve(_args(verifier_cmd.add_arguments, ["--config", str(cfg)]), "verifier",
-                    verifier_cmd.SETTINGS)
+            resolve(_args(verifier_cmd.add_arguments, ["--config", str(cfg)]), "verifier")
     assert parse_hostport("[::1]:80") == ("::1", 80)
     with pytest.raises(ConfigError):
         parse_hostport("localhost")

@@ -3,7 +3,6 @@ unreachable from another interface), no deserialiser that runs code, strict msgs
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib
 import re
@@ -12,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pp1q.cli import COMMANDS
-from pp1q.runtime.config import parse_hostport, resolve
+from pp1q.runtime.settings import ROLES, default_of, fields, parse_hostport
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
@@ -24,17 +22,10 @@ SOURCES = [p for d in ("pp1q", "kernels", "fuzz", "scripts") if (ROOT / d).is_di
            for p in (ROOT / d).rglob("*.py")]
 
 
-def _daemon_commands():
-    for name, path in COMMANDS.items():
-        mod = importlib.import_module(path)
-        if hasattr(mod, "SETTINGS"):
-            yield name, mod
-
-
-def _address_keys(settings: dict) -> dict[str, str]:
+def _address_keys(cls) -> dict[str, str]:
     """Keys whose default is an address (``*_host``, or any HOST:PORT), with its host."""
     out = {}
-    for key, (_kind, default) in settings.items():
+    for key, _kind, default in fields(cls):
         if not isinstance(default, str):
             continue
         if key.endswith("_host"):
@@ -46,8 +37,8 @@ def _address_keys(settings: dict) -> dict[str, str]:
 
 def test_every_daemon_binds_loopback_by_default():
     seen = {}
-    for name, mod in _daemon_commands():
-        for key, host in _address_keys(mod.SETTINGS).items():
+    for name, cls in ROLES.items():
+        for key, host in _address_keys(cls).items():
             seen[f"{name}.{key}"] = host
     # every address a daemon listens on (the rank store too) is found, and all loopback
     assert {"worker.listen", "worker.metrics_host", "verifier.http", "verifier.metrics_host",
@@ -74,16 +65,11 @@ def _reachable(host: str, port: int) -> bool:
         return False
 
 
-def _defaults(role: str) -> dict:
-    mod = importlib.import_module(COMMANDS[role])
-    p = argparse.ArgumentParser()
-    mod.add_arguments(p)
-    s = resolve(p.parse_args([]), role, mod.SETTINGS)  # nothing given: the defaults
-    s.update(vocab=16, metrics_port=0)
-    for key in ("listen", "http"):
-        if key in s:  # the default host, any free port
-            s[key] = f"{parse_hostport(s[key])[0]}:0"
-    return s
+def _defaults(role: str):
+    cls = ROLES[role]  # nothing given: the defaults
+    over = {key: f"{parse_hostport(default_of(cls, key))[0]}:0"  # the default host, any port
+            for key in ("listen", "http") if key in cls.__struct_fields__}
+    return cls(vocab=16, metrics_port=0, **over)
 
 
 @pytest.mark.parametrize("role", ["worker", "verifier"])

@@ -13,10 +13,9 @@ import wire_vectors
 from daemon_harness import scrape, value
 from wire_helpers import config, control_of, forge, pair, step
 
-from pp1q.cli import verifier as verifier_cmd
-from pp1q.cli import worker as worker_cmd
 from pp1q.core.errors import Reason, RemoteProtocolError
 from pp1q.models.toy import ToySpec
+from pp1q.runtime.settings import VerifierSettings, WorkerSettings
 from pp1q.verifier.daemon import build as build_verifier
 from pp1q.verifier.http import HttpError, parse_head
 from pp1q.wire import FrameDecoder, VerifierEndpoint, WorkerEndpoint
@@ -140,10 +139,8 @@ def test_http_head_refuses_a_declared_body_of_2_pow_31():
 # -- live daemons, in-process -------------------------------------------------------------
 
 
-def _settings(cmd, **over) -> dict:
-    s = {k: v for k, (_t, v) in cmd.SETTINGS.items()}
-    s.update(vocab=16, metrics_port=0, **over)
-    return s
+def _settings(cls, **over):
+    return cls(**{"vocab": 16, "metrics_port": 0, **over})
 
 
 async def _traced(coro):
@@ -158,7 +155,7 @@ async def _traced(coro):
 
 async def test_live_worker_refuses_2_pow_31_after_the_header_and_counts_it():
     stop, ports = asyncio.Event(), []
-    task = asyncio.create_task(serve(_settings(worker_cmd, listen="127.0.0.1:0"), stop,
+    task = asyncio.create_task(serve(_settings(WorkerSettings, listen="127.0.0.1:0"), stop,
                                      ready=lambda p, m: ports.append((p, m))))
     while not ports:
         await asyncio.sleep(0.01)
@@ -197,8 +194,8 @@ async def test_live_verifier_refuses_a_2_pow_31_reply_after_the_header_and_count
     server = await asyncio.start_server(rogue_worker, "127.0.0.1", 0)
     async with server:
         port = server.sockets[0].getsockname()[1]
-        link, _s, metrics, _c = build_verifier(_settings(verifier_cmd, worker=f"127.0.0.1:{port}",
-                                                         top_k=8))
+        settings = _settings(VerifierSettings, worker=f"127.0.0.1:{port}", top_k=8)
+        link, _s, metrics, _c = build_verifier(settings)
         stop = asyncio.Event()
         task = asyncio.create_task(link.run(stop))
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from pp1q.cli import worker as worker_cmd
 from pp1q.core.prefix import Prefix
 from pp1q.models.toy import ToySpec, toy_pair
+from pp1q.runtime.settings import WorkerSettings
 from pp1q.wire import Commit, FrameDecoder, Refusal, Reset, Step, VerifierEndpoint, encode
 from pp1q.wire import context_channel as cc
 from pp1q.wire.events import ProposalFailed, ProposalReady, SessionStarted
@@ -45,8 +45,7 @@ class ScriptedVerifier:
 async def worker():
     stop = asyncio.Event()
     ports: list[int] = []
-    settings = {k: v for k, (_t, v) in worker_cmd.SETTINGS.items()}
-    settings.update(listen="127.0.0.1:0", vocab=VOCAB, draft_preset="far")
+    settings = WorkerSettings(listen="127.0.0.1:0", vocab=VOCAB, draft_preset="far")
     task = asyncio.create_task(serve(settings, stop, ready=lambda p, m: ports.append(p)))
     while not ports:
         await asyncio.sleep(0.01)

@@ -10,7 +10,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from pp1q.runtime.config import ConfigError, parse_hostport
+from pp1q.core.errors import ConfigError
+from pp1q.runtime.settings import parse_hostport
 from pp1q.tools.chaos.faults import Direction
 from pp1q.tools.chaos.proxy import FaultProxy
 from pp1q.tools.chaos.spec import parse_rule

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from pp1q.core.outcomes import RankFailure
 from pp1q.runtime.metrics import Metrics
+from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier.ranks.collective import GroupError
 from pp1q.verifier.ranks.group import EXIT_RANKS_LOST
 from pp1q.verifier.ranks.launch import RankPlan, check_identities, identity, join
@@ -64,17 +65,17 @@ def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
         return EXIT_RANKS_LOST
 
 
-async def serve_follower(settings: dict, plan: RankPlan, limits: Limits, target,
+async def serve_follower(settings: VerifierSettings, plan: RankPlan, limits: Limits, target,
                          metrics: Metrics, stop: asyncio.Event,
                          decisions: Callable[..., RankDecisions] = RankDecisions) -> int:
     """A follower daemon's life, from the event loop of pp1q.cli._daemon. ``decisions``
     builds the replica's decisions (pp1q.verifier.daemon.Deciders.rank)."""
     rv = plan.rv
     state = RankState(rv.rank, limits, decisions(target, limits),
-                      settings["target_delay_ms"] / 1000.0)
-    host = settings["metrics_host"]
-    with metrics.served(host, settings["metrics_port"]) as mport:
-        record = identity(settings, target.identity, limits, rv.backend,
+                      settings.target_delay_ms / 1000.0)
+    host = settings.metrics_host
+    with metrics.served(host, settings.metrics_port) as mport:
+        record = identity(target.identity, limits, rv.backend,
                           f"{host}:{mport}" if mport else None)
         where = f"{rv.master[0]}:{rv.master[1]}" if rv.master else "env://"
 

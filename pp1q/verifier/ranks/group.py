@@ -35,6 +35,7 @@ import threading
 from pp1q.core.errors import Pp1qError, Reason
 from pp1q.core.outcomes import RankFailure
 from pp1q.runtime.metrics import Metrics
+from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier.ranks.collective import Collective, GroupError
 from pp1q.verifier.ranks.ops import FLAG_STOP, MAX_BATCH_OPS, Op, Verdict
 from pp1q.verifier.ranks.replica import RankState
@@ -196,7 +197,7 @@ class RankGroup:
             self.on_lost(lost)
 
 
-async def start_group(settings: dict, launch, decider, config,
+async def start_group(settings: VerifierSettings, launch, decider, config,
                       stop: asyncio.Event) -> RankGroup | None:
     """Rank 0: form the group (``launch``: pp1q.verifier.ranks.launch.Launch), start the
     exchange thread and hand it to ``decider`` (pp1q.verifier.ranks.decider.RankedDecider;
@@ -206,7 +207,7 @@ async def start_group(settings: dict, launch, decider, config,
 
     rv = launch.plan.rv
     limits = limits_of(config, rv.world)
-    record = identity(settings, decider.target.identity, limits, rv.backend, None)
+    record = identity(decider.target.identity, limits, rv.backend, None)
     try:
         coll, records = await form_group(launch, limits, record, stop)
     except TimeoutError as e:
@@ -216,10 +217,10 @@ async def start_group(settings: dict, launch, decider, config,
     metrics.rank_world_size.set(rv.world)
     state = RankState(0, limits, decider.decisions(decider.target, limits),
                       decider.target_delay_s)
-    group = RankGroup(coll, state, metrics, settings["rank_timeout_s"])
+    group = RankGroup(coll, state, metrics, settings.rank_timeout_s)
     group.peers, group.children = records, launch.children
     loop = asyncio.get_running_loop()
-    grace = settings["rank_exit_grace_s"]
+    grace = settings.rank_exit_grace_s
     group.on_lost = lambda _lost: loop.call_later(grace, stop.set)
     decider.group = group
     group.start()

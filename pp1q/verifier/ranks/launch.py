@@ -28,14 +28,14 @@ import threading
 from dataclasses import dataclass, replace
 
 from pp1q import __version__
-from pp1q.runtime.config import ConfigError, parse_hostport
+from pp1q.core.errors import ConfigError
+from pp1q.runtime.config import option_of
+from pp1q.runtime.settings import MAX_RANKS, VerifierSettings, cannot_listen, parse_hostport
 from pp1q.verifier.ranks.collective import Collective, Rendezvous, make_store
 from pp1q.verifier.ranks.ops import Limits
 
 log = logging.getLogger("pp1q.verifier.ranks.group")
 
-MAX_RANKS = 16  # vote rows grow with ranks; a tensor-parallel group is one or two nodes' GPUs
-BACKENDS = ("auto", "gloo", "nccl")
 CHILD_POLL_S = 0.2  # how often rank 0 looks at its spawned ranks while the group forms
 CHILD_STOP_S = 10.0  # spawned ranks get this long to exit after the group stops
 # settings a spawned rank inherits from rank 0 (the rest concern rank 0 alone)
@@ -52,10 +52,11 @@ class RankPlan:
     spawn: bool  # rank 0 starts the other ranks itself
 
 
-def rank_plan(settings: dict, environ=None) -> RankPlan | None:
-    """None for a single-process verifier; ConfigError for inconsistent rank settings."""
+def rank_plan(settings: VerifierSettings, environ=None) -> RankPlan | None:
+    """None for a single-process verifier; ConfigError for rank settings that disagree
+    with each other or with torchrun's environment (each is in range: the struct)."""
     environ = os.environ if environ is None else environ
-    ranks, rank = settings["ranks"], settings["rank"]
+    ranks, rank = settings.ranks, settings.rank
     if rank is None and "RANK" in environ and "WORLD_SIZE" in environ:  # torchrun
         try:
             world, rank = int(environ["WORLD_SIZE"]), int(environ["RANK"])
@@ -75,7 +76,7 @@ def rank_plan(settings: dict, environ=None) -> RankPlan | None:
             return None
         spawn = rank is None
         rank = 0 if spawn else rank
-        master = parse_hostport(settings["rank_master"], "--rank-master")
+        master = parse_hostport(settings.rank_master)
         if not spawn and master[1] == 0:
             raise ConfigError("--rank-master needs a fixed port when each rank is started "
                               "with --rank (0 picks one only for ranks spawned by rank 0)")
@@ -85,18 +86,12 @@ def rank_plan(settings: dict, environ=None) -> RankPlan | None:
         raise ConfigError(f"ranks {world} outside 1..{MAX_RANKS}")
     if not 0 <= rank < world:
         raise ConfigError(f"rank {rank} outside 0..{world - 1}")
-    if settings["rank_timeout_s"] <= 0 or settings["rank_join_timeout_s"] <= 0 \
-            or settings["rank_exit_grace_s"] < 0:
-        raise ConfigError("rank_timeout_s and rank_join_timeout_s must be positive, "
-                          "rank_exit_grace_s >= 0")
-    backend = _backend(settings["rank_backend"], local_world)
-    return RankPlan(Rendezvous(rank, world, master, backend, settings["rank_join_timeout_s"],
-                               settings["rank_timeout_s"], local), spawn)
+    backend = _backend(settings.rank_backend, local_world)
+    return RankPlan(Rendezvous(rank, world, master, backend, settings.rank_join_timeout_s,
+                               settings.rank_timeout_s, local), spawn)
 
 
 def _backend(name: str, local_ranks: int) -> str:
-    if name not in BACKENDS:
-        raise ConfigError(f"rank_backend {name!r}: one of {', '.join(BACKENDS)}")
     if name != "auto":
         return name
     import torch
@@ -113,8 +108,7 @@ def limits_of(config, world: int) -> Limits:
                   max_support=lim.max_support)
 
 
-def identity(settings: dict, target_id: str, limits: Limits, backend: str,
-             metrics: str | None) -> dict:
+def identity(target_id: str, limits: Limits, backend: str, metrics: str | None) -> dict:
     return {"pp1q": __version__, "target": target_id, "vocab": limits.vocab,
             "slots": limits.slots, "depth": limits.depth, "dense_len": limits.dense_len,
             "max_support": limits.max_support, "backend": backend, "metrics": metrics}
@@ -142,14 +136,14 @@ def join(rv: Rendezvous, limits: Limits, store, record: dict) -> tuple[Collectiv
 class Children:
     """Ranks 1..N-1 spawned by rank 0 (the spawn form)."""
 
-    def __init__(self, command: list[str], settings: dict, rv: Rendezvous) -> None:
+    def __init__(self, command: list[str], settings: VerifierSettings, rv: Rendezvous) -> None:
         host, port = rv.master
         self.procs: dict[int, subprocess.Popen] = {}
         for r in range(1, rv.world):
             args = [*command, "--rank", str(r), "--rank-master", f"{host}:{port}"]
             for key in CHILD_KEYS:
-                args += [f"--{key.replace('_', '-')}", str(settings[key])]
-            mport = settings["metrics_port"]
+                args += [option_of(key), str(getattr(settings, key))]
+            mport = settings.metrics_port
             if mport is not None:  # a fixed metrics port P gives rank r the port P + r
                 args += ["--metrics-port", str(mport + r if mport else 0)]
             self.procs[r] = subprocess.Popen(args, stdout=sys.stderr, stdin=subprocess.DEVNULL)
@@ -173,7 +167,8 @@ class Launch:
     first thing (a port in use fails at once, and port 0 becomes a real port), and the
     spawned ranks, started at once so that they import and build while rank 0 does."""
 
-    def __init__(self, plan: RankPlan, settings: dict, child_command: list[str]) -> None:
+    def __init__(self, plan: RankPlan, settings: VerifierSettings,
+                 child_command: list[str]) -> None:
         rv, self.children, self.listen_fd = plan.rv, None, None
         if rv.master is not None:
             host, port = rv.master
@@ -181,7 +176,7 @@ class Launch:
             try:
                 sock = socket.create_server((host, port), family=family)
             except OSError as e:
-                raise ConfigError(f"--rank-master {host}:{port}: {e.strerror}") from None
+                raise cannot_listen("rank_master", f"{host}:{port}", e) from None
             rv = replace(rv, master=(host, sock.getsockname()[1]))
             self.listen_fd = sock.detach()  # the store owns it from here on
         self.plan = replace(plan, rv=rv)

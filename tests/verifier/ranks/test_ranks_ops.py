@@ -272,10 +272,9 @@ def test_a_missed_close_makes_the_next_open_refused():
 
 
 def _settings(**over):
-    from pp1q.cli.verifier import SETTINGS
+    from pp1q.runtime.settings import VerifierSettings
 
-    return {**{k: default for k, (_t, default) in SETTINGS.items()},
-            "rank_backend": "gloo", **over}
+    return VerifierSettings(**{"rank_backend": "gloo", **over})
 
 
 def test_rank_plans_of_the_three_launch_forms():
@@ -297,12 +296,12 @@ def test_rank_plans_of_the_three_launch_forms():
     ({"ranks": 2, "rank": 2, "rank_master": "h:1"}, {}, "outside"),
     ({"rank": 1}, {}, "needs --ranks"),
     ({"ranks": 3}, {"RANK": "0", "WORLD_SIZE": "2"}, "WORLD_SIZE is 2"),
-    ({"ranks": 99}, {}, "outside 1..16"),
-    ({"ranks": 2, "rank_timeout_s": 0.0}, {}, "positive"),
-    ({"ranks": 2, "rank_backend": "mpi"}, {}, "one of"),
+    ({"ranks": 99}, {}, "ranks = 99: must be an integer in 1..16"),  # the struct refuses
+    ({"ranks": 2, "rank_timeout_s": 0.0}, {}, "rank_timeout_s = 0.0: .* > 0"),
+    ({"ranks": 2, "rank_backend": "mpi"}, {}, "one of auto, gloo, nccl"),
 ])
 def test_inconsistent_rank_settings_are_refused(over, env, words):
-    from pp1q.runtime.config import ConfigError
+    from pp1q.core.errors import ConfigError
     from pp1q.verifier.ranks.launch import rank_plan
 
     with pytest.raises(ConfigError, match=words):
@@ -310,10 +309,10 @@ def test_inconsistent_rank_settings_are_refused(over, env, words):
 
 
 def test_identity_records_must_agree():
-    from pp1q.runtime.config import ConfigError
+    from pp1q.core.errors import ConfigError
     from pp1q.verifier.ranks.launch import check_identities, identity
 
-    one = identity({}, "toy-target-v1:vocab=64:seed=0", LIMITS, "gloo", "127.0.0.1:1")
+    one = identity("toy-target-v1:vocab=64:seed=0", LIMITS, "gloo", "127.0.0.1:1")
     check_identities([one, {**one, "metrics": None}])  # metrics addresses may differ
     with pytest.raises(ConfigError, match="disagree on depth"):
         check_identities([one, {**one, "depth": 4}])

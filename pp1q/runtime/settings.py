@@ -1,0 +1,280 @@
+"""Typed daemon settings: one msgspec Struct per role, every default and every range
+stated once, here.
+
+``WorkerSettings`` and ``VerifierSettings`` share ``DaemonSettings`` (model identity,
+metrics, logging, capture, mutual TLS). A field's name is its TOML key and, with ``-``
+for ``_``, its command-line option (pp1q.runtime.config maps both onto these structs).
+A settings object is checked whenever one is made (``__post_init__``: the constructor,
+``msgspec.convert``, ``msgspec.structs.replace``), so a daemon never holds one that is
+out of range: every float finite (NaN and infinities refused), every port 0..65535,
+every address ``HOST:PORT``. A refusal is a ``ConfigError`` naming the key and value.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+from msgspec import inspect as mi
+
+from pp1q.core.errors import ConfigError
+from pp1q.models.toy import (
+    DEFAULT_DRAFT_PRESET,
+    DEFAULT_VOCAB,
+    DRAFT_PRESETS,
+    MAX_VOCAB,
+    MIN_VOCAB,
+)
+from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, parse_versions
+
+MAX_SLOTS = 64  # the scheduler preallocates target rows per slot; bound that memory
+MAX_DEPTH = 16  # the design fixes depth 5; a larger value is an experiment, bounded
+MAX_RANKS = 16  # vote rows grow with ranks; a tensor-parallel group is one or two nodes' GPUs
+LOG_LEVELS = ("debug", "info", "warning", "error")
+RANK_BACKENDS = ("auto", "gloo", "nccl")
+
+# -- value kinds (a float field is always finite as well) --
+Address = Annotated[str, Meta(extra={"form": "address"})]  # HOST:PORT or [IPv6]:PORT
+Versions = Annotated[str, Meta(extra={"form": "versions"})]  # a list such as "2,1"
+Port = Annotated[int, Meta(ge=0, le=65535)]
+Positive = Annotated[float, Meta(gt=0)]
+NonNegative = Annotated[float, Meta(ge=0)]
+LogLevel = Literal[LOG_LEVELS]
+DraftPreset = Literal[tuple(DRAFT_PRESETS)]
+RankBackend = Literal[RANK_BACKENDS]
+TLS_FILES = ("tls_cert", "tls_key", "tls_ca")
+
+
+class _Checked(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    def __post_init__(self) -> None:
+        for key, _node, _default in fields(type(self)):
+            check_value(type(self), key, getattr(self, key))
+        given = [k for k in TLS_FILES if getattr(self, k)]
+        if given and len(given) != len(TLS_FILES):
+            missing = [k for k in TLS_FILES if k not in given]
+            raise ConfigError(f"mutual TLS needs tls_cert, tls_key and tls_ca; missing "
+                              f"{', '.join(missing)}", key=missing[0])
+
+
+class DaemonSettings(_Checked, frozen=True, kw_only=True):
+    """Keys both daemons take (top level of the TOML file, or either table)."""
+
+    metrics_host: str = "127.0.0.1"
+    metrics_port: Port | None = None  # None: /metrics not served; 0: any free port
+    vocab: Annotated[int, Meta(ge=MIN_VOCAB, le=MAX_VOCAB)] = DEFAULT_VOCAB
+    model_seed: Annotated[int, Meta(ge=0, le=(1 << 63) - 1)] = 0
+    capture: str | None = None  # FILE: record every frame (pp1q.runtime.capture)
+    log_level: LogLevel = "info"
+    tls_cert: str | None = None  # mutual TLS: all three files or none (pp1q.runtime.tls)
+    tls_key: str | None = None
+    tls_ca: str | None = None
+
+
+class WorkerSettings(DaemonSettings, frozen=True, kw_only=True):
+    """``pp1q worker``."""
+
+    listen: Address = "127.0.0.1:7070"
+    draft_preset: DraftPreset = DEFAULT_DRAFT_PRESET
+    draft_distance: Annotated[float, Meta(ge=0, le=1)] | None = None  # None: the preset's
+    wire_versions: Versions = "2,1"
+    max_support: Annotated[int, Meta(ge=1, le=MAX_VOCAB)] = DEFAULT_MAX_SUPPORT
+    check_outgoing: bool = True
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        return parse_versions(self.wire_versions)
+
+
+class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
+    """``pp1q verifier`` (every rank of a group)."""
+
+    worker: Address = "127.0.0.1:7070"
+    http: Address = "127.0.0.1:8080"
+    wire_version: Literal[1, 2] = 2
+    slots: Annotated[int, Meta(ge=1, le=MAX_SLOTS)] = 4
+    depth: Annotated[int, Meta(ge=1, le=MAX_DEPTH)] = 5
+    top_k: Annotated[int, Meta(ge=0, le=DEFAULT_MAX_SUPPORT)] = 32  # 0: dense
+    watchdog_ms: Annotated[int, Meta(gt=0)] = 2000
+    reconnect_max_s: Positive = 5.0
+    target_delay_ms: NonNegative = 0.0
+    tls_server_name: str | None = None  # None: the host of ``worker``
+    ranks: Annotated[int, Meta(ge=1, le=MAX_RANKS)] = 1
+    rank: Annotated[int, Meta(ge=0, lt=MAX_RANKS)] | None = None  # None: spawn or torchrun
+    rank_master: Address = "127.0.0.1:0"
+    rank_backend: RankBackend = "auto"
+    rank_timeout_s: Positive = 5.0
+    rank_join_timeout_s: Positive = 120.0
+    rank_exit_grace_s: NonNegative = 2.0
+
+
+ROLES: dict[str, type[DaemonSettings]] = {"worker": WorkerSettings,
+                                          "verifier": VerifierSettings}
+
+
+@functools.cache
+def fields(cls: type[_Checked]) -> tuple[tuple[str, object, object], ...]:
+    """(key, msgspec.inspect type, default) of every setting of ``cls``, in order."""
+    return tuple((f.name, f.type, f.default) for f in mi.type_info(cls).fields)
+
+
+@functools.cache
+def kind_of(cls: type[_Checked], key: str):
+    for name, node, _default in fields(cls):
+        if name == key:
+            return node
+    raise KeyError(key)
+
+
+def default_of(cls: type[_Checked], key: str):
+    return next(d for name, _node, d in fields(cls) if name == key)
+
+
+def parse_hostport(text: str, what: str = "address") -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port)."""
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what} {text!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def check_value(cls: type[_Checked], key: str, value, source: str | None = None):
+    """``value`` for ``key`` (ints widened to float where a float is due), or a
+    ConfigError naming key, value and ``source`` (a file and scope, or an option)."""
+    node = kind_of(cls, key)
+    if isinstance(value, int) and not isinstance(value, bool) and _wants_float(node):
+        value = float(value)
+    if not _accepts(node, value):
+        raise refusal(key, value, f"must be {describe(node)}", source)
+    return value
+
+
+def from_option(cls: type[_Checked], key: str, value, source: str):
+    """A command-line option's text (argparse keeps it a string) as ``key``'s value."""
+    node = _bare(kind_of(cls, key))
+    if isinstance(value, str):
+        numbers = node.values if isinstance(node, mi.LiteralType) else ()
+        try:
+            if isinstance(node, mi.IntType) or any(isinstance(v, int) for v in numbers):
+                value = int(value)
+            elif isinstance(node, mi.FloatType):
+                value = float(value)
+        except ValueError:
+            raise refusal(key, value, f"must be {describe(kind_of(cls, key))}",
+                          source) from None
+    return check_value(cls, key, value, source)
+
+
+def cannot_listen(key: str, value, e: OSError) -> ConfigError:
+    """A daemon could not bind the address a setting names (in use, not this machine's)."""
+    why = os.strerror(e.errno) if e.errno else str(e)
+    return refusal(key, value, f"cannot listen there: {why}")
+
+
+def refusal(key: str, value, why: str, source: str | None = None) -> ConfigError:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    where = f" ({source})" if source else ""
+    return ConfigError(f"{key} = {shown}{where}: {why}", key=key)
+
+
+def describe(node) -> str:
+    """What a value of this kind must be, in words (messages and docs/operations.md)."""
+    if isinstance(node, mi.UnionType):
+        return " or ".join(describe(t) for t in node.types if not isinstance(t, mi.NoneType))
+    if isinstance(node, mi.Metadata):
+        form = (node.extra or {}).get("form")
+        if form == "address":
+            return "HOST:PORT (port 0..65535)"
+        if form == "versions":
+            return "a list of wire versions such as 2,1 (known: 1, 2)"
+        return describe(node.type)
+    if isinstance(node, mi.BoolType):
+        return "true or false"
+    if isinstance(node, mi.StrType):
+        return "a string"
+    if isinstance(node, mi.LiteralType):
+        return "one of " + ", ".join(str(v) for v in node.values)
+    if isinstance(node, mi.IntType):
+        return "an integer " + _bounds(node, integer=True)
+    if isinstance(node, mi.FloatType):
+        return "a finite number " + _bounds(node, integer=False)
+    raise TypeError(f"no description for {node!r}")
+
+
+def _bounds(node, integer: bool) -> str:
+    lo, hi = node.ge, node.le
+    if integer and node.gt is not None:
+        lo = node.gt + 1
+    if integer and node.lt is not None:
+        hi = node.lt - 1
+    if lo is not None and hi is not None:
+        return f"in {_num(lo)}..{_num(hi)}"
+    if node.gt is not None and lo is None:
+        return f"> {_num(node.gt)}"
+    if lo is not None:
+        return f">= {_num(lo)}"
+    return f"<= {_num(hi)}" if hi is not None else ""
+
+
+def _num(x) -> str:
+    x = int(x) if float(x).is_integer() else x
+    if isinstance(x, int) and x > 1 << 16:
+        if x & (x - 1) == 0:
+            return f"2^{x.bit_length() - 1}"
+        if (x + 1) & x == 0:
+            return f"2^{x.bit_length()} - 1"
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _bare(node):
+    """The type without None and without metadata."""
+    if isinstance(node, mi.UnionType):
+        node = next(t for t in node.types if not isinstance(t, mi.NoneType))
+    return node.type if isinstance(node, mi.Metadata) else node
+
+
+def _wants_float(node) -> bool:
+    return isinstance(_bare(node), mi.FloatType)
+
+
+def _accepts(node, v) -> bool:
+    if isinstance(node, mi.UnionType):
+        return any(_accepts(t, v) for t in node.types)
+    if isinstance(node, mi.NoneType):
+        return v is None
+    if isinstance(node, mi.Metadata):
+        if not _accepts(node.type, v):
+            return False
+        form = (node.extra or {}).get("form")
+        try:
+            if form == "address":
+                parse_hostport(v)
+            elif form == "versions":
+                parse_versions(v)
+        except (ConfigError, ValueError):
+            return False
+        return True
+    if isinstance(node, mi.BoolType):
+        return isinstance(v, bool)
+    if isinstance(node, mi.StrType):
+        return isinstance(v, str)
+    if isinstance(node, mi.LiteralType):
+        return any(type(v) is type(x) and v == x for x in node.values)
+    if isinstance(node, mi.IntType):
+        return isinstance(v, int) and not isinstance(v, bool) and _within(node, v)
+    if isinstance(node, mi.FloatType):
+        return (isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v)
+                and _within(node, v))
+    raise TypeError(f"no check for {node!r}")
+
+
+def _within(node, v) -> bool:
+    return ((node.ge is None or v >= node.ge) and (node.gt is None or v > node.gt)
+            and (node.le is None or v <= node.le) and (node.lt is None or v < node.lt))
