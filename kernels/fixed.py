@@ -102,11 +102,20 @@ def accepts_exact(u53, counts, p_x, s_total) -> torch.Tensor:
 # fixed-point target rows
 
 
-def to_fixed(p: torch.Tensor) -> torch.Tensor:
-    """P = floor(p * 2^61) as int64 (p float32/float64 in [0, 1]; the scaling is exact)."""
+def to_fixed(p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """P = floor(p * 2^61) as int64 (p float32/float64 in [0, 1]; the scaling is exact).
+
+    ``out``: an int64 tensor of p's shape to write P into (a caller's reused buffer: a
+    fresh 25 MB tensor per round costs its page faults every time). The scaled floats go
+    through ``out``'s own bytes viewed as float64, element k over element k.
+    """
     if p.dtype in (torch.float16, torch.bfloat16):
         p = p.float()  # 2^61 overflows the half formats; the widening is exact
-    return (p * FIXED_ONE).to(torch.int64)
+    if out is None:
+        return (p * FIXED_ONE).to(torch.int64)
+    scaled = out.view(torch.float64)
+    torch.mul(p, FIXED_ONE, out=scaled)
+    return out.copy_(scaled)
 
 
 def check_target(p: torch.Tensor) -> None:

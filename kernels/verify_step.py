@@ -116,23 +116,50 @@ def chosen_rows(q, accepted, u_corr, u_bonus):
     return q_rows, use_q, u
 
 
+@dataclass(frozen=True)
+class FixedRows:
+    """Target rows in fixed point, ready for ``decide_fixed``: P [B, D+1, V] int64, its
+    block sums [B, D+1, V / BLOCK] and row totals S [B, D+1]."""
+
+    P: torch.Tensor
+    psums: torch.Tensor
+    s_total: torch.Tensor
+
+    @classmethod
+    def of(cls, p: torch.Tensor, *, validate=True, out: torch.Tensor | None = None) -> FixedRows:
+        """From float rows p [B, D+1, V] (checked first when ``validate``); ``out``: a
+        reused int64 buffer of p's shape for P."""
+        if validate:
+            check_target(p)
+        return cls.of_fixed(to_fixed(p, out), validate=validate)
+
+    @classmethod
+    def of_fixed(cls, P: torch.Tensor, *, validate=True) -> FixedRows:
+        """From P = to_fixed(p) [B, D+1, V] (each p checked by the caller)."""
+        B, D1, V = P.shape
+        psums = block_sums(P.view(B * D1, V), BLOCK).view(B, D1, -1)
+        s_total = psums.sum(-1)
+        if validate:
+            check_totals(s_total)
+        return cls(P, psums, s_total)
+
+
 def decide(p, q, draft, u_acc, u_corr, u_bonus, *, validate=True) -> StepResult:
     """The step with explicit draws. p [B, D+1, V] float; q dense [B, D, V] or sparse."""
+    return decide_fixed(FixedRows.of(p, validate=validate), q, draft, u_acc, u_corr, u_bonus)
+
+
+def decide_fixed(rows: FixedRows, q, draft, u_acc, u_corr, u_bonus) -> StepResult:
+    """``decide`` on target rows already in fixed point (not modified)."""
+    P, psums, s_total = rows.P, rows.psums, rows.s_total
     draft = draft.to(torch.int64)
-    check_shapes(p, q, draft)
-    B, D1, V = p.shape
+    check_shapes(P, q, draft)
+    B, D1, V = P.shape
     D = D1 - 1
-    if validate:
-        check_target(p)
-    P = to_fixed(p)
-    psums = block_sums(P.view(B * D1, V), BLOCK).view(B, D1, -1)
-    s_total = psums.sum(-1)  # [B, D+1]
-    if validate:
-        check_totals(s_total)
     c_x = check_drafted(count_at(q, draft))
     p_x = P[:, :D].gather(-1, draft.unsqueeze(-1)).squeeze(-1)
     accepted = first_rejection(u_acc, c_x, p_x, s_total[:, :D])
-    b = torch.arange(B, device=p.device)
+    b = torch.arange(B, device=P.device)
     q_rows, use_q, u = chosen_rows(q, accepted, u_corr, u_bonus)
     token, under = sample_fixed(P[b, accepted], s_total[b, accepted], q_rows, u, use_q=use_q,
                                 psums=psums[b, accepted],

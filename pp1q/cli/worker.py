@@ -8,6 +8,9 @@ import os
 # threads otherwise steal the peer daemon's cores (7x slower rows on a 2-core machine).
 # Effective because this module is imported before numpy when the daemon starts.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# Torch's OpenMP workers sleep instead of spinning between ops, for the same reason
+# (torch ops 5-20x slower under load measured; BENCHMARKS.md, Kernels).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pp1q.runtime import tls
 from pp1q.runtime.config import add_config_option, add_setting

@@ -249,5 +249,9 @@ def target_only_token(p, keys: RoundKeys, position: int) -> int:
     if row.ndim != 1:
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "target-only needs one row")
     _check_p(row[None])
-    u = uniform53(keys.seed, keys.generation, keys.round_id, position, Domain.TARGET_ONLY)
-    return int(pick(row[None], np.array([u]))[0])
+    return int(pick(row[None], np.array([target_only_draw(keys, position)]))[0])
+
+
+def target_only_draw(keys: RoundKeys, position: int) -> int:
+    """The 53-bit TARGET_ONLY draw of the step producing absolute ``position``."""
+    return uniform53(keys.seed, keys.generation, keys.round_id, position, Domain.TARGET_ONLY)

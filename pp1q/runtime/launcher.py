@@ -23,9 +23,21 @@ def pp1q_command(role: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "pp1q.cli", role, *args]
 
 
+# Defaults for a daemon child, each kept if the caller's environment sets it. Measured on
+# the 2-core reference machine (BENCHMARKS.md, Kernels): spinning OpenMP workers of two
+# daemons steal each other's cores (torch ops 5-20x slower under load); fresh mmap'd
+# temporaries of a few MB page-fault on every round of the kernel decider (~2x).
+DAEMON_ENV_DEFAULTS = {
+    "OPENBLAS_NUM_THREADS": "1",  # see pp1q.cli.worker
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "MALLOC_MMAP_THRESHOLD_": str(256 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(512 << 20),
+}
+
+
 def daemon_env() -> dict[str, str]:
-    """The child's environment: one BLAS thread (see pp1q.cli.worker)."""
-    return {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+    """The child's environment: DAEMON_ENV_DEFAULTS under the caller's own settings."""
+    return {**DAEMON_ENV_DEFAULTS, **os.environ}
 
 
 class DaemonProcess:

@@ -15,8 +15,9 @@ from pp1q.runtime.config import open_capture
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostport
 from pp1q.verifier.api import decode_generate
-from pp1q.verifier.decider import Decider, LocalDecider
+from pp1q.verifier.decider import Decider
 from pp1q.verifier.http import HttpError, HttpServer
+from pp1q.verifier.kernel_decider import KernelDecider
 from pp1q.verifier.link import Needs, WorkerLink
 from pp1q.verifier.ranks.launch import rank_plan
 from pp1q.verifier.ranks.replica import RankDecisions
@@ -36,7 +37,7 @@ class Deciders:
     replica under ``--ranks N`` (rank 0's Decider is then a RankedDecider over them).
     Production runs ``STANDARD``; a planted-bug test passes its own to ``serve``."""
 
-    local: Callable[..., Decider] = LocalDecider
+    local: Callable[..., Decider] = KernelDecider
     rank: Callable[..., RankDecisions] = RankDecisions
 
 

@@ -3,10 +3,12 @@
 The scheduler (pp1q.verifier.scheduler) owns slots, generations, the worker link and
 the fallback rule; a ``Decider`` owns the target and the decision. Implementations:
 ``LocalDecider`` here (one process: target rows into the slot's preallocated buffer,
-then pp1q.verifier.rounds), ``RankedDecider`` (pp1q.verifier.ranks.decider: the same
-decision made by the op's deciding rank, committed by every rank or none). A kernel
-decider (pp1q_kernels) plugs in here too, and a planted-bug test injects its own
-Decider the way the daemon injects the production one (pp1q.verifier.daemon.Deciders).
+then pp1q.verifier.rounds, one request at a time), ``KernelDecider``
+(pp1q.verifier.kernel_decider: the production one, LocalDecider with the sampled rounds
+of one loop tick decided in one pp1q_kernels call), ``RankedDecider``
+(pp1q.verifier.ranks.decider: the same decision made by the op's deciding rank,
+committed by every rank or none). A planted-bug test injects its own Decider the way
+the daemon injects the production one (pp1q.verifier.daemon.Deciders).
 
 Calls per request, in order: ``open`` once when the request takes its slot, then any
 number of ``decide_round`` / ``decide_target_only`` / ``invalidate``, then ``close``
@@ -61,6 +63,11 @@ class Decider(abc.ABC):
         return None
 
 
+def round_keys(job: Job, step: Step) -> RoundKeys:
+    """The keys of a speculative round's draws (every decider takes them from here)."""
+    return RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
+
+
 class LocalDecider(Decider):
     """Decisions in this process (today's path with one verifier rank)."""
 
@@ -77,9 +84,8 @@ class LocalDecider(Decider):
     async def decide_round(self, job: Job, step: Step,
                            ready: ProposalReady) -> tuple[Outcome, StepKind]:
         await self._forward()
-        keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
         out = self.rows.round(job.slot, job.prefix.tokens, list(ready.draft_ids),
-                              ready.q_rows, keys, ready.greedy)
+                              ready.q_rows, round_keys(job, step), ready.greedy)
         return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
 
     async def decide_target_only(self, job: Job, generation: int, round_id: int) -> Outcome:

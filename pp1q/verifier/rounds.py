@@ -1,33 +1,30 @@
 """Decisions of one scheduling step, given target rows: pure functions, no I/O.
 
-Sampled rounds follow docs/distribution.md through ``pp1q.core.verify``; greedy (v1) rounds
-accept the longest prefix of drafts equal to the target's argmax; target-only steps
-draw in the TARGET_ONLY domain at the position they produce.
+Sampled rounds follow docs/distribution.md through pp1q_kernels (exact integers,
+pp1q.verifier.kernel_rounds: the rule the service decides with, one round at a time
+here); greedy (v1) rounds accept the longest prefix of drafts equal to the target's
+argmax; target-only steps draw in the TARGET_ONLY domain at the position they produce.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from pp1q.core.q import DyadicRow, sample
 from pp1q.core.rng import proposal_u24
-from pp1q.core.verify import RoundKeys, target_only_token, verify_round
+from pp1q.core.verify import RoundKeys
+from pp1q.verifier.kernel_rounds import KernelRounds
+from pp1q.verifier.outcome import Outcome
 
-
-@dataclass(frozen=True)
-class Outcome:
-    accepted: int  # drafts accepted (0 for a target-only step)
-    token: int  # correction, bonus or target-only token
+__all__ = ["Outcome", "greedy", "proposal_matches", "sampled", "target_only"]
 
 
 def sampled(p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: Sequence[int],
             keys: RoundKeys) -> Outcome:
     """Standard verification; ``keys.first_position`` is the absolute position of x_1."""
-    d = verify_round(p, q_rows, drafts, keys)
-    return Outcome(d.accepted, d.token)
+    return KernelRounds().sampled([p], [q_rows], [drafts], [keys])[0]
 
 
 def proposal_matches(q_rows: Sequence[DyadicRow], drafts: Sequence[int],
@@ -61,4 +58,4 @@ def target_only(p_row: np.ndarray, seed: int, generation: int, round_id: int,
     if is_greedy:
         return Outcome(0, int(np.argmax(p_row)))
     keys = RoundKeys(seed, generation, round_id, position)
-    return Outcome(0, target_only_token(p_row, keys, position))
+    return KernelRounds().target_only(p_row, keys, position)

@@ -3,7 +3,7 @@
 The bug, a real one in the wild: at a rejection the correction token is drawn from the
 target row p_i itself instead of the residual max(p_i - q_i, 0). Output then over-weights
 tokens the drafter already proposes well; the chi-square test must reject it. The bug
-is the daemon's Decider, passed to ``serve`` the way production passes LocalDecider
+is the daemon's Decider, passed to ``serve`` the way production passes KernelDecider
 (pp1q.verifier.daemon.Deciders). Run exactly like ``pp1q verifier`` (same options).
 """
 
@@ -21,10 +21,10 @@ from pp1q.core.rng import Domain, uniform53
 from pp1q.core.verify import pick
 from pp1q.verifier import rounds
 from pp1q.verifier.daemon import Deciders, serve
-from pp1q.verifier.decider import LocalDecider
+from pp1q.verifier.kernel_decider import KernelDecider
 
 
-class CorrectionFromTarget(LocalDecider):
+class CorrectionFromTarget(KernelDecider):
     """The production decider, except that a rejection's correction is drawn from p_i."""
 
     async def decide_round(self, job, step, ready):

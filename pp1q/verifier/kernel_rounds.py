@@ -1,0 +1,85 @@
+"""Sampled rounds and target-only picks decided through pp1q_kernels (exact integers).
+
+The service's decision rule for sampled rounds, whoever calls it: KernelDecider batches
+the rounds of one loop tick through one ``KernelRounds``; pp1q.verifier.rounds decides
+one round at a time the same way (rank replicas, replay, planted-bug deciders).
+
+Target rows p enter in fixed point, P = floor(p * 2^61), and a round uses P / S with
+S = sum(P) (docs/kernels.md). Every P * 2^-61 is a float64 (P >= 2^53 only where p >= 2^-8,
+where p is already a multiple of 2^-61), so the decisions equal the rational oracle's
+(pp1q.core.reference) on the rows floor(p * 2^61) / 2^61 exactly, rows within 2^-61 of p
+per entry (tests/verifier/test_decider_qualification.py).
+
+Draws: the contract's keyed Philox draws come from pp1q.core.verify (``round_draws``,
+``target_only_draw``), the functions the float64 reference path draws with, and reach
+the kernel explicitly (on CPU the kernel's own keyed draws cost ~40 tiny torch ops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from pp1q_kernels.lazy_step import decide_rows
+from pp1q_kernels.lookup import from_rows
+from pp1q_kernels.residual import target_sample
+
+from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.core.q import DyadicRow
+from pp1q.core.verify import RoundKeys, round_draws, target_only_draw
+from pp1q.verifier.outcome import Outcome
+
+
+def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(a)).to(device)
+
+
+class KernelRounds:
+    """Decisions on one device (pp1q_kernels.lazy_step: only the target rows a round
+    reaches are read), reusing one int64 work buffer for the fixed-point rows."""
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self._work = torch.empty(0, dtype=torch.int64, device=self.device)
+
+    def sampled(self, p_rows: Sequence[np.ndarray], q_rows: Sequence[Sequence[DyadicRow]],
+                drafts: Sequence[Sequence[int]], keys: Sequence[RoundKeys]) -> list[Outcome]:
+        """Standard verification of B rounds of one depth D: ``p_rows[b]`` [D+1, V]
+        (row D for the bonus), ``q_rows[b]`` the D q rows that sampled ``drafts[b]``."""
+        B = len(keys)
+        if not B or len(p_rows) != B or len(q_rows) != B or len(drafts) != B:
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "batch sizes disagree")
+        D = len(drafts[0])
+        shape = np.shape(p_rows[0])
+        if D < 1 or any(len(x) != D for x in drafts) or any(len(c) != D for c in q_rows) \
+                or len(shape) != 2 or any(np.shape(p) != shape for p in p_rows) \
+                or shape[0] != D + 1:
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "need D q rows, D drafts, D+1 p rows")
+        p = [_tensor(rows, self.device) for rows in p_rows]
+        u_acc, u_corr, u_bonus = (_tensor(u.astype(np.int64), self.device)
+                                  for u in round_draws(keys, D))
+        c_x = torch.tensor([[row.require_token(int(x)) for row, x in zip(chain, xs, strict=True)]
+                            for chain, xs in zip(q_rows, drafts, strict=True)],
+                           dtype=torch.int64, device=self.device)
+
+        def q_at(i: torch.Tensor):  # only the chosen rows become a kernel batch
+            return from_rows([chain[k] for chain, k in zip(q_rows, i.tolist(), strict=True)],
+                             device=self.device)
+
+        need = B * (D + 1) * shape[1]
+        if self._work.numel() < need:  # grows to the largest batch seen, then stays
+            self._work = torch.empty(need, dtype=torch.int64, device=self.device)
+        res = decide_rows(p, c_x, q_at, torch.tensor(drafts, dtype=torch.int64, device=self.device),
+                          u_acc, u_corr, u_bonus, work=self._work)
+        return [Outcome(a, t) for a, t in zip(res.accepted.tolist(), res.token.tolist(),
+                                              strict=True)]
+
+    def target_only(self, p_row: np.ndarray, keys: RoundKeys, position: int) -> Outcome:
+        """One token at absolute ``position`` from p alone (TARGET_ONLY draw)."""
+        t = _tensor(p_row, self.device)
+        if t.ndim != 1:
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "target-only needs one row")
+        u = torch.tensor([target_only_draw(keys, position)], dtype=torch.int64,
+                         device=self.device)
+        return Outcome(0, int(target_sample(t[None], u)[0]))

@@ -1,0 +1,180 @@
+"""The service's Decider qualified against the rational oracle (pp1q.core.reference).
+
+What the daemon runs by default (pp1q.verifier.daemon.STANDARD: KernelDecider) decides
+keyed rounds and target-only steps here, several requests per loop tick so they share
+one kernel call, and every decision must equal ``reference.oracle_round`` /
+``oracle_target_only`` with the contract's keyed draws on the rows the kernel decides
+with, floor(p * 2^61) / 2^61 (pp1q.verifier.kernel_rounds). Regimes: close, far and
+adversarial (draft = -target) drafts, top-k supports, q = p (every draft accepted), float64
+target rows (the toy's) and float32-rounded ones (a GPU target's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from pp1q.core import reference as ref
+from pp1q.core.errors import DistributionError, Reason
+from pp1q.core.q import MASS, build_row, sample
+from pp1q.core.rng import proposal_u24
+from pp1q.core.verify import RoundKeys, target_only_draw
+from pp1q.models.toy import TargetModel, softmax64
+from pp1q.verifier.api import GenerateRequest
+from pp1q.verifier.daemon import STANDARD
+from pp1q.verifier.job import Job
+from pp1q.verifier.kernel_decider import KernelDecider
+from pp1q.wire import Step
+from pp1q.wire.events import ProposalReady
+
+DEPTH = 3
+VOCAB = 23
+SLOTS = 4
+REGIMES = ("close", "far", "adversarial", "sparse", "equal")
+
+
+class TableTarget(TargetModel):
+    """A target whose rows are given per prompt (rows past len(draft) + 1 unused)."""
+
+    identity = "table"
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+        self.table: dict[tuple[int, ...], np.ndarray] = {}
+
+    def logits(self, prefix, draft):
+        return np.log(self.probs(prefix, draft))
+
+    def probs(self, prefix, draft, out=None):
+        rows = self.table[tuple(prefix)][: len(draft) + 1]
+        if out is None:
+            return rows.copy()
+        out[:] = rows
+        return out
+
+
+def fixed_point(p: np.ndarray) -> np.ndarray:
+    """floor(p * 2^61) / 2^61, exactly (every such value is a float64)."""
+    return np.floor(p * 2.0**61) * 2.0**-61
+
+
+def make_round(g, regime: str, float32: bool):
+    """(p [D+1, V], q rows [D])."""
+    t = g.normal(0.0, 2.0, (DEPTH + 1, VOCAB))
+    p = softmax64(t)
+    if float32:
+        p = p.astype(np.float32).astype(np.float64)
+    d = {"close": t[:DEPTH] + g.normal(0.0, 0.3, (DEPTH, VOCAB)),
+         "far": g.normal(0.0, 2.0, (DEPTH, VOCAB)), "adversarial": -t[:DEPTH],
+         "sparse": t[:DEPTH] + g.normal(0.0, 1.0, (DEPTH, VOCAB)), "equal": t[:DEPTH]}[regime]
+    q = [build_row(d[i], top_k=4 if regime == "sparse" else None) for i in range(DEPTH)]
+    if regime == "equal":  # p is exactly q: every draft accepted, the bonus decides
+        p[:DEPTH] = np.stack([r.dense_counts() for r in q]) / MASS
+    return p, q
+
+
+def request(g, slot: int, prompt_len: int):
+    seed = int(g.integers(0, 2**64, dtype=np.uint64))
+    prompt = [int(x) for x in g.integers(0, VOCAB, prompt_len)] + [slot]
+    req = GenerateRequest(prompt=prompt, max_tokens=8, seed=seed, speculative=True,
+                          greedy=False, draft_temperature=1.0, top_k=None)
+    return Job(req, slot)
+
+
+def proposal(job: Job, q, generation: int, round_id: int):
+    first = len(job.req.prompt)
+    step = Step(session=1, slot=job.slot, generation=generation, round_id=round_id,
+                last_committed=first - 1, first_position=first, prefix_digest=0, depth=DEPTH,
+                temperature=1.0, top_k=0, context_version=0, seed=job.req.seed)
+    drafts = tuple(sample(q[i], proposal_u24(job.req.seed, generation, round_id, first + i))
+                   for i in range(DEPTH))
+    ready = ProposalReady(job.slot, generation, round_id, first, drafts, q, (), False)
+    return step, ready
+
+
+def oracle(p, q, ready: ProposalReady, keys: RoundKeys):
+    d = ref.oracle_round(list(fixed_point(p)), q, list(ready.draft_ids),
+                         ref.RoundDraws.from_keys(keys, DEPTH))
+    return d.accepted, d.token
+
+
+async def _ticks(decider, g, ticks: int, float32: bool, calls: list[int]):
+    kinds = set()
+    for n in range(ticks):
+        jobs, rounds, want = [], [], []
+        for slot in range(SLOTS):
+            job = request(g, slot, 3 + n % 4)
+            p, q = make_round(g, REGIMES[(n + slot) % len(REGIMES)], float32)
+            decider.target.table[tuple(job.req.prompt)] = p
+            generation, round_id = int(g.integers(1, 1 << 24)), int(g.integers(1, 1 << 20))
+            step, ready = proposal(job, q, generation, round_id)
+            jobs.append(job)
+            rounds.append((step, ready))
+            want.append(oracle(p, q, ready, RoundKeys(job.req.seed, generation, round_id,
+                                                      step.first_position)))
+        before = len(calls)
+        got = await asyncio.gather(*(decider.decide_round(j, s, r)
+                                     for j, (s, r) in zip(jobs, rounds, strict=True)))
+        assert len(calls) == before + 1  # the tick's rounds shared one kernel call
+        assert [(o.accepted, o.token) for o, _ in got] == want
+        kinds |= {(a == DEPTH, a) for a, _ in want}
+        for job in jobs:  # target-only steps after the same prefixes
+            generation, round_id = int(g.integers(1, 1 << 24)), int(g.integers(1, 1 << 20))
+            position = len(job.prefix.tokens)
+            out = await decider.decide_target_only(job, generation, round_id)
+            p0 = decider.target.table[tuple(job.req.prompt)][0]
+            u = target_only_draw(RoundKeys(job.req.seed, generation, round_id, position),
+                                 position)
+            assert out.token == ref.oracle_target_only(list(fixed_point(p0)), u)
+    return kinds
+
+
+def run_ticks(seed: int, ticks: int, float32: bool) -> set:
+    decider = STANDARD.local(TableTarget(VOCAB), slots=SLOTS, depth=DEPTH)
+    assert isinstance(decider, KernelDecider)  # the qualification is of what the daemon runs
+    calls: list[int] = []
+    sampled = decider.kernel.sampled
+
+    def counted(*a):
+        calls.append(len(a[0]))
+        return sampled(*a)
+
+    decider.kernel.sampled = counted
+    return asyncio.run(_ticks(decider, np.random.default_rng(seed), ticks, float32, calls))
+
+
+@pytest.mark.parametrize("float32", [False, True])
+def test_service_decider_equals_oracle(float32):
+    kinds = run_ticks(40 + float32, 100, float32)
+    assert {bonus for bonus, _ in kinds} == {True, False}
+    assert {a for _, a in kinds} == set(range(DEPTH + 1))  # every accepted count reached
+
+
+@pytest.mark.slow
+def test_service_decider_equals_oracle_long():
+    run_ticks(42, 2_500, False)
+
+
+def test_a_refused_row_fails_only_its_own_round():
+    g = np.random.default_rng(43)
+    decider = STANDARD.local(TableTarget(VOCAB), slots=2, depth=DEPTH)
+    jobs, rounds = [], []
+    for slot in range(2):
+        job = request(g, slot, 4)
+        p, q = make_round(g, "far", False)
+        if slot == 1:
+            p[0, 0] = np.nan
+        decider.target.table[tuple(job.req.prompt)] = p
+        jobs.append(job)
+        rounds.append(proposal(job, q, 1, 1))
+
+    async def go():
+        return await asyncio.gather(*(decider.decide_round(j, s, r)
+                                      for j, (s, r) in zip(jobs, rounds, strict=True)),
+                                    return_exceptions=True)
+
+    good, bad = asyncio.run(go())
+    assert not isinstance(good, BaseException)
+    assert isinstance(bad, DistributionError) and bad.reason is Reason.NON_FINITE
