@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import os
 import platform
 import time
+
+# As the daemons run (pp1q.cli.verifier): torch's OpenMP workers sleep between ops, so
+# in-process measurements are of what the service runs. Set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 HELP = "run benchmarks (ratios measured side by side in one run); see BENCHMARKS.md"
 

@@ -28,6 +28,7 @@ from pp1q.wire.limits import (
     U64,
     Limits,
 )
+from pp1q.wire.pool import ZeroRow
 
 IdStr = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
 DetailStr = Annotated[str, msgspec.Meta(max_length=MAX_DETAIL_CHARS)]
@@ -188,8 +189,13 @@ def reply_from_row(
     row: DyadicRow | None,
     form: Form,
     dense_len: int | None = None,
+    dense_row: ZeroRow | None = None,
 ) -> Reply:
-    """Build a REPLY carrying ``row`` exactly (dense padded with zeros to ``dense_len``)."""
+    """Build a REPLY carrying ``row`` exactly (dense padded with zeros to ``dense_len``).
+
+    ``dense_row``: a reused zero row for the dense q (pp1q.wire.pool.ZeroRow); the REPLY
+    then reads it, so encode it before the next build with the same ``dense_row``.
+    """
     form = Form(form)
     head = dict(session=session, slot=slot, generation=generation, round_id=round_id,
                 index=index, position=position, token=token, form=int(form))
@@ -204,8 +210,11 @@ def reply_from_row(
         n = row.vocab if dense_len is None else dense_len
         if n < row.vocab:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"dense_len {n} < vocab")
+        values = row.counts.astype(np.float32) / np.float32(MASS)
+        if dense_row is not None:
+            return Reply(**head, entries=n, q=dense_row.fill(n, row.ids, values))
         q = np.zeros(n, dtype="<f4")
-        q[row.ids] = row.counts.astype(np.float32) / np.float32(MASS)
+        q[row.ids] = values
         return Reply(**head, entries=n, q=q)
     ids, q = row.to_sparse()
     return Reply(**head, entries=int(ids.size), ids=ids.astype("<i4"), q=q.astype("<f4"))

@@ -50,3 +50,32 @@ class PayloadPool:
             same.append(buf)
             self.retained += nbytes
         return buf
+
+
+SCATTER_CLEAR_RATIO = 16  # clear by index below 1/16 of the row; measured: a memset wins above
+
+
+class ZeroRow:
+    """One dense FP32 row kept all zero between uses, for building dense REPLYs.
+
+    A fresh zeroed 517 KB row per REPLY costs a calloc (page faults when it is mmap'd)
+    and a full pass; here a fill first clears only the previous fill's support (or the
+    whole row with one memset when that support was wide), then writes the new one.
+    The row returned is valid until the next ``fill``: encode the frame before that.
+    """
+
+    def __init__(self) -> None:
+        self._row = np.zeros(0, dtype="<f4")
+        self._ids: np.ndarray | None = None
+
+    def fill(self, n: int, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+        if self._row.size != n:
+            self._row = np.zeros(n, dtype="<f4")
+        elif self._ids is not None and self._ids.size * SCATTER_CLEAR_RATIO < n:
+            self._row[self._ids] = 0
+        elif self._ids is not None:
+            self._row.fill(0)  # a wide support: one memset beats a scattered clear
+        self._ids = None  # cleared first: a failed write below leaves no stale support
+        self._row[ids] = values
+        self._ids = ids
+        return self._row

@@ -24,6 +24,7 @@ from pp1q.core.q import DyadicRow
 from pp1q.models.toy import DraftModel
 from pp1q.runtime.metrics import Metrics
 from pp1q.wire import Form, Status, Step, WorkerEndpoint, reply_from_row
+from pp1q.wire.pool import ZeroRow
 from pp1q.wire.validate import step_form
 from pp1q.worker.proposer import ProposalSpec, propose, propose_greedy
 from pp1q.worker.state import StateRefusedError, WorkerState
@@ -60,6 +61,9 @@ class StepDrafter:
         self._write = write
         self._writable = writable  # None when the transport accepts more, else a future
         self.tasks: dict[int, asyncio.Task] = {}
+        # one row for every slot's dense REPLYs: each is encoded before the next is built
+        # (no await between them), so a single zero-kept row serves the connection
+        self._dense_row = ZeroRow()
 
     def start(self, step: Step) -> None:
         task = asyncio.get_running_loop().create_task(self._run(step))
@@ -100,7 +104,8 @@ class StepDrafter:
                     session=ep.session, slot=step.slot, generation=step.generation,
                     round_id=step.round_id, index=index,
                     position=step.first_position + index - 1, token=token, row=row,
-                    form=step_form(step), dense_len=ep.limits.dense_len))
+                    form=step_form(step), dense_len=ep.limits.dense_len,
+                    dense_row=self._dense_row))
                 self._send(frame)
                 drafts.append(token)
                 waiter = self._writable()

@@ -66,3 +66,21 @@ def test_validate_dense_finds_a_fault_in_any_chunk(where):
         validate_dense(moved, V)
     assert e.value.reason == Reason.WRONG_MASS
     assert validate_dense(q, V) is q or np.shares_memory(validate_dense(q, V), q)
+
+
+def test_dense_reply_from_a_reused_zero_row_is_byte_identical():
+    from pp1q.wire.pool import ZeroRow
+
+    g = np.random.default_rng(60)
+    scratch = ZeroRow()
+    for n in range(12):  # wide supports (memset clear) and narrow ones (indexed clear)
+        logits = g.normal(size=300) * (1.0 if n % 3 else 40.0)
+        row = build_row(logits, top_k=None if n % 2 else 7)
+        token = int(row.ids[0])
+
+        def frame(dense_row, row=row, token=token):
+            return encode(reply_from_row(session=1, slot=0, generation=1, round_id=1,
+                                         index=1, position=1, token=token, row=row,
+                                         form=Form.DENSE, dense_len=320, dense_row=dense_row))
+
+        assert frame(scratch) == frame(None)

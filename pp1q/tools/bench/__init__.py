@@ -10,4 +10,5 @@ SUITES = {
     "wire": "pp1q.tools.bench.wire",
     "kernels": "pp1q.tools.bench.kernels",
     "round": "pp1q.tools.bench.round",
+    "goals": "pp1q.tools.bench.goals",
 }

@@ -10,8 +10,10 @@ row bytes over loopback TCP to this process from a child process, in the same ru
   receive and msgspec decode (the vLLM engine-core style); skipped without pyzmq;
 - ours: the daemons' adapters (WorkerConnection -> WorkerLink, uvloop, BufferedProtocol),
   every row validated (dyadic counts, support, checksums, COMPLETION totals); "+verify"
-  adds standard verification of the 4 requests against precomputed target rows and the
-  COMMITs. Model compute is excluded on both sides (canned q rows, canned target p).
+  adds standard verification of the 4 requests (the service's decision path: one
+  pp1q_kernels call for the round, pp1q.verifier.kernel_rounds) against precomputed
+  target rows and the COMMITs. Model compute is excluded on both sides (canned q rows,
+  canned target p).
 
 Then tokens/s of the demo pair (real models), speculative vs target-only.
 """
@@ -130,9 +132,10 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = True) -> tuple[floa
 
 
 async def _ours(port: int, form: str, rounds: int) -> tuple[float, float]:
-    from pp1q.core.verify import RoundKeys, verify_round
+    from pp1q.core.verify import RoundKeys
     from pp1q.models.toy import ToySpec, softmax64
     from pp1q.runtime.metrics import Metrics
+    from pp1q.verifier.kernel_rounds import KernelRounds
     from pp1q.verifier.link import Needs, WorkerLink
     from pp1q.wire import Commit, Step
     from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
@@ -148,6 +151,7 @@ async def _ours(port: int, form: str, rounds: int) -> tuple[float, float]:
     rng = np.random.default_rng(7)
     p = [softmax64(rng.normal(size=(DEPTH + 1, VOCAB)) * 3.0) for _ in range(REQUESTS)]
     last_committed = [10] * REQUESTS
+    kernel = KernelRounds()  # the service's decision path, one call for the 4 requests
     wire_t, total_t = [], []
     for r in range(1, rounds + 1):
         steps = [Step(session=link.session, slot=s, generation=1, round_id=r,
@@ -158,9 +162,10 @@ async def _ours(port: int, form: str, rounds: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         ready = await asyncio.gather(*(link.propose(st) for st in steps))
         t1 = time.perf_counter()
-        for st, pr in zip(steps, ready, strict=True):
-            d = verify_round(p[st.slot], pr.q_rows, pr.draft_ids,
-                             RoundKeys(st.seed, 1, r, st.first_position))
+        decided = kernel.sampled([p[st.slot] for st in steps], [pr.q_rows for pr in ready],
+                                 [list(pr.draft_ids) for pr in ready],
+                                 [RoundKeys(st.seed, 1, r, st.first_position) for st in steps])
+        for st, d in zip(steps, decided, strict=True):
             committed = st.last_committed + d.accepted + 1
             link.commit(Commit(session=st.session, slot=st.slot, generation=1, round_id=r,
                                accepted=d.accepted, token=d.token, committed=committed))

@@ -1,0 +1,125 @@
+"""The hot-path goals (issue 13) side by side in one run: each a ratio, with its target.
+
+Every ratio is measured in this run against its own baseline (same rows, same bytes,
+repetitions interleaved where both run in this process): the round against raw sockets
+(pp1q.tools.bench.round), decode + validate against np.copy (wire), the service's
+verification step against one torch softmax pass over the same 20 rows, and the worker's
+count allocation (build_row) against one numpy softmax pass over the same row. The
+full suites (q, wire, kernels, round) give the breakdowns behind each line.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+TITLE = "Hot-path goals: each ratio against its target, measured in this run"
+
+VOCAB = 129280
+REQUESTS, DEPTH, TOP_K = 4, 5, 32
+
+
+def _interleaved(cases: dict, reps: int) -> dict[str, float]:
+    """Median seconds per case; cases interleaved in every repetition, after a warm-up."""
+    for fn in cases.values():
+        fn()
+    samples = {k: [] for k in cases}
+    for _ in range(reps):
+        for k, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in samples.items()}
+
+
+def _verification(reps: int) -> dict[str, float]:
+    """Verification step of 4 requests x depth 5, sparse top-32 q, adversarial draft, on
+    float32 target rows (as a GPU target holds them): the service's path and the float64
+    reference, against one torch fp32 softmax pass over the 20 draft-position rows."""
+    import torch
+
+    from pp1q.core.q import build_row, sample
+    from pp1q.core.rng import proposal_u24
+    from pp1q.core.verify import RoundKeys, verify_batch
+    from pp1q.verifier.kernel_rounds import KernelRounds
+
+    rng = np.random.default_rng(0)
+    logits = torch.tensor(rng.normal(size=(REQUESTS, DEPTH + 1, VOCAB)) * 4.0,
+                          dtype=torch.float32)
+    p = torch.softmax(logits, -1).numpy()
+    draft_logits = logits[:, :DEPTH].contiguous()
+    q_rows = [[build_row(-logits[b, i].double().numpy(), top_k=TOP_K) for i in range(DEPTH)]
+              for b in range(REQUESTS)]
+    keys = [RoundKeys(seed=b + 1, generation=1, round_id=7, first_position=100)
+            for b in range(REQUESTS)]
+    drafts = [[sample(r, proposal_u24(k.seed, 1, 7, 100 + i)) for i, r in enumerate(chain)]
+              for chain, k in zip(q_rows, keys, strict=True)]
+    kernel = KernelRounds()
+    p_rows = list(p)
+    p64 = p.astype(np.float64)
+    return _interleaved({
+        "softmax": lambda: torch.softmax(draft_logits, -1),
+        "service": lambda: kernel.sampled(p_rows, q_rows, drafts, keys),
+        "reference": lambda: verify_batch(p64, q_rows, drafts, keys),
+    }, reps)
+
+
+def _allocation(reps: int) -> dict[str, float]:
+    from pp1q.core.q import build_row
+
+    logits = np.random.default_rng(0).normal(size=VOCAB) * 4.0
+
+    def softmax():
+        e = np.exp(logits - logits.max())
+        return e / e.sum()
+
+    return _interleaved({"softmax": softmax, "dense": lambda: build_row(logits),
+                         "top-k": lambda: build_row(logits, top_k=TOP_K)}, reps)
+
+
+def _wire(reps: int) -> tuple[float, float]:
+    """(decode + validate, np.copy) seconds for the dense reply set of one round."""
+    from pp1q.tools.bench.wire import _best, _round, _validated
+
+    fresh, stream = _round(top_k=0)
+    raw = np.frombuffer(stream, dtype=np.uint8)
+
+    def whole():
+        v = fresh()
+        _validated(v, v.receive_data(stream, 0.0))
+
+    whole()
+    return _best(whole, reps), _best(lambda: np.copy(raw), reps)
+
+
+def _row(goal: str, ratio: float, target: float) -> str:
+    return f"{goal:<52} {ratio:>8.2f}x  <= {target:g}x  {'met' if ratio <= target else 'MISSED'}"
+
+
+def run(quick: bool) -> list[str]:
+    from pp1q.tools.bench.round import time_ours, time_raw
+
+    lines = [f"{'goal (issue 13)':<52} {'ratio':>9}  target"]
+    for form, rounds, target, target_full in (("sparse", 30 if quick else 300, 1.5, 5.0),
+                                              ("dense", 8 if quick else 40, 2.0, 3.0)):
+        raw = time_raw(form, rounds)
+        ours, full = time_ours(form, rounds)
+        lines.append(_row(f"{form} round / raw ({ours:.2f} / {raw:.2f} ms)",
+                          ours / raw, target))
+        lines.append(_row(f"{form} round + verification and COMMIT / raw", full / raw,
+                          target_full))
+    t_val, t_copy = _wire(3 if quick else 15)
+    lines.append(_row("dense decode + validate / np.copy", t_val / t_copy, 3.0))
+    v = _verification(5 if quick else 30)
+    lines.append(_row("verification step (service path) / softmax", v["service"] / v["softmax"],
+                      2.0))
+    lines.append(f"  (float64 reference path, not the service's: "
+                 f"{v['reference'] / v['softmax']:.2f}x softmax)")
+    a = _allocation(15 if quick else 100)
+    lines.append(_row("worker count allocation, build_row dense / softmax",
+                      a["dense"] / a["softmax"], 5.0))
+    lines.append(_row("worker count allocation, build_row top-32 / softmax",
+                      a["top-k"] / a["softmax"], 5.0))
+    lines.append("round figures are ms per round (medians); ratios to baselines of this run")
+    return lines
