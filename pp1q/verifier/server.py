@@ -32,7 +32,9 @@ _parser_log.setLevel(logging.CRITICAL)
 MAX_BODY_BYTES = 1 << 20  # a prompt of ~100k token ids in JSON fits in 1 MiB
 MAX_LINE_BYTES = 8 * 1024  # request line or one header line; the API needs a few hundred
 MAX_HEADERS = 64  # more header lines than any client of this API sends
-MAX_CONNECTIONS = 1024  # open connections; more are answered 503 and closed (fd bound)
+# open connections; more are answered 503 and closed. Bounds file descriptors and, with
+# MAX_BODY_BYTES, the bodies buffered at once: 512 MiB at worst
+MAX_CONNECTIONS = 512
 HEAD_TIMEOUT_S = 15.0  # a whole request head (or an idle keep-alive gap) within this (slowloris)
 BODY_TIMEOUT_S = 30.0  # a declared body must arrive within this time (slow-body bound)
 
@@ -55,6 +57,9 @@ class Limits:
     body_timeout_s: float = BODY_TIMEOUT_S
 
 
+LIMITS = web.AppKey("limits", Limits)
+
+
 def json_response(status: int, body: object, headers: dict[str, str] | None = None):
     return web.Response(status=status, headers=headers,
                         body=json.dumps(body, separators=(",", ":")).encode() + b"\n",
@@ -63,14 +68,18 @@ def json_response(status: int, body: object, headers: dict[str, str] | None = No
 
 async def read_body(request: web.Request) -> bytes:
     """The whole body, bounded in size (client_max_size: 413) and in time (408)."""
-    timeout = request.app["limits"].body_timeout_s
+    lim = request.app[LIMITS]
+    timeout = lim.body_timeout_s
+    if (request.content_length or 0) > lim.max_body_bytes:  # refused from the header alone
+        raise HttpError(413, "body_too_large",
+                        f"declared body of {request.content_length} bytes > {lim.max_body_bytes}")
     try:
         return await asyncio.wait_for(request.read(), timeout)
     except TimeoutError:
         raise HttpError(408, "body_timeout", f"body did not arrive within {timeout:g} s") from None
     except web.HTTPRequestEntityTooLarge:
         raise HttpError(413, "body_too_large",
-                        f"body over {request.app['limits'].max_body_bytes} bytes") from None
+                        f"body over {lim.max_body_bytes} bytes") from None
 
 
 @web.middleware
@@ -116,7 +125,7 @@ class HttpServer:
     def __init__(self, routes: dict[tuple[str, str], Handler], limits: Limits = Limits()) -> None:
         self.limits = limits
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_errors])
-        self.app["limits"] = limits
+        self.app[LIMITS] = limits
         for (method, path), handler in routes.items():
             self.app.router.add_route(method, path, handler)
         self._runner: web.AppRunner | None = None
