@@ -17,12 +17,12 @@ from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostpor
 from pp1q.verifier.api import decode_generate
 from pp1q.verifier.decider import Decider, LocalDecider
 from pp1q.verifier.http import HttpError
-from pp1q.verifier.openai_routes import openai_routes
-from pp1q.verifier.server import HttpServer, read_body
 from pp1q.verifier.link import Needs, WorkerLink
+from pp1q.verifier.openai_routes import openai_routes
 from pp1q.verifier.ranks.launch import rank_plan
 from pp1q.verifier.ranks.replica import RankDecisions
 from pp1q.verifier.scheduler import Scheduler
+from pp1q.verifier.server import HttpServer, read_body
 from pp1q.wire import WIRE_V1, WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
 

@@ -57,6 +57,7 @@ class Limits:
     body_timeout_s: float = BODY_TIMEOUT_S
 
 
+DEFAULT_LIMITS = Limits()
 LIMITS = web.AppKey("limits", Limits)
 
 
@@ -122,7 +123,8 @@ class _Refuse(asyncio.Protocol):
 class HttpServer:
     """Routes ``(METHOD, path)`` to handlers, on one listening socket."""
 
-    def __init__(self, routes: dict[tuple[str, str], Handler], limits: Limits = Limits()) -> None:
+    def __init__(self, routes: dict[tuple[str, str], Handler],
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_errors])
         self.app[LIMITS] = limits
@@ -137,9 +139,10 @@ class HttpServer:
         # start (and from each response) until a whole request head arrived, however
         # slowly its bytes trickle in, then closes the connection
         self._runner = web.AppRunner(
-            self.app, handle_signals=False, access_log=None, logger=_parser_log, handler_cancellation=True,
-            keepalive_timeout=lim.head_timeout_s, max_line_size=lim.max_line_bytes,
-            max_field_size=lim.max_line_bytes, max_headers=lim.max_headers, lingering_time=1.0)
+            self.app, handle_signals=False, access_log=None, logger=_parser_log,
+            handler_cancellation=True, keepalive_timeout=lim.head_timeout_s,
+            max_line_size=lim.max_line_bytes, max_field_size=lim.max_line_bytes,
+            max_headers=lim.max_headers, lingering_time=1.0)
         await self._runner.setup()
         server = self._runner.server
 

@@ -60,7 +60,7 @@ def test_bad_bodies_are_refused_with_a_code(body, status, code):
 class _Served:
     """An HttpServer on 127.0.0.1 with an echo route (reads the body) and a slow one."""
 
-    def __init__(self, limits: Limits = Limits()) -> None:
+    def __init__(self, limits: Limits) -> None:
         self.cancelled = 0
 
         async def echo(request):

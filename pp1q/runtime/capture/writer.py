@@ -4,9 +4,10 @@ One writer per daemon process, used from its event loop thread only (no locking)
 Per frame the cost is one struct pack, one xxh3 pass over the bytes (GB/s) and a
 buffered write; nothing is decoded. Under a running event loop the buffer is flushed at
 the end of every loop tick that recorded anything (one write(2) per tick, a round takes
-several), so ``pp1q replay --follow`` reads a capture while its daemon runs. A capture that cannot be written (disk full,
-size cap reached) stops recording and says so once in the log, and the file stays
-valid up to its last whole record: serving never fails because of a capture.
+several), so ``pp1q replay --follow`` reads a capture while its daemon runs. A capture
+that cannot be written (disk full, size cap reached) stops recording and says so once
+in the log, and the file stays valid up to its last whole record: serving never fails
+because of a capture.
 """
 
 from __future__ import annotations
