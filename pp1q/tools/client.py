@@ -104,11 +104,13 @@ class Client:
         self._conn.close()
         raise ApiError(0, "unreachable", f"{self.url}: the stream ended before [DONE]")
 
-    def generate(self, prompt: list[int], max_tokens: int, **options) -> dict:
-        """POST /v1/generate; ``options``: seed, speculative, temperature, top_k..."""
-        return self._call("POST", "/v1/generate",
-                          {"prompt_token_ids": list(prompt), "max_tokens": max_tokens,
-                           **options})
+    def generate(self, prompt: list[int] | str, max_tokens: int, **options) -> dict:
+        """POST /v1/generate; ``prompt``: token ids, or text (real models);
+        ``options``: seed, speculative, temperature, top_k..."""
+        first = {"prompt": prompt} if isinstance(prompt, str) else {
+            "prompt_token_ids": list(prompt)}
+        return self._call("POST", "/v1/generate", {**first, "max_tokens": max_tokens,
+                                                   **options})
 
     def health(self) -> dict:
         return self._call("GET", "/healthz")
@@ -126,7 +128,7 @@ class Client:
         raise RuntimeError(f"no worker session within {timeout:g} s")
 
 
-def run_batch(url: str, prompts: list[list[int]], max_tokens: int, *, concurrency: int,
+def run_batch(url: str, prompts: list[list[int] | str], max_tokens: int, *, concurrency: int,
               first_seed: int, options: dict | None = None,
               on_answer: Callable[[dict, float], None] | None = None) -> tuple[list[dict], float]:
     """POST one request per prompt (seeds first_seed, first_seed + 1, ...), ``concurrency``

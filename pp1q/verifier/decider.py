@@ -79,10 +79,10 @@ class LocalDecider(Decider):
         await self._forward()
         keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
         out = self.rows.round(job.slot, job.prefix.tokens, list(ready.draft_ids),
-                              ready.q_rows, keys, ready.greedy)
+                              ready.q_rows, keys, ready.greedy, job.req.processors)
         return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
 
     async def decide_target_only(self, job: Job, generation: int, round_id: int) -> Outcome:
         await self._forward()
         return self.rows.target_only(job.slot, job.prefix.tokens, job.req.seed, generation,
-                                     round_id, job.req.greedy)
+                                     round_id, job.req.greedy, job.req.processors)

@@ -147,18 +147,15 @@ def _chat_prompt(messages: list[Message], tokenizer) -> list[int]:
 
 
 def decode_call(raw: bytes, *, chat: bool, tokenizer: Tokenizer | None, model_id: str,
-                vocab: int, default_top_k: int | None, max_support: int) -> Call:
-    """Decode and check an OpenAI body; every refusal is an HttpError 4xx."""
+                vocab: int, default_top_k: int | None, max_support: int,
+                text=None) -> Call:
+    """Decode and check an OpenAI body; every refusal is an HttpError 4xx. The target's
+    processors (temperature, top_p, top_k) are checked by decode_generate (``text``: the
+    target's TextCodec, passed through)."""
     b = _decode(ChatBody if chat else CompletionBody, raw)
     if b.model is not None and b.model != model_id:
         raise HttpError(404, "model_not_found", f"model {b.model!r}: this server serves "
                                                 f"{model_id!r} (GET /v1/models)")
-    if b.top_p != 1.0:
-        raise HttpError(422, "unsupported_top_p", "top_p must be 1 (no nucleus truncation "
-                                                  "of the target yet)")
-    if b.top_k not in (-1, 0) and b.top_k < vocab:
-        raise HttpError(422, "unsupported_top_k", "top_k must be -1 or 0 (off): no top-k "
-                                                  "truncation of the target yet")
     stop_strs = (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ())
     if any(not s for s in stop_strs):
         raise HttpError(422, "invalid_field", "empty stop string")
@@ -180,12 +177,16 @@ def decode_call(raw: bytes, *, chat: bool, tokenizer: Tokenizer | None, model_id
                               "temperature": b.temperature,
                               "speculative": b.pp1q.speculative,
                               "draft_temperature": b.pp1q.draft_temperature}
+    if b.top_p != 1.0:
+        native["top_p"] = b.top_p
+    if b.top_k > 0:  # -1 and 0 mean off, as vLLM's
+        native["target_top_k"] = b.top_k
     if b.seed is not None:
         native["seed"] = b.seed
     if b.pp1q.draft_top_k is not msgspec.UNSET:
         native["top_k"] = b.pp1q.draft_top_k
     req = decode_generate(msgspec.json.encode(native), vocab=vocab, default_top_k=default_top_k,
-                          max_support=max_support)
+                          max_support=max_support, text=text)
     return Call(req, b, frozenset(b.stop_token_ids or ()), stop_strs, chat)
 
 

@@ -46,8 +46,13 @@ def test_generate_body_defaults_and_overrides():
     ({"prompt_token_ids": [1], "max_tokens": 1, "bogus": 1}, 422, "invalid_field"),
     ({"prompt_token_ids": ["a"], "max_tokens": 1}, 422, "invalid_field"),
     ({"prompt_token_ids": [100], "max_tokens": 1}, 422, "token_out_of_vocab"),
-    ({"prompt_token_ids": [1], "max_tokens": 1, "temperature": 0.7}, 422,
-     "unsupported_temperature"),
+    ({"prompt_token_ids": [1], "max_tokens": 1, "temperature": -0.5}, 422, "invalid_field"),
+    ({"prompt_token_ids": [1], "max_tokens": 1, "top_p": 0}, 422, "invalid_field"),
+    ({"prompt_token_ids": [1], "max_tokens": 1, "stop_token_ids": [100]}, 422,
+     "token_out_of_vocab"),
+    ({"prompt": "hi", "max_tokens": 1}, 422, "no_tokenizer"),
+    ({"prompt": "hi", "prompt_token_ids": [1], "max_tokens": 1}, 422, "invalid_field"),
+    ({"max_tokens": 1}, 422, "invalid_field"),
     ({"prompt_token_ids": [1], "max_tokens": 1, "top_k": 65}, 422, "top_k_too_large"),
     ({"prompt_token_ids": [1], "max_tokens": 1, "draft_temperature": 0}, 422, "invalid_field"),
 ])
@@ -293,3 +298,25 @@ async def test_memory_flat_after_1000_aborted_uploads():
         assert handlers <= 2, handlers  # every connection's handler was freed
         # generous: 1000 uploads of 1 MiB each would be ~1000 MiB if any were retained
         assert grown_mib < 64, grown_mib
+
+
+def test_target_processors_and_stop_ids_are_decoded():
+    r = _decode({"prompt_token_ids": [1], "max_tokens": 1, "temperature": 0.7, "top_p": 0.9,
+                 "target_top_k": 5, "stop_token_ids": [4, 9]})
+    assert (r.processors.temperature, r.processors.top_k, r.processors.top_p) == (0.7, 5, 0.9)
+    assert r.processors.context_version not in (0, None) and r.stop_ids == {4, 9}
+    # no-op settings are the default set: same context version as no processors at all
+    r = _decode({"prompt_token_ids": [1], "max_tokens": 1, "target_top_k": 100, "top_p": 1})
+    assert r.processors.is_default and r.processors.context_version == 0
+    assert _decode({"prompt_token_ids": [1], "max_tokens": 1, "temperature": 0.7,
+                    "top_p": 0.8}).processors.context_version != _decode(
+        {"prompt_token_ids": [1], "max_tokens": 1, "temperature": 0.7,
+         "top_p": 0.9}).processors.context_version
+
+
+def test_finish_cuts_at_the_first_stop_id_or_the_length():
+    from pp1q.verifier.api import finish
+
+    assert finish([5, 6, 2, 7, 2], 10, frozenset({2})) == ([5, 6, 2], "stop")
+    assert finish([5, 6, 7], 2, frozenset({7})) == ([5, 6], "length")  # beyond max_tokens
+    assert finish([5, 6, 7], 3, frozenset()) == ([5, 6, 7], "length")
