@@ -42,6 +42,16 @@ def add_common_arguments(p, role: str) -> None:
     add_setting(p, role, "metrics_port", "PORT",
                 "serve Prometheus /metrics on this port (0: any free port; unset: not served)")
     add_setting(p, role, "metrics_host", "HOST", "metrics bind address")
+    add_setting(p, role, "model", "toy|embedded|PATH",
+                "what to serve: the toy pair, the shipped SmolLM2-135M, or a local checkpoint")
+    add_setting(p, role, "draft", "early-exit:K",
+                "real models: draft with the first K layers of --model (both daemons)")
+    add_setting(p, role, "draft_model", "PATH",
+                "real models: draft with a second checkpoint instead (both daemons)")
+    add_setting(p, role, "device", "DEVICE", "real models: torch device (cpu, cuda, ...)")
+    add_setting(p, role, "dtype", "DTYPE", "real models: float32 or bfloat16")
+    add_setting(p, role, "gguf_cache", "DIR",
+                "real models: keep GGUF checkpoints de-quantized here")
     add_setting(p, role, "vocab", "N", "toy model vocabulary")
     add_setting(p, role, "model_seed", "S", "toy model seed; worker and verifier must agree")
     add_setting(p, role, "log_level", "LEVEL", "debug, info, warning or error")

@@ -129,7 +129,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
         raise FileNotFoundError(f"{path}: no such checkpoint (a folder or a .gguf file)")
     t0 = time.perf_counter()
     digest = files_digest(checkpoint_files(path))
-    identity = f"hf:{path.stem}:sha256={digest[:32]}"
+    identity = _identity(path, digest)
     if path.is_file() and gguf_cache is not None:
         entry = gguf_cache_entry(path, gguf_cache, digest)
         if not (entry / EXPORT_MARKER).is_file():
@@ -149,6 +149,19 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     ckpt.path = path
     ckpt.load_seconds = time.perf_counter() - t0
     return ckpt
+
+
+MAX_STEM_CHARS = 48  # identities travel in HELLO (128 characters at most)
+
+
+def _identity(path: Path, digest: str) -> str:
+    return f"hf:{path.stem[:MAX_STEM_CHARS]}:sha256={digest[:32]}"
+
+
+def checkpoint_identity(path: str | Path) -> str:
+    """The identity ``load_checkpoint(path)`` gives, without loading (bytes digest only)."""
+    path = Path(path).expanduser()
+    return _identity(path, files_digest(checkpoint_files(path)))
 
 
 def _load(path: Path, device, dtype, identity: str) -> Checkpoint:

@@ -23,7 +23,9 @@ differently in the last bits, so p for one request must be computed on one devic
 
 from __future__ import annotations
 
+import hashlib
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -82,3 +84,49 @@ def processed_probs(logits: torch.Tensor, temperature: float = 1.0,
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     out = torch.where(keep, p, torch.zeros_like(p))
     return out / out.sum(dim=-1, keepdim=True)
+
+
+DEFAULT_CONTEXT_VERSION = 0  # T = 1, no top-k, no top-p: what every STEP carried before
+
+
+@dataclass(frozen=True)
+class Processors:
+    """One request's target processors: what target-only sampling applies to p, and
+    therefore what every round's p must have applied too (one function for both)."""
+
+    temperature: float = 1.0
+    top_k: int | None = None  # normalised: None when k >= vocab (keeps every id)
+    top_p: float | None = None  # normalised: None when top_p == 1
+
+    def __post_init__(self) -> None:
+        check_processors(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def is_default(self) -> bool:
+        return self.temperature == 1 and self.top_k is None and self.top_p is None
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return processed_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    @property
+    def context_version(self) -> int:
+        """STEP's u32 context version naming this processor set: 0 for the default set,
+        else a digest of the exact values (never 0), so two sets never share a version
+        by accident and a STEP says which p its round is verified against."""
+        if self.is_default:
+            return DEFAULT_CONTEXT_VERSION
+        text = (f"pp1q-processors-v1:{float(self.temperature).hex()}:{self.top_k}:"
+                f"{None if self.top_p is None else float(self.top_p).hex()}")
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") or 1
+
+
+def normalised(temperature: float, top_k: int | None, top_p: float | None,
+               vocab: int) -> Processors:
+    """Processors with no-op settings dropped (k >= vocab, top_p = 1), so equal
+    sampling rules get equal context versions."""
+    if top_k is not None and not isinstance(top_k, bool) and isinstance(top_k, int) \
+            and top_k >= vocab:
+        top_k = None
+    if top_p is not None and not isinstance(top_p, bool) and top_p == 1:
+        top_p = None
+    return Processors(temperature, top_k, top_p)

@@ -22,6 +22,7 @@ from msgspec import Meta
 from msgspec import inspect as mi
 
 from pp1q.core.errors import ConfigError
+from pp1q.models.serving import early_exit_depth
 from pp1q.models.toy import (
     DEFAULT_DRAFT_PRESET,
     DEFAULT_VOCAB,
@@ -40,6 +41,7 @@ RANK_BACKENDS = ("auto", "gloo", "nccl")
 # -- value kinds (a float field is always finite as well) --
 Address = Annotated[str, Meta(extra={"form": "address"})]  # HOST:PORT or [IPv6]:PORT
 Versions = Annotated[str, Meta(extra={"form": "versions"})]  # a list such as "2,1"
+Draft = Annotated[str, Meta(extra={"form": "draft"})]  # early-exit:K
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[float, Meta(gt=0)]
 NonNegative = Annotated[float, Meta(ge=0)]
@@ -65,6 +67,14 @@ class DaemonSettings(_Checked, frozen=True, kw_only=True):
 
     metrics_host: str = "127.0.0.1"
     metrics_port: Port | None = None  # None: /metrics not served; 0: any free port
+    # toy: the seeded toy pair (no optional install, starts at once; every test's
+    # default); embedded: the shipped SmolLM2-135M; else a local checkpoint path
+    model: str = "toy"
+    draft: Draft = "early-exit:24"  # real models: the drafter is the first K layers
+    draft_model: str | None = None  # real models: a second checkpoint drafts instead
+    device: str = "cpu"  # real models: torch device (cpu, cuda, cuda:1, ...)
+    dtype: Literal["float32", "bfloat16"] = "float32"  # real models: weights and compute
+    gguf_cache: str | None = None  # real models: keep a GGUF de-quantized here (fast loads)
     vocab: Annotated[int, Meta(ge=MIN_VOCAB, le=MAX_VOCAB)] = DEFAULT_VOCAB
     model_seed: Annotated[int, Meta(ge=0, le=(1 << 63) - 1)] = 0
     capture: str | None = None  # FILE: record every frame (pp1q.runtime.capture)
@@ -194,6 +204,8 @@ def describe(node) -> str:
             return "HOST:PORT (port 0..65535)"
         if form == "versions":
             return "a list of wire versions such as 2,1 (known: 1, 2)"
+        if form == "draft":
+            return "early-exit:K (K >= 1)"
         return describe(node.type)
     if isinstance(node, mi.BoolType):
         return "true or false"
@@ -258,6 +270,8 @@ def _accepts(node, v) -> bool:
                 parse_hostport(v)
             elif form == "versions":
                 parse_versions(v)
+            elif form == "draft":
+                early_exit_depth(v)
         except (ConfigError, ValueError):
             return False
         return True

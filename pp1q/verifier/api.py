@@ -3,13 +3,22 @@
 ``POST /v1/generate`` body (JSON, unknown fields refused):
 
     prompt_token_ids   list of token ids in [0, vocab), 1..MAX_PROMPT_TOKENS of them
+    prompt             text instead of prompt_token_ids (exactly one of the two): encoded
+                       with the target's tokenizer (real models only); the answer then
+                       carries ``text`` too
+    chat               true: ``prompt`` is one user message in the target's chat template
     max_tokens         tokens to generate, 1..MAX_NEW_TOKENS
     seed               request seed (64-bit); absent: drawn by the server and returned
     speculative        true (default): draft on the worker and verify; false: target-only
-    temperature        1 (default: sample from the target p at T = 1) or 0 (greedy, v1)
+    temperature        target temperature: > 0 samples the processed target p (default
+                       1), 0 is greedy (v1)
+    top_p, target_top_k  the target's nucleus and top-k processors (absent: none); p is
+                       processed the same way for rounds and target-only steps
     draft_temperature  proposal temperature on the worker (> 0, default 1)
     top_k              proposal support: an int k (sparse top-k; k >= vocab means dense)
                        or null (dense); absent: the verifier's configured default
+    stop_token_ids     ids that end the request (finish_reason "stop"), besides the
+                       target's EOS ids unless ``ignore_eos``
 """
 
 from __future__ import annotations
@@ -21,20 +30,34 @@ from typing import Annotated
 import msgspec
 
 from pp1q.core.outcomes import FallbackCause
+from pp1q.models.processors import Processors, normalised
+from pp1q.models.text import TextCodec
 from pp1q.verifier.http import HttpError
 
 MAX_PROMPT_TOKENS = 65536  # bounds the per-request prefix memory and JSON body size
 MAX_NEW_TOKENS = 4096  # bounds one request's hold on a slot
 MAX_SEED = (1 << 64) - 1  # pp1q.core.rng keys are 64-bit
+MAX_PROMPT_CHARS = 1 << 20  # bounds tokenizer work before the token bound can apply
+MAX_STOP_IDS = 64  # a stop set is looked up per committed token; keep it small
+MAX_TEMPERATURE = 100.0  # beyond this p is uniform to float64 precision anyway
+
+
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class GenerateBody(msgspec.Struct, forbid_unknown_fields=True):
-    prompt_token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
-                                msgspec.Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_NEW_TOKENS)]
+    prompt_token_ids: Annotated[list[TokenId], msgspec.Meta(
+        min_length=1, max_length=MAX_PROMPT_TOKENS)] | None = None
+    prompt: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PROMPT_CHARS)] | None = None
+    chat: bool = False
     seed: Annotated[int, msgspec.Meta(ge=0)] | None = None  # <= MAX_SEED checked below
     speculative: bool = True
-    temperature: float = 1.0
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TEMPERATURE)] = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    target_top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    stop_token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=MAX_STOP_IDS)] = []
+    ignore_eos: bool = False
     draft_temperature: Annotated[float, msgspec.Meta(gt=0.0, le=100.0)] = 1.0
     top_k: Annotated[int, msgspec.Meta(ge=1)] | None | msgspec.UnsetType = msgspec.UNSET
 
@@ -50,6 +73,9 @@ class GenerateRequest:
     greedy: bool
     draft_temperature: float
     top_k: int | None
+    processors: Processors = field(default_factory=Processors)  # the target's (not greedy)
+    stop_ids: frozenset[int] = frozenset()  # EOS (unless ignore_eos) and stop_token_ids
+    text: bool = False  # answer with ``text`` (a text prompt was given)
 
 
 @dataclass
@@ -72,8 +98,9 @@ _decoder = msgspec.json.Decoder(GenerateBody)
 
 
 def decode_generate(body: bytes, *, vocab: int, default_top_k: int | None,
-                    max_support: int) -> GenerateRequest:
-    """Decode and check a generate body; every refusal is an HttpError 400/415/422."""
+                    max_support: int, text: TextCodec | None = None) -> GenerateRequest:
+    """Decode and check a generate body; every refusal is an HttpError 400/415/422.
+    ``text``: the target's tokenizer (None: token ids only, as for the toy)."""
     try:
         b = _decoder.decode(body)
     except msgspec.ValidationError as e:
@@ -82,20 +109,55 @@ def decode_generate(body: bytes, *, vocab: int, default_top_k: int | None,
         raise HttpError(400, "bad_json", str(e)) from None
     if b.seed is not None and b.seed > MAX_SEED:
         raise HttpError(422, "invalid_field", f"seed {b.seed} above 2^64 - 1 - at `$.seed`")
-    bad = next((t for t in b.prompt_token_ids if t >= vocab), None)
+    prompt = _prompt_ids(b, text)
+    bad = next((t for t in [*prompt, *b.stop_token_ids] if t >= vocab), None)
     if bad is not None:
         raise HttpError(422, "token_out_of_vocab",
-                        f"prompt token id {bad} outside the vocabulary [0, {vocab})")
-    if b.temperature not in (0.0, 1.0):
-        raise HttpError(422, "unsupported_temperature",
-                        "temperature must be 1 (sample the target p) or 0 (greedy)")
+                        f"token id {bad} outside the vocabulary [0, {vocab})")
     top_k = default_top_k if b.top_k is msgspec.UNSET else b.top_k
     if top_k is not None and top_k >= vocab:
         top_k = None  # the k largest of vocab ids, k >= vocab: every id, i.e. dense
     if top_k is not None and top_k > max_support:
         raise HttpError(422, "top_k_too_large",
                         f"top_k {top_k} above the negotiated support bound {max_support}")
+    greedy = b.temperature == 0.0
+    processors = Processors() if greedy else normalised(b.temperature, b.target_top_k,
+                                                        b.top_p, vocab)
+    stop = set(b.stop_token_ids)
+    if text is not None and not b.ignore_eos:
+        stop |= text.eos_ids
     seed = b.seed if b.seed is not None else int.from_bytes(os.urandom(8), "little")
-    return GenerateRequest(prompt=list(b.prompt_token_ids), max_tokens=b.max_tokens, seed=seed,
-                           speculative=b.speculative, greedy=b.temperature == 0.0,
-                           draft_temperature=b.draft_temperature, top_k=top_k)
+    return GenerateRequest(prompt=prompt, max_tokens=b.max_tokens, seed=seed,
+                           speculative=b.speculative, greedy=greedy,
+                           draft_temperature=b.draft_temperature, top_k=top_k,
+                           processors=processors, stop_ids=frozenset(stop),
+                           text=b.prompt is not None)
+
+
+def _prompt_ids(b: GenerateBody, text: TextCodec | None) -> list[int]:
+    if (b.prompt is None) == (b.prompt_token_ids is None):
+        raise HttpError(422, "invalid_field", "give exactly one of prompt, prompt_token_ids")
+    if b.prompt_token_ids is not None:
+        if b.chat:
+            raise HttpError(422, "invalid_field", "chat applies to a text prompt only")
+        return list(b.prompt_token_ids)
+    if text is None:
+        raise HttpError(422, "no_tokenizer",
+                        "this verifier's model has no tokenizer: send prompt_token_ids")
+    if b.chat and not text.has_chat_template:
+        raise HttpError(422, "no_chat_template", "the target's tokenizer has no chat template")
+    ids = text.encode(b.prompt, chat=b.chat)
+    if not 1 <= len(ids) <= MAX_PROMPT_TOKENS:
+        raise HttpError(422, "invalid_field",
+                        f"prompt encodes to {len(ids)} tokens (1..{MAX_PROMPT_TOKENS})")
+    return ids
+
+
+def finish(tokens: list[int], max_tokens: int, stop_ids: frozenset[int]) -> tuple[list[int], str]:
+    """The answer's tokens and finish reason: up to and including the first stop id
+    ("stop"), else the first ``max_tokens`` ("length"). Tokens a round committed after
+    a stop id are dropped: target-only sampling would have ended there too."""
+    for i, t in enumerate(tokens[:max_tokens]):
+        if t in stop_ids:
+            return tokens[: i + 1], "stop"
+    return tokens[:max_tokens], "length"

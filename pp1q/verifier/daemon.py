@@ -9,6 +9,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pp1q.core.errors import ConfigError
+from pp1q.models.serving import TOY, load_target
+from pp1q.models.text import TextCodec
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.runtime import tls
 from pp1q.runtime.config import open_capture
@@ -16,18 +19,19 @@ from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostport
 from pp1q.verifier.api import decode_generate
 from pp1q.verifier.decider import Decider
-from pp1q.verifier.http import HttpError, HttpServer
+from pp1q.verifier.engine_decider import EngineDecider
+from pp1q.verifier.http import HttpError
 from pp1q.verifier.kernel_decider import KernelDecider
 from pp1q.verifier.link import Needs, WorkerLink
+from pp1q.verifier.openai_routes import openai_routes
 from pp1q.verifier.ranks.launch import rank_plan
 from pp1q.verifier.ranks.replica import RankDecisions
 from pp1q.verifier.scheduler import Scheduler
+from pp1q.verifier.server import HttpServer, read_body
 from pp1q.wire import WIRE_V1, WIRE_V2
-from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
+from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, engine_identity, verifier_config
 
 log = logging.getLogger("pp1q.verifier")
-
-
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class Deciders:
 
     local: Callable[..., Decider] = KernelDecider
     rank: Callable[..., RankDecisions] = RankDecisions
+    engine: Callable[..., Decider] = EngineDecider  # a real model's Target (same keywords)
 
 
 STANDARD = Deciders()
@@ -47,6 +52,8 @@ STANDARD = Deciders()
 def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: bool = False):
     """(link, scheduler, metrics, config) from settings (checked when they were made).
     ``ranked``: rank 0 of a group (its decider gets the group from start_group)."""
+    if settings.model != TOY:
+        return _build_engine(settings, deciders, ranked)
     spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
     slots, depth, top_k = settings.slots, settings.depth, settings.top_k
     versions = (WIRE_V2, WIRE_V1) if settings.wire_version == WIRE_V2 else (WIRE_V1,)
@@ -69,22 +76,56 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     return link, scheduler, metrics, config
 
 
+def _build_engine(settings: VerifierSettings, deciders: Deciders, ranked: bool):
+    """A real model's target (pp1q.models.serving) behind ``deciders.engine``."""
+    if ranked or settings.ranks > 1:
+        raise ConfigError("ranks > 1 serves the toy target only (model = 'toy')", key="ranks")
+    loaded = load_target(settings)
+    versions = (WIRE_V2, WIRE_V1) if settings.wire_version == WIRE_V2 else (WIRE_V1,)
+    ident = engine_identity(loaded.vocab, loaded.tokenizer_digest, loaded.draft_id,
+                            loaded.target_id)
+    config = verifier_config(ident, versions, settings.slots, settings.depth,
+                             DEFAULT_MAX_SUPPORT)
+    metrics = Metrics("verifier", {"target": loaded.target_id, "draft": loaded.draft_id,
+                                   "wire_versions": ",".join(map(str, versions))})
+    log.info("target %s loaded in %.1f s", loaded.target_id, loaded.load_seconds)
+    host, port = parse_hostport(settings.worker)
+    needs = Needs(slots=settings.slots, depth=settings.depth,
+                  support=min(settings.top_k, loaded.vocab))
+    link = WorkerLink(host, port, config, needs, metrics, settings.watchdog_ms / 1000.0,
+                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics))
+    decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
+                              target_delay_s=settings.target_delay_ms / 1000.0)
+    scheduler = Scheduler(link, decider, metrics, slots=settings.slots, depth=settings.depth,
+                          text=TextCodec(loaded.tokenizer))
+    return link, scheduler, metrics, config
+
+
 def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config) -> dict:
+    """Every route of the verifier's HTTP API (docs/operations.md, "HTTP API")."""
     vocab = config.identity.vocab
     top_k = settings.top_k
     default_top_k = top_k if 0 < top_k < vocab else None  # k >= vocab: the dense support
     v1_only = settings.wire_version == WIRE_V1
+    decode_kw = {"vocab": vocab, "default_top_k": default_top_k,
+                 "max_support": config.limits.max_support, "text": scheduler.text}
 
-    async def generate(head, body):
-        req = decode_generate(body, vocab=vocab, default_top_k=default_top_k,
-                              max_support=config.limits.max_support)
+    def check(req) -> None:
+        if settings.ranks > 1 and not req.processors.is_default:
+            raise HttpError(422, "unsupported_processors",
+                            "a rank group samples the target at T = 1 without top-k/top-p "
+                            "(or greedy, temperature 0)")
         if v1_only and req.speculative and not req.greedy:
             raise HttpError(422, "sampled_on_v1",
                             "this verifier runs a v1 (greedy) session: send temperature 0, "
                             "or speculative false; sampled speculation needs wire v2")
+
+    async def generate(request):
+        req = decode_generate(await read_body(request), **decode_kw)
+        check(req)
         return 200, await scheduler.generate(req)
 
-    async def healthz(head, body):
+    async def healthz(request):
         answer = {"status": "ok", "worker": "connected" if link.ready else "disconnected",
                   "wire_version": link.version if link.ready else None,
                   "target": config.identity.target_id, "slots": scheduler.pool.size,
@@ -96,7 +137,10 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
                 return 503, {**answer, "status": "ranks_lost"}
         return 200, answer
 
-    return {("POST", "/v1/generate"): generate, ("GET", "/healthz"): healthz}
+    return {("POST", "/v1/generate"): generate, ("GET", "/healthz"): healthz,
+            **openai_routes(scheduler, model_id=config.identity.target_id,
+                            tokenizer=scheduler.text, decode_kw=decode_kw,
+                            check=lambda call: check(call.req))}
 
 
 async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
@@ -125,6 +169,7 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         group = await start_group(settings, launch, scheduler.decider, config, stop)
         if group is None:  # the ranks did not all join in time: let the supervisor retry
             return EXIT_RANKS_LOST
+    # a target with a tokenizer takes text (scheduler.text; the toy has none)
     http = HttpServer(routes(settings, link, scheduler, config))
     host, port = parse_hostport(settings.http)
     try:

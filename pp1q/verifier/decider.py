@@ -85,10 +85,11 @@ class LocalDecider(Decider):
                            ready: ProposalReady) -> tuple[Outcome, StepKind]:
         await self._forward()
         out = self.rows.round(job.slot, job.prefix.tokens, list(ready.draft_ids),
-                              ready.q_rows, round_keys(job, step), ready.greedy)
+                              ready.q_rows, round_keys(job, step), ready.greedy,
+                              job.req.processors)
         return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
 
     async def decide_target_only(self, job: Job, generation: int, round_id: int) -> Outcome:
         await self._forward()
         return self.rows.target_only(job.slot, job.prefix.tokens, job.req.seed, generation,
-                                     round_id, job.req.greedy)
+                                     round_id, job.req.greedy, job.req.processors)

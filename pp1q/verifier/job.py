@@ -15,6 +15,7 @@ class Job:
         self.req, self.slot = req, slot
         self.prefix = Prefix(req.prompt)
         self.produced = 0
+        self.stopped = False  # a stop id (EOS or stop_token_ids) was committed
         self.stats = RequestStats()
         self.generation = TARGET_ONLY_GENERATION
         self.round_id = 0

@@ -55,7 +55,8 @@ class KernelDecider(LocalDecider):
             return await super().decide_round(job, step, ready)
         await self._forward()
         drafts = list(ready.draft_ids)
-        p = self.rows.rows(job.slot, job.prefix.tokens, drafts, logits=False)
+        p = self.rows.rows(job.slot, job.prefix.tokens, drafts, logits=False,
+                           processors=job.req.processors)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self._queued.append(_Queued(p, ready.q_rows, drafts, round_keys(job, step), done))

@@ -24,13 +24,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 
 from pp1q.core.errors import Reason, ServiceError
 from pp1q.core.outcomes import FallbackCause, StepKind
 from pp1q.core.verify import RoundKeys
+from pp1q.models.text import TextCodec
 from pp1q.runtime.metrics import Metrics
 from pp1q.verifier import rounds
-from pp1q.verifier.api import GenerateRequest
+from pp1q.verifier.api import GenerateRequest, finish
 from pp1q.verifier.decider import Decider
 from pp1q.verifier.job import TARGET_ONLY_GENERATION, Job
 from pp1q.verifier.link import Fallback, WorkerLink
@@ -80,35 +82,50 @@ class SlotPool:
 
 class Scheduler:
     def __init__(self, link: WorkerLink, decider: Decider, metrics: Metrics, *, slots: int,
-                 depth: int) -> None:
+                 depth: int, text: TextCodec | None = None) -> None:
         self.link, self.decider, self.metrics = link, decider, metrics
+        self.text = text  # the target's tokenizer (None: the toy has none)
         self.depth = depth
         self.pool = SlotPool(slots, metrics)
         self._generation = [TARGET_ONLY_GENERATION] * slots
 
     # -- requests ----------------------------------------------------------------
 
-    async def generate(self, req: GenerateRequest) -> dict:
+    async def generate(self, req: GenerateRequest,
+                       on_tokens: Callable[[list[int]], bool] | None = None) -> dict:
+        """Run ``req`` to completion. ``on_tokens(new)`` is called with each round's
+        committed tokens as they are committed (streaming); a true return ends the
+        request after that round (finish_reason "stop": the caller saw a stop token)."""
         t0 = time.perf_counter()
         slot = await self.pool.acquire()
         job = Job(req, slot)
+        start, shown, stopped = len(req.prompt), 0, False
         try:
             await self.decider.open(job)
-            while job.produced < req.max_tokens:
+            while job.produced < req.max_tokens and not job.stopped and not stopped:
                 if req.speculative:
                     await self._speculative_step(job)
                 else:
                     await self._target_only_step(job, job.generation, job.next_round(), None)
+                if on_tokens is not None:  # stream what the answer will hold, no further
+                    upto, _ = finish(job.prefix.tokens[start:], req.max_tokens, req.stop_ids)
+                    stopped = bool(on_tokens(upto[shown:]))
+                    shown = len(upto)
         except BaseException:
             self.metrics.requests.labels(outcome="error").inc()
             raise
         finally:
             self._release(job)
         self.metrics.requests.labels(outcome="ok").inc()
-        tokens = job.prefix.tokens[len(req.prompt):][: req.max_tokens]
-        return {"token_ids": tokens, "seed": req.seed, "finish_reason": "length",
-                "prompt_tokens": len(req.prompt), "stats": job.stats.as_json(),
-                "elapsed_s": round(time.perf_counter() - t0, 6)}
+        tokens, reason = finish(job.prefix.tokens[start:], req.max_tokens, req.stop_ids)
+        if stopped:  # the caller saw a stop (a stop string, say) in what was streamed
+            tokens, reason = tokens[:shown], "stop"
+        answer = {"token_ids": tokens, "seed": req.seed, "finish_reason": reason,
+                  "prompt_tokens": len(req.prompt), "stats": job.stats.as_json(),
+                  "elapsed_s": round(time.perf_counter() - t0, 6)}
+        if req.text and self.text is not None:
+            answer["text"] = self.text.decode(tokens[:-1] if reason == "stop" else tokens)
+        return answer
 
     def _release(self, job: Job) -> None:
         self.decider.close(job)  # first: a rank group queues CLOSE before any reuse
@@ -150,7 +167,8 @@ class Scheduler:
                     prefix_digest=job.prefix.digest, depth=self.depth,
                     temperature=0.0 if req.greedy else req.draft_temperature,
                     top_k=0 if req.greedy or req.top_k is None else req.top_k,
-                    context_version=0, seed=req.seed)
+                    context_version=0 if req.greedy else req.processors.context_version,
+                    seed=req.seed)
         t0 = time.perf_counter()
         outcome = await link.propose(step)
         if isinstance(outcome, Fallback):
@@ -209,4 +227,6 @@ class Scheduler:
     def _append(self, job: Job, tokens: list[int]) -> None:
         job.prefix.extend(tokens)
         job.produced += len(tokens)
+        if not job.stopped and not job.req.stop_ids.isdisjoint(tokens):
+            job.stopped = True  # the answer ends at the first stop id (api.finish)
         self.metrics.generated_tokens.inc(len(tokens))

@@ -2,7 +2,9 @@
 
 Both ends build the identity from the toy model spec (vocabulary and model seed), so a
 worker and a verifier started with different ``--vocab`` or ``--model-seed`` refuse each
-other at HELLO (``Reason.WRONG_IDENTITY``) before any buffer is sized.
+other at HELLO (``Reason.WRONG_IDENTITY``) before any buffer is sized. Real models give
+an ``Identity`` instead (``engine_identity``: tokenizer digest, drafter and target
+identities), refused the same way when any of them differs.
 """
 
 from __future__ import annotations
@@ -19,11 +21,19 @@ WORKER_MAX_DEPTH = 16  # ditto; the design fixes depth 5
 DEFAULT_MAX_SUPPORT = 256  # sparse top-k bound offered by both ends (the seed's k=256 screen)
 
 
-def identity(spec: ToySpec) -> Identity:
-    return Identity(q_semantic_id=SEMANTIC_ID, verifier_id=VERIFIER_ID, vocab=spec.vocab,
-                    id_map_hash=vocab_map_id(spec.vocab), draft_id=spec.draft_identity,
-                    draft_adapted=False, target_id=spec.target_identity, rng_abi=RNG_ABI_ID,
-                    precision=PRECISION)
+def identity(spec: ToySpec | Identity) -> Identity:
+    if isinstance(spec, Identity):
+        return spec
+    return engine_identity(spec.vocab, vocab_map_id(spec.vocab), spec.draft_identity,
+                           spec.target_identity)
+
+
+def engine_identity(vocab: int, id_map_hash: str, draft_id: str, target_id: str) -> Identity:
+    """A pair's identity: the tokenizer digest is the id map, the engines' identities
+    name the drafter and the target (pp1q.models.serving builds them for real models)."""
+    return Identity(q_semantic_id=SEMANTIC_ID, verifier_id=VERIFIER_ID, vocab=vocab,
+                    id_map_hash=id_map_hash, draft_id=draft_id, draft_adapted=False,
+                    target_id=target_id, rng_abi=RNG_ABI_ID, precision=PRECISION)
 
 
 def parse_versions(text: str) -> tuple[int, ...]:
@@ -36,14 +46,15 @@ def parse_versions(text: str) -> tuple[int, ...]:
     return versions
 
 
-def worker_config(spec: ToySpec, versions: tuple[int, ...], max_support: int) -> WireConfig:
+def worker_config(spec: ToySpec | Identity, versions: tuple[int, ...],
+                  max_support: int) -> WireConfig:
     limits = Limits.make(vocab=spec.vocab, max_slots=WORKER_MAX_SLOTS,
                          max_depth=WORKER_MAX_DEPTH, max_support=min(max_support, spec.vocab),
                          max_inflight=WORKER_MAX_SLOTS)
     return WireConfig(identity=identity(spec), limits=limits, versions=versions)
 
 
-def verifier_config(spec: ToySpec, versions: tuple[int, ...], slots: int, depth: int,
+def verifier_config(spec: ToySpec | Identity, versions: tuple[int, ...], slots: int, depth: int,
                     max_support: int) -> WireConfig:
     limits = Limits.make(vocab=spec.vocab, max_slots=slots, max_depth=depth,
                          max_support=min(max_support, spec.vocab), max_inflight=slots)

@@ -6,15 +6,18 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from pp1q.models.engine import Drafter
+from pp1q.models.serving import TOY, load_drafter
 from pp1q.models.toy import DraftModel, ToyDrafter, ToySpec
 from pp1q.runtime import tls
 from pp1q.runtime.capture import tap
 from pp1q.runtime.config import open_capture
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import WorkerSettings, cannot_listen, parse_hostport
-from pp1q.wire.session_config import worker_config
+from pp1q.wire.session_config import engine_identity, worker_config
 from pp1q.worker.connection import WorkerConnection
 from pp1q.worker.drafting import Proposer
+from pp1q.worker.engine_proposer import EngineProposer
 from pp1q.worker.state import WorkerState
 
 log = logging.getLogger("pp1q.worker")
@@ -22,6 +25,8 @@ log = logging.getLogger("pp1q.worker")
 
 def build(settings: WorkerSettings):
     """(wire config, drafter, metrics) from settings (checked when they were made)."""
+    if settings.model != TOY:
+        return _build_engine(settings)
     spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
     drafter = ToyDrafter.preset(spec, settings.draft_preset)
     if settings.draft_distance is not None:
@@ -34,8 +39,26 @@ def build(settings: WorkerSettings):
     return config, drafter, metrics
 
 
+def _build_engine(settings: WorkerSettings):
+    """A real model's drafter (pp1q.models.serving); HELLO names the pair it drafts for."""
+    loaded = load_drafter(settings)
+    ident = engine_identity(loaded.vocab, loaded.tokenizer_digest, loaded.draft_id,
+                            loaded.target_id)
+    config = worker_config(ident, settings.versions, settings.max_support)
+    metrics = Metrics("worker", {"draft": loaded.draft_id, "variant": loaded.engine.variant,
+                                 "target": loaded.target_id,
+                                 "wire_versions": ",".join(map(str, settings.versions))})
+    log.info("drafter %s loaded in %.1f s", loaded.draft_id, loaded.load_seconds)
+    return config, loaded.engine, metrics
+
+
+def default_proposer(model) -> Proposer:
+    """The production Proposer: the toy chain, or the engine seam for a real drafter."""
+    return EngineProposer(model) if isinstance(model, Drafter) else Proposer(model)
+
+
 async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
-                proposer: Callable[[DraftModel], Proposer] = Proposer) -> int:
+                proposer: Callable[[DraftModel], Proposer] = default_proposer) -> int:
     """Run until ``stop`` is set. ``ready(port, metrics_port)`` is called once listening.
     ``proposer(model)``: what a STEP's rows are (Proposer; a planted-bug test passes its
     own)."""

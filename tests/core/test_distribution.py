@@ -12,19 +12,23 @@ Planted bugs (each must be rejected by the same check):
  (a) correction reuses the acceptance draw, or the proposal draw (vLLM PR #54282);
  (b) residual taken on the sparse support only; (b') residual normalised by softmax;
  (c) q row of position i used at i+1; (d) bonus drawn from p_depth;
- (e) selective admission of x_1 after seeing it; (f) q sent is not the q that sampled.
+ (e) selective admission of x_1 after seeing it; (f) q sent is not the q that sampled;
+ (g) target processors (T = 0.7, top-p 0.9) applied to target-only sampling but not to
+     the round's p (the "processed" regime's p is what target-only sampling gives).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from stats import ChiSquare, chi_square, threshold
 
 from pp1q.core import verify
 from pp1q.core.q import MASS, build_row, sample
 from pp1q.core.rng import Domain, draw_words, proposal_u24, u24_from_words, u53_from_words
 from pp1q.core.verify import DenseQ, decide
+from pp1q.models.processors import processed_probs
 
 SEED = 0x5EED_0001
 GEN = 1
@@ -41,8 +45,9 @@ def _softmax(x):
 class Round:
     """One regime: fixed target rows p [D+1, V], q rows that sample, q rows sent."""
 
-    def __init__(self, p, q_sampling, q_sent=None):
+    def __init__(self, p, q_sampling, q_sent=None, p_unprocessed=None):
         self.p = np.asarray(p, dtype=np.float64)
+        self.p_unprocessed = p_unprocessed  # the target row before its processors
         self.q_sampling = q_sampling
         self.q_sent = q_sampling if q_sent is None else q_sent
         self.depth = len(q_sampling)
@@ -83,6 +88,8 @@ def simulate(rnd: Round, trials: int, bug: str | None = None) -> np.ndarray:
         q_dense = np.concatenate([q_dense[:1], q_dense[:-1]])
     elif bug == "d_bonus_from_p_depth":
         p = np.concatenate([p[:D], p[D - 1: D]])
+    elif bug == "g_processors_one_path":
+        p = rnd.p_unprocessed
     accepted, token, _ = decide(
         np.broadcast_to(p, (trials, D + 1, V)),
         DenseQ(np.broadcast_to(q_dense, (trials, D, V))),
@@ -159,11 +166,23 @@ def equal_round() -> Round:
     return Round(np.stack([r.dense_counts() / MASS for r in rows]), rows[:DEPTH])
 
 
+def processed_round() -> Round:
+    """The target's p after processors (T = 0.7, top-p 0.9: exact zeros in p), a draft
+    at its own temperature 0.8 on top-8 support: the p every path must verify against."""
+    t = _target_logits(32, 7)
+    d = t[:DEPTH] + np.random.default_rng(8).normal(size=(DEPTH, 32)) * 0.7
+    p = processed_probs(torch.from_numpy(t), temperature=0.7, top_p=0.9).numpy()
+    assert (p == 0).any(axis=1).all()  # top-p really cut every row
+    return Round(p, [build_row(d[i], temperature=0.8, top_k=8) for i in range(DEPTH)],
+                 p_unprocessed=_softmax(t))
+
+
 REGIMES = {
     "negated": negated_round,
     "sparse": sparse_round,
     "temperature": temperature_round,
     "equal": equal_round,
+    "processed": processed_round,
 }
 
 
@@ -225,6 +244,11 @@ def test_planted_residual_bugs_rejected(monkeypatch, broken):
 def test_planted_indexing_bugs_rejected(bug):
     rnd = temperature_round() if bug == "c_shifted_q" else equal_round()
     res, rejected = _check(rnd, bug=bug)
+    assert rejected, [str(r) for r in res]
+
+
+def test_planted_processors_on_one_path_only_rejected():
+    res, rejected = _check(processed_round(), bug="g_processors_one_path")
     assert rejected, [str(r) for r in res]
 
 

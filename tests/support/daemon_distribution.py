@@ -5,9 +5,11 @@ per-position marginals under the toy target, and the chi-square judge (stats.py)
 from __future__ import annotations
 
 import numpy as np
+import torch
 from daemon_harness import Pair
 from stats import chi_square
 
+from pp1q.models.processors import Processors
 from pp1q.models.toy import ToySpec, ToyTarget
 
 VOCAB = 16
@@ -15,17 +17,26 @@ PROMPT = [3, 7]
 NEW_TOKENS = 3
 N = 1000  # requests per arm (bounded default run)
 N_SLOW = 6000  # --runslow
+# the processed arm: target T = 0.7 and top-p 0.9 on p, a sparse top-4 q drafted at T = 0.6
+PROCESSED = {"temperature": 0.7, "top_p": 0.9, "top_k": 4, "draft_temperature": 0.6}
 
 
-def exact_marginals() -> np.ndarray:
-    """[NEW_TOKENS, VOCAB]: marginal of each generated position under the target."""
+def exact_marginals(processors: Processors | None = None) -> np.ndarray:
+    """[NEW_TOKENS, VOCAB]: marginal of each generated position under the target (after
+    ``processors``: what target-only sampling with them gives)."""
     target = ToyTarget(ToySpec(vocab=VOCAB, seed=0))
+
+    def probs(prefix):
+        if processors is None:
+            return target.probs(prefix, [])[0]
+        return processors.probs(torch.from_numpy(target.logits(prefix, [])[0])).numpy()
+
     out = np.zeros((NEW_TOKENS, VOCAB))
     joint = {(): 1.0}
     for pos in range(NEW_TOKENS):
         nxt = {}
         for prefix, w in joint.items():
-            p = target.probs(PROMPT + list(prefix), [])[0]
+            p = probs(PROMPT + list(prefix))
             out[pos] += w * p
             if pos + 1 < NEW_TOKENS:
                 for x in range(VOCAB):
@@ -43,9 +54,12 @@ def counts(answers: list[dict]) -> np.ndarray:
     return c
 
 
-def run_arm(pair: Pair, n: int, speculative: bool, first_seed: int) -> list[dict]:
+def run_arm(pair: Pair, n: int, speculative: bool, first_seed: int,
+            options: dict | None = None) -> list[dict]:
+    """``options``: request fields (default: dense q, T = 1 everywhere)."""
+    extra = {"top_k": None} if options is None else options
     bodies = [{"prompt": PROMPT, "max_tokens": NEW_TOKENS, "seed": first_seed + i,
-               "speculative": speculative, "top_k": None} for i in range(n)]
+               "speculative": speculative, **extra} for i in range(n)]
     return pair.generate_many(bodies)
 
 

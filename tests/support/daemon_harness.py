@@ -102,9 +102,10 @@ def planted_worker_command() -> list[str]:
     return [sys.executable, str(ROOT / "tests" / "support" / "planted_worker.py")]
 
 
-def planted_verifier_command() -> list[str]:
+def planted_verifier_command(bug: str = "correction_from_target") -> list[str]:
     """The verifier with a planted verification bug (tests/support/planted_verifier.py)."""
-    return [sys.executable, str(ROOT / "tests" / "support" / "planted_verifier.py")]
+    return [sys.executable, str(ROOT / "tests" / "support" / "planted_verifier.py"),
+            "--planted", bug]
 
 
 FAULT_PROMPT = [3, 7]  # the fault tests' prompt (as the distribution experiment's)

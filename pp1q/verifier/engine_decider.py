@@ -1,0 +1,104 @@
+"""A Decider over an engine ``Target`` (pp1q.models.engine): real models' verifier path.
+
+Scoring is batched across requests the way continuous batching does it: while one
+forward runs (on the decider's single engine thread), every request whose proposal
+arrives queues; when the forward ends, all queued requests go into the next
+``Target.score`` call together. One thread owns the engine, so its per-request caches
+are never touched concurrently and the event loop keeps serving the wire meanwhile.
+
+Each decision ends the request's round on the engine at once: ``commit(accepted,
+token)`` keeps the accepted drafts and the correction/bonus token in the KV cache and
+rolls back the rest, so the engine's committed tokens always equal the job's prefix.
+p is the request's processed target row (pp1q.models.processors), the same function
+for rounds and for target-only steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from pp1q.core.outcomes import StepKind
+from pp1q.core.verify import RoundKeys
+from pp1q.models.engine import Target
+from pp1q.verifier import rounds
+from pp1q.verifier.decider import Decider
+from pp1q.verifier.job import Job
+from pp1q.wire import Step
+from pp1q.wire.events import ProposalReady
+
+
+class EngineDecider(Decider):
+    def __init__(self, target: Target, *, slots: int, depth: int,
+                 target_delay_s: float = 0.0) -> None:
+        self.target = target
+        self._engine = ThreadPoolExecutor(1, thread_name_prefix="pp1q-target")
+        self._queue: list[tuple[int, list[int], asyncio.Future]] = []
+        self._draining = False
+        self.forwards = 0  # Target.score calls (metrics and benchmarks)
+        self.scored = 0  # request rows scored by them
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._engine, fn, *args)
+
+    async def _score(self, slot: int, drafts: list[int]) -> torch.Tensor:
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append((slot, drafts, fut))
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    rows = await self._call(self.target.score, [(s, d) for s, d, _ in batch])
+                except Exception as e:  # every waiter of the batch sees the failure
+                    for _, _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(e)
+                    continue
+                self.forwards += 1
+                self.scored += len(batch)
+                for (_, _, fut), r in zip(batch, rows, strict=True):
+                    if not fut.done():
+                        fut.set_result(r)
+        finally:
+            self._draining = False
+
+    @staticmethod
+    def _p(job: Job, logits: torch.Tensor) -> np.ndarray:
+        if job.req.greedy:
+            return logits.double().cpu().numpy()  # argmax only
+        return job.req.processors.probs(logits).cpu().numpy()
+
+    async def open(self, job: Job) -> None:
+        await self._call(self.target.open, job.slot, list(job.prefix.tokens))
+
+    async def decide_round(self, job: Job, step: Step,
+                           ready: ProposalReady) -> tuple[rounds.Outcome, StepKind]:
+        drafts = list(ready.draft_ids)
+        p = self._p(job, await self._score(job.slot, drafts))
+        if ready.greedy:
+            out = rounds.greedy(p, drafts)
+        else:
+            keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
+            out = rounds.sampled(p, ready.q_rows, drafts, keys)
+        await self._call(self.target.commit, job.slot, out.accepted, out.token)
+        return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
+
+    async def decide_target_only(self, job: Job, generation: int,
+                                 round_id: int) -> rounds.Outcome:
+        p = self._p(job, await self._score(job.slot, []))
+        out = rounds.target_only(p[0], job.req.seed, generation, round_id,
+                                 len(job.prefix.tokens), job.req.greedy)
+        await self._call(self.target.commit, job.slot, 0, out.token)
+        return out
+
+    def close(self, job: Job) -> None:
+        self._engine.submit(self.target.close, job.slot)  # queued after its last call

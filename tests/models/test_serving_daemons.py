@@ -1,0 +1,53 @@
+"""Both daemons as real processes on the embedded SmolLM2-135M, over HTTP: text in and
+text out, the drafter equal to the target (early exit at all 30 layers) accepting
+nearly every draft, seeds reproducing outputs, and a stop id ending a request."""
+
+from __future__ import annotations
+
+import pytest
+from daemon_harness import Pair
+
+pytestmark = [pytest.mark.model, pytest.mark.daemons]
+
+PROMPT = "Once upon a time, in a small village by the sea,"
+
+
+@pytest.fixture(scope="module")
+def pair(smol, tmp_path_factory):  # smol: skips when the model or transformers is absent
+    from pp1q.models.hf import export_folder
+
+    # the session's loaded model, de-quantized once: each daemon loads it in about a
+    # second instead of parsing the GGUF for 20 s or more
+    folder = export_folder(smol, tmp_path_factory.mktemp("smollm2"))
+    real = ["--model", str(folder), "--draft", "early-exit:30"]
+    p = Pair(tmp_path_factory.mktemp("serving"), worker_args=real,
+             verifier_args=[*real, "--watchdog-ms", "60000"])  # CPU rows under load
+    yield p
+    p.close()
+
+
+def _one(pair, **body):
+    return pair.generate_many([{"prompt": PROMPT, "max_tokens": 6, "seed": 5, **body}])[0]
+
+
+def test_text_in_text_out_and_drafter_equal_to_target_accepts(pair, smol):
+    a = _one(pair, top_k=None)
+    assert a["finish_reason"] in ("length", "stop") and 1 <= len(a["token_ids"]) <= 6
+    assert a["text"] == smol.tokenizer.decode(
+        a["token_ids"][:-1] if a["finish_reason"] == "stop" else a["token_ids"],
+        skip_special_tokens=True)
+    s = a["stats"]
+    assert not any(s["fallbacks"].values()), s
+    assert s["drafted"] > 0 and s["accepted"] >= s["drafted"] - 1, s  # q ~ p: ~100%
+
+
+def test_outputs_are_reproducible_from_the_seed(pair):
+    for speculative in (True, False):
+        body = dict(speculative=speculative, temperature=0.7, top_p=0.9)
+        assert _one(pair, **body)["token_ids"] == _one(pair, **body)["token_ids"]
+
+
+def test_a_stop_id_ends_the_request(pair):
+    first = _one(pair, speculative=False)["token_ids"]
+    a = _one(pair, speculative=False, stop_token_ids=[first[0]])
+    assert (a["token_ids"], a["finish_reason"], a["text"]) == ([first[0]], "stop", "")
