@@ -23,6 +23,7 @@ import torch
 from pp1q.core.errors import LocalProtocolError, Reason
 
 from .fixed import block_sums, check_target, check_totals, to_fixed
+from .lookup import SparseCounts
 from .residual import BLOCK, sample_fixed
 from .verify_step import StepResult, check_drafted, first_rejection
 
@@ -81,7 +82,10 @@ def decide_rows(p_rows: Sequence[torch.Tensor], c_x: torch.Tensor, q_at: Callabl
     use_q = accepted < D
     qi = accepted.clamp(max=D - 1)
     u = torch.where(use_q, u_corr.gather(-1, qi.unsqueeze(-1)).squeeze(-1), u_bonus)
-    token, under = sample_fixed(chosen, s_total[b, accepted], q_at(qi), u, use_q=use_q,
+    q_rows = q_at(qi)
+    if (q_rows.vocab if isinstance(q_rows, SparseCounts) else q_rows.shape[-1]) != V:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q vocab differs from p")
+    token, under = sample_fixed(chosen, s_total[b, accepted], q_rows, u, use_q=use_q,
                                 psums=block_sums(chosen, BLOCK),
                                 fresh=lambda rows: P[rows, accepted[rows]])
     return StepResult(accepted, token, under)

@@ -56,6 +56,8 @@ class KernelRounds:
                 or len(shape) != 2 or any(np.shape(p) != shape for p in p_rows) \
                 or shape[0] != D + 1:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "need D q rows, D drafts, D+1 p rows")
+        if any(r.vocab != shape[1] for chain in q_rows for r in chain):
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q vocab differs from p")
         p = [_tensor(rows, self.device) for rows in p_rows]
         u_acc, u_corr, u_bonus = (_tensor(u.astype(np.int64), self.device)
                                   for u in round_draws(keys, D))

@@ -4,7 +4,7 @@ batched one: bit-identical results on every regime, and the refusals it keeps.""
 import numpy as np
 import pytest
 import torch
-from kernels_cases import keys, same
+from kernels_cases import drafts, keys, same
 from pp1q_kernels import verify_step as vs
 from pp1q_kernels.lazy_step import decide_rows
 from pp1q_kernels.lookup import SparseCounts, count_at, dense_counts
@@ -46,4 +46,8 @@ def test_lazy_step_refuses_what_it_reads():
     assert e.value.reason is Reason.NON_FINITE
     with pytest.raises(LocalProtocolError) as e:
         decide_rows([p[0], p[1, :2]], count_at(q, draft), rows_of(q), draft, *u)
+    assert e.value.reason is Reason.UNEXPECTED_SIZE
+    wide, _ = drafts(g, (2, 3), 12)
+    with pytest.raises(LocalProtocolError) as e:
+        decide_rows(list(p), count_at(q, draft), rows_of(wide), draft, *u)
     assert e.value.reason is Reason.UNEXPECTED_SIZE
