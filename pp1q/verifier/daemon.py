@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pp1q.core.drawkey import DRAW_KEY_ID
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.runtime import tls
 from pp1q.runtime.config import open_capture
+from pp1q.runtime.draw_secret import load_draw_keys
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostport
 from pp1q.verifier.api import decode_generate
@@ -21,7 +24,7 @@ from pp1q.verifier.link import Needs, WorkerLink
 from pp1q.verifier.ranks.launch import rank_plan
 from pp1q.verifier.ranks.replica import RankDecisions
 from pp1q.verifier.scheduler import Scheduler
-from pp1q.wire import WIRE_V1, WIRE_V2
+from pp1q.wire import WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
 
 log = logging.getLogger("pp1q.verifier")
@@ -31,8 +34,8 @@ log = logging.getLogger("pp1q.verifier")
 
 @dataclass(frozen=True)
 class Deciders:
-    """How a verifier decides: ``local(target, slots=, depth=, target_delay_s=)`` builds
-    the Decider of one process; ``rank(target, limits)`` the decisions of each rank's
+    """How a verifier decides: ``local(target, slots=, depth=, draws=, target_delay_s=)``
+    builds the Decider of one process; ``rank(target, limits)`` the decisions of each rank's
     replica under ``--ranks N`` (rank 0's Decider is then a RankedDecider over them).
     Production runs ``STANDARD``; a planted-bug test passes its own to ``serve``."""
 
@@ -48,12 +51,14 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     ``ranked``: rank 0 of a group (its decider gets the group from start_group)."""
     spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
     slots, depth, top_k = settings.slots, settings.depth, settings.top_k
-    versions = (WIRE_V2, WIRE_V1) if settings.wire_version == WIRE_V2 else (WIRE_V1,)
+    versions = settings.versions
     host, port = parse_hostport(settings.worker)
     config = verifier_config(spec, versions, slots, depth, DEFAULT_MAX_SUPPORT)
     target = ToyTarget(spec)
     metrics = Metrics("verifier", {"target": target.identity, "draft": spec.draft_identity,
                                    "wire_versions": ",".join(map(str, versions))})
+    metrics.speculation.info({"mode": settings.speculation})
+    draws = load_draw_keys(settings.draw_secret_file)
     needs = Needs(slots=slots, depth=depth, support=min(top_k, spec.vocab))
     link = WorkerLink(host, port, config, needs, metrics, settings.watchdog_ms / 1000.0,
                       settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics))
@@ -61,9 +66,10 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     if ranked:
         from pp1q.verifier.ranks.decider import RankedDecider
 
-        decider = RankedDecider(target, metrics, delay_s, deciders.rank)
+        decider = RankedDecider(target, metrics, draws, delay_s, deciders.rank)
     else:
-        decider = deciders.local(target, slots=slots, depth=depth, target_delay_s=delay_s)
+        decider = deciders.local(target, slots=slots, depth=depth, draws=draws,
+                                 target_delay_s=delay_s)
     scheduler = Scheduler(link, decider, metrics, slots=slots, depth=depth)
     return link, scheduler, metrics, config
 
@@ -72,20 +78,24 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
     vocab = config.identity.vocab
     top_k = settings.top_k
     default_top_k = top_k if 0 < top_k < vocab else None  # k >= vocab: the dense support
-    v1_only = settings.wire_version == WIRE_V1
+    mode = settings.speculation
 
     async def generate(head, body):
         req = decode_generate(body, vocab=vocab, default_top_k=default_top_k,
                               max_support=config.limits.max_support)
-        if v1_only and req.speculative and not req.greedy:
+        if mode == "off" and req.speculative:  # every request target-only, as configured
+            req = dataclasses.replace(req, speculative=False)
+        if mode == "greedy" and req.speculative and not req.greedy:
             raise HttpError(422, "sampled_on_v1",
-                            "this verifier runs a v1 (greedy) session: send temperature 0, "
-                            "or speculative false; sampled speculation needs wire v2")
+                            "this verifier runs greedy (v1) speculation: send temperature 0, "
+                            "or speculative false; sampled speculation needs speculation = "
+                            "\"sampled\" on both daemons")
         return 200, await scheduler.generate(req)
 
     async def healthz(head, body):
         answer = {"status": "ok", "worker": "connected" if link.ready else "disconnected",
                   "wire_version": link.version if link.ready else None,
+                  "speculation": mode,
                   "target": config.identity.target_id, "slots": scheduler.pool.size,
                   "depth": scheduler.depth}
         ranks = scheduler.decider.health()  # --ranks N: the group's state
@@ -133,9 +143,18 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
             await group.close()
         raise cannot_listen("http", settings.http, e) from None
     # the worker link's traffic (wire and context channel); replay needs the watchdog
-    cap = link.capture = open_capture(settings.capture, "verifier",
-                                      {"step_timeout_s": settings.watchdog_ms / 1e3})
-    link_task = asyncio.get_running_loop().create_task(link.run(stop))
+    # a capture names the draw secret by its fingerprint only (replay --draw-secret-file)
+    cap = link.capture = open_capture(settings.capture, "verifier", {
+        "step_timeout_s": settings.watchdog_ms / 1e3,
+        "draw_key": {"id": DRAW_KEY_ID, "fingerprint": scheduler.decider.draws.fingerprint}})
+    speculating = settings.speculation != "off"
+    link_task = asyncio.get_running_loop().create_task(
+        link.run(stop) if speculating else stop.wait())  # off: the worker is never dialled
+    log.info("speculation %s: %s", settings.speculation, {
+        "off": "every request target-only, no worker link",
+        "greedy": "greedy (v1) speculation; sampled requests are refused (422)",
+        "sampled": "sampled (v2) speculation with exact q; greedy requests too"}[
+            settings.speculation])
     try:
         banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings.worker}"
         if group is not None:

@@ -140,7 +140,7 @@ def test_http_head_refuses_a_declared_body_of_2_pow_31():
 
 
 def _settings(cls, **over):
-    return cls(**{"vocab": 16, "metrics_port": 0, **over})
+    return cls(**{"vocab": 16, "metrics_port": 0, "speculation": "sampled", **over})
 
 
 async def _traced(coro):
