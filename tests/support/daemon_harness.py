@@ -114,6 +114,11 @@ def planted_verifier_command() -> list[str]:
     return [sys.executable, str(ROOT / "tests" / "support" / "planted_verifier.py")]
 
 
+def planted_steering_command(role: str) -> list[str]:
+    """The steering worker or the old-keying verifier (tests/support/planted_steering.py)."""
+    return [sys.executable, str(ROOT / "tests" / "support" / "planted_steering.py"), role]
+
+
 FAULT_PROMPT = [3, 7]  # the fault tests' prompt (as the distribution experiment's)
 
 
