@@ -144,9 +144,11 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         raise cannot_listen("http", settings.http, e) from None
     # the worker link's traffic (wire and context channel); replay needs the watchdog
     # a capture names the draw secret by its fingerprint only (replay --draw-secret-file)
+    draws = scheduler.decider.draws
     cap = link.capture = open_capture(settings.capture, "verifier", {
         "step_timeout_s": settings.watchdog_ms / 1e3,
-        "draw_key": {"id": DRAW_KEY_ID, "fingerprint": scheduler.decider.draws.fingerprint}})
+        "draw_key": {"id": DRAW_KEY_ID,
+                     "fingerprint": draws.fingerprint if draws is not None else None}})
     speculating = settings.speculation != "off"
     link_task = asyncio.get_running_loop().create_task(
         link.run(stop) if speculating else stop.wait())  # off: the worker is never dialled

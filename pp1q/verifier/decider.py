@@ -33,6 +33,10 @@ from pp1q.wire.events import ProposalReady
 
 
 class Decider(abc.ABC):
+    # the keys of this decider's draws (pp1q.core.drawkey): a capture names their
+    # fingerprint; every production decider has them
+    draws: DrawKeys | None = None
+
     async def open(self, job: Job) -> None:  # noqa: B027 - optional, empty by default
         """``job`` took its slot; no decision of it has been asked yet."""
 

@@ -78,6 +78,9 @@ def test_speculation_modes(tmp_path, verifier, worker):
             assert rounds["greedy"] > 0 and rounds["speculative"] == 0
         elif expect == "refused":  # served anyway, target-only after each failed round
             assert rounds["speculative"] == rounds["greedy"] == 0 and rounds["fallback"] > 0
+            # the verifier counts the worker's REFUSAL under the same reason
+            assert value(v, "pp1q_validation_failures_total",
+                         reason="speculation_not_enabled") >= 1
         else:  # off: every request target-only as configured, no fallback, no connection
             assert rounds["target_only"] == 12 and rounds["fallback"] == 0
             assert health["worker"] == "disconnected"
