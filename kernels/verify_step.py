@@ -28,7 +28,9 @@ from .residual import BLOCK, sample_fixed
 
 @dataclass(frozen=True)
 class StepKeys:
-    """Per-request keys as int64 tensors [B] (seeds two's-complement)."""
+    """Per-request keys as int64 tensors [B] (seeds two's-complement). The seeds are the
+    verifier's draw seeds (pp1q.core.drawkey: ``DrawKeys.seed_for(request seed)``), never
+    the seed a STEP carries: a decider builds its RoundKeys with them."""
 
     seeds: torch.Tensor
     generation: torch.Tensor

@@ -23,6 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--reverify", action="store_true",
                    help="--verify, and decide every validated round again with the target "
                         "named in HELLO (pp1q's toy targets)")
+    p.add_argument("--draw-secret-file", metavar="FILE",
+                   help="with --reverify: the verifier's draw secret (its draw_secret_file), "
+                        "needed when the capture names one (by fingerprint)")
     p.add_argument("--step-timeout", type=float, metavar="S",
                    help="watchdog for --verify (default: step_timeout_s from the capture)")
     p.add_argument("--json", action="store_true",
@@ -117,7 +120,19 @@ def _verify(args, reader) -> int:
             print("pp1q replay: --reverify: the HELLO's target is not one pp1q can rebuild",
                   file=sys.stderr)
             return EXIT_BAD_CAPTURE
-        reverifier = Reverifier(target)
+        from pp1q.core.errors import ConfigError
+        from pp1q.runtime.draw_secret import load_draw_keys
+        from pp1q.tools.replay.reverify import draws_for
+        from pp1q.tools.replay.verifier import draw_key_info
+
+        try:
+            secret = args.draw_secret_file
+            draws = draws_for(draw_key_info(reader),
+                              load_draw_keys(secret) if secret is not None else None)
+        except ConfigError as e:
+            print(f"pp1q replay: --reverify: {e}", file=sys.stderr)
+            return EXIT_BAD_CAPTURE
+        reverifier = Reverifier(target, draws)
     report = VerifierReplay(reader.header.role, step_timeout=args.step_timeout,
                             reverifier=reverifier).run(reader)
     if args.json:

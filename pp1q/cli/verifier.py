@@ -26,9 +26,8 @@ def add_arguments(p) -> None:
     add_setting(p, v, "http", "HOST:PORT", "HTTP API address")
     add_common_arguments(p, v)
     tls.add_arguments(p, v)
-    add_setting(p, v, "wire_version", "{1,2}",
-                "2: sampled speculative decoding with exact q; 1: a v1 session, greedy "
-                "(temperature 0) requests only")
+    add_setting(p, v, "draw_secret_file", "FILE",
+                "hex secret keying the verifier's draws (mode 600); none: random per start")
     add_setting(p, v, "slots", "N", "concurrent requests")
     add_setting(p, v, "depth", "D", "fixed draft depth")
     add_setting(p, v, "top_k", "K", "default proposal support: sparse top-k, 0 = dense")

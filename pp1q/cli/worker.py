@@ -28,8 +28,6 @@ def add_arguments(p) -> None:
                 "adversarial")
     add_setting(p, "worker", "draft_distance", "D",
                 "override the preset's distance, 0 (matched) .. 1 (independent)")
-    add_setting(p, "worker", "wire_versions", "LIST",
-                "wire versions this worker accepts, e.g. 2,1 or 1")
     add_setting(p, "worker", "max_support", "K",
                 "largest sparse top-k support offered at HELLO")
     add_setting(p, "worker", "check_outgoing", help=(
@@ -55,6 +53,8 @@ def add_common_arguments(p, role: str) -> None:
     add_setting(p, role, "vocab", "N", "toy model vocabulary")
     add_setting(p, role, "model_seed", "S", "toy model seed; worker and verifier must agree")
     add_setting(p, role, "log_level", "LEVEL", "debug, info, warning or error")
+    add_setting(p, role, "speculation", "{off,greedy,sampled}",
+                "sampled runs only when both daemons name it; off: target-only")
     add_setting(p, role, "capture", "FILE",
                 "record every frame in and out (wire and context channel) to FILE, "
                 "for `pp1q replay` (docs/capture.md; unset: no capture)")

@@ -58,6 +58,8 @@ class Reason(enum.StrEnum):
     BAD_POSITION = "bad_position"
     OUT_OF_ORDER = "out_of_order"
     SAMPLED_ON_V1 = "sampled_on_v1"
+    # HELLO: the peer offered (or answered) sampled speculation this side did not enable
+    SPECULATION_NOT_ENABLED = "speculation_not_enabled"
     TOO_MANY_INFLIGHT = "too_many_inflight"
     STEP_TIMEOUT = "step_timeout"
     WORKER_ABORTED = "worker_aborted"

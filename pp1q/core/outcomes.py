@@ -26,6 +26,8 @@ class PeerRefusal(enum.StrEnum):
     TLS_HANDSHAKE = "tls_handshake"  # no certificate, untrusted CA, expired, wrong name, not TLS
     IDENTITY_MISMATCH = "identity_mismatch"  # HELLO identity differs from our configuration
     HELLO_INCOMPATIBLE = "hello_incompatible"  # no common wire version, or limits too small
+    # sampled speculation offered to a side that did not enable it (--speculation)
+    SPECULATION_NOT_ENABLED = "speculation_not_enabled"
 
 
 class StepKind(enum.StrEnum):

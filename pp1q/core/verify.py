@@ -40,7 +40,11 @@ _INV_MASS = 1.0 / MASS  # exact: a power of two
 
 @dataclass(frozen=True)
 class RoundKeys:
-    """Everything that keys a round's draws; ``first_position`` is the absolute position of x_1."""
+    """Everything that keys a round's draws; ``first_position`` is the absolute position of x_1.
+
+    ``seed`` is the Philox key of the domains being drawn: the request seed for PROPOSAL
+    (what the STEP carries; rounds.proposal_matches), the verifier's draw seed for
+    ACCEPTANCE, CORRECTION, BONUS and TARGET_ONLY (pp1q.core.drawkey; the deciders)."""
 
     seed: int
     generation: int

@@ -106,9 +106,14 @@ def start_pair(log_dir: str, *, vocab: int, model_seed: int = 0, preset: str = "
 
     Returns (worker, verifier, url); both are stopped again if the pair does not come up.
     """
+    from pp1q.runtime.draw_secret import write_secret_file
     from pp1q.tools.client import Client
 
-    common = ["--vocab", str(vocab), "--model-seed", str(model_seed), "--metrics-port", "0"]
+    # sampled speculation is enabled explicitly on both ends (never a default)
+    common = ["--vocab", str(vocab), "--model-seed", str(model_seed), "--metrics-port", "0",
+              "--speculation", "sampled"]
+    secret = os.path.join(log_dir, "draw.secret")  # a fresh draw secret for this pair
+    write_secret_file(secret)
     worker = DaemonProcess("worker", pp1q_command(
         "worker", "--listen", "127.0.0.1:0", "--draft-preset", preset, *common),
         os.path.join(log_dir, "worker.log"))
@@ -116,7 +121,7 @@ def start_pair(log_dir: str, *, vocab: int, model_seed: int = 0, preset: str = "
         verifier = DaemonProcess("verifier", pp1q_command(
             "verifier", "--worker", f"127.0.0.1:{worker.port}", "--http", "127.0.0.1:0",
             "--top-k", str(top_k), "--target-delay-ms", str(target_delay_ms),
-            "--ranks", str(ranks), *common),
+            "--ranks", str(ranks), "--draw-secret-file", secret, *common),
             os.path.join(log_dir, "verifier.log"))
     except BaseException:
         worker.stop()

@@ -63,6 +63,9 @@ class Metrics:
         self.info = Info(f"{PREFIX}_build", "Daemon identity: role, version, models, wire",
                          registry=reg("build"))
         self.info.info({"role": role, "version": __version__, **(identity or {})})
+        self.speculation = Info(f"{PREFIX}_speculation",
+                                "Speculation mode this daemon was configured with (mode: "
+                                "off, greedy or sampled)", registry=r)
         # verifier: rounds and tokens
         self.rounds = counter("rounds", "Verification steps completed, by kind", ("kind",))
         self.drafted_tokens = counter("drafted_tokens", "Draft tokens received and verified")
@@ -126,8 +129,9 @@ class Metrics:
 
     def hello_refused(self, reason: Reason) -> None:
         """We refused the peer's HELLO (or its answer) for ``reason``."""
-        self.peer_refused(PeerRefusal.IDENTITY_MISMATCH if reason is Reason.WRONG_IDENTITY
-                          else PeerRefusal.HELLO_INCOMPATIBLE)
+        self.peer_refused({Reason.WRONG_IDENTITY: PeerRefusal.IDENTITY_MISMATCH,
+                           Reason.SPECULATION_NOT_ENABLED: PeerRefusal.SPECULATION_NOT_ENABLED,
+                           }.get(reason, PeerRefusal.HELLO_INCOMPATIBLE))
 
     def fallback(self, cause: FallbackCause) -> None:
         self.fallbacks.labels(cause=FallbackCause(cause).value).inc()

@@ -30,17 +30,21 @@ from pp1q.models.toy import (
     MAX_VOCAB,
     MIN_VOCAB,
 )
-from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, parse_versions
+from pp1q.wire import WIRE_V1, WIRE_V2
+from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT
 
 MAX_SLOTS = 64  # the scheduler preallocates target rows per slot; bound that memory
 MAX_DEPTH = 16  # the design fixes depth 5; a larger value is an experiment, bounded
 MAX_RANKS = 16  # vote rows grow with ranks; a tensor-parallel group is one or two nodes' GPUs
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# off: target-only; greedy: v1 (temperature 0) speculation; sampled: v2 with exact q.
+# Sampled runs only where both daemons name it (the design: no auto-upgrade).
+SPECULATION_MODES = ("off", "greedy", "sampled")
+DEFAULT_SPECULATION = "greedy"
 RANK_BACKENDS = ("auto", "gloo", "nccl")
 
 # -- value kinds (a float field is always finite as well) --
 Address = Annotated[str, Meta(extra={"form": "address"})]  # HOST:PORT or [IPv6]:PORT
-Versions = Annotated[str, Meta(extra={"form": "versions"})]  # a list such as "2,1"
 Draft = Annotated[str, Meta(extra={"form": "draft"})]  # early-exit:K
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[float, Meta(gt=0)]
@@ -48,6 +52,7 @@ NonNegative = Annotated[float, Meta(ge=0)]
 LogLevel = Literal[LOG_LEVELS]
 DraftPreset = Literal[tuple(DRAFT_PRESETS)]
 RankBackend = Literal[RANK_BACKENDS]
+Speculation = Literal[SPECULATION_MODES]
 TLS_FILES = ("tls_cert", "tls_key", "tls_ca")
 
 
@@ -82,6 +87,7 @@ class DaemonSettings(_Checked, frozen=True, kw_only=True):
     tls_cert: str | None = None  # mutual TLS: all three files or none (pp1q.runtime.tls)
     tls_key: str | None = None
     tls_ca: str | None = None
+    speculation: Speculation = DEFAULT_SPECULATION  # both daemons must name "sampled"
 
 
 class WorkerSettings(DaemonSettings, frozen=True, kw_only=True):
@@ -90,13 +96,15 @@ class WorkerSettings(DaemonSettings, frozen=True, kw_only=True):
     listen: Address = "127.0.0.1:7070"
     draft_preset: DraftPreset = DEFAULT_DRAFT_PRESET
     draft_distance: Annotated[float, Meta(ge=0, le=1)] | None = None  # None: the preset's
-    wire_versions: Versions = "2,1"
     max_support: Annotated[int, Meta(ge=1, le=MAX_VOCAB)] = DEFAULT_MAX_SUPPORT
     check_outgoing: bool = True
 
     @property
     def versions(self) -> tuple[int, ...]:
-        return parse_versions(self.wire_versions)
+        """Wire versions this worker accepts: sampled serves v2 sessions (which carry
+        greedy requests too) and v1 ones; greedy only v1; off none (every HELLO refused)."""
+        return {"sampled": (WIRE_V2, WIRE_V1), "greedy": (WIRE_V1,), "off": ()}[
+            self.speculation]
 
 
 class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
@@ -104,7 +112,7 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
 
     worker: Address = "127.0.0.1:7070"
     http: Address = "127.0.0.1:8080"
-    wire_version: Literal[1, 2] = 2
+    draw_secret_file: str | None = None  # None: a random secret per start (pp1q.core.drawkey)
     slots: Annotated[int, Meta(ge=1, le=MAX_SLOTS)] = 4
     depth: Annotated[int, Meta(ge=1, le=MAX_DEPTH)] = 5
     top_k: Annotated[int, Meta(ge=0, le=DEFAULT_MAX_SUPPORT)] = 32  # 0: dense
@@ -119,6 +127,13 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     rank_timeout_s: Positive = 5.0
     rank_join_timeout_s: Positive = 120.0
     rank_exit_grace_s: NonNegative = 2.0
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """The one wire version this verifier offers: v2 for sampled, v1 for greedy, none
+        for off (no worker link). Never a fallback list: a sampled verifier meeting a
+        worker that did not enable sampled is refused at HELLO, not downgraded."""
+        return {"sampled": (WIRE_V2,), "greedy": (WIRE_V1,), "off": ()}[self.speculation]
 
 
 ROLES: dict[str, type[DaemonSettings]] = {"worker": WorkerSettings,
@@ -202,8 +217,6 @@ def describe(node) -> str:
         form = (node.extra or {}).get("form")
         if form == "address":
             return "HOST:PORT (port 0..65535)"
-        if form == "versions":
-            return "a list of wire versions such as 2,1 (known: 1, 2)"
         if form == "draft":
             return "early-exit:K (K >= 1)"
         return describe(node.type)
@@ -268,8 +281,6 @@ def _accepts(node, v) -> bool:
         try:
             if form == "address":
                 parse_hostport(v)
-            elif form == "versions":
-                parse_versions(v)
             elif form == "draft":
                 early_exit_depth(v)
         except (ConfigError, ValueError):

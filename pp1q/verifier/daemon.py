@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pp1q.core.drawkey import DRAW_KEY_ID
 from pp1q.core.errors import ConfigError
 from pp1q.models.serving import TOY, load_target
 from pp1q.models.text import TextCodec
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.runtime import tls
 from pp1q.runtime.config import open_capture
+from pp1q.runtime.draw_secret import load_draw_keys
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostport
 from pp1q.verifier.api import decode_generate
@@ -28,7 +31,7 @@ from pp1q.verifier.ranks.launch import rank_plan
 from pp1q.verifier.ranks.replica import RankDecisions
 from pp1q.verifier.scheduler import Scheduler
 from pp1q.verifier.server import HttpServer, read_body
-from pp1q.wire import WIRE_V1, WIRE_V2
+from pp1q.wire import WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, engine_identity, verifier_config
 
 log = logging.getLogger("pp1q.verifier")
@@ -36,8 +39,8 @@ log = logging.getLogger("pp1q.verifier")
 
 @dataclass(frozen=True)
 class Deciders:
-    """How a verifier decides: ``local(target, slots=, depth=, target_delay_s=)`` builds
-    the Decider of one process; ``rank(target, limits)`` the decisions of each rank's
+    """How a verifier decides: ``local(target, slots=, depth=, draws=, target_delay_s=)``
+    builds the Decider of one process; ``rank(target, limits)`` the decisions of each rank's
     replica under ``--ranks N`` (rank 0's Decider is then a RankedDecider over them).
     Production runs ``STANDARD``; a planted-bug test passes its own to ``serve``."""
 
@@ -56,12 +59,14 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
         return _build_engine(settings, deciders, ranked)
     spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
     slots, depth, top_k = settings.slots, settings.depth, settings.top_k
-    versions = (WIRE_V2, WIRE_V1) if settings.wire_version == WIRE_V2 else (WIRE_V1,)
+    versions = settings.versions
     host, port = parse_hostport(settings.worker)
     config = verifier_config(spec, versions, slots, depth, DEFAULT_MAX_SUPPORT)
     target = ToyTarget(spec)
     metrics = Metrics("verifier", {"target": target.identity, "draft": spec.draft_identity,
                                    "wire_versions": ",".join(map(str, versions))})
+    metrics.speculation.info({"mode": settings.speculation})
+    draws = load_draw_keys(settings.draw_secret_file)
     needs = Needs(slots=slots, depth=depth, support=min(top_k, spec.vocab))
     link = WorkerLink(host, port, config, needs, metrics, settings.watchdog_ms / 1000.0,
                       settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics))
@@ -69,9 +74,10 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     if ranked:
         from pp1q.verifier.ranks.decider import RankedDecider
 
-        decider = RankedDecider(target, metrics, delay_s, deciders.rank)
+        decider = RankedDecider(target, metrics, draws, delay_s, deciders.rank)
     else:
-        decider = deciders.local(target, slots=slots, depth=depth, target_delay_s=delay_s)
+        decider = deciders.local(target, slots=slots, depth=depth, draws=draws,
+                                 target_delay_s=delay_s)
     scheduler = Scheduler(link, decider, metrics, slots=slots, depth=depth)
     return link, scheduler, metrics, config
 
@@ -81,13 +87,14 @@ def _build_engine(settings: VerifierSettings, deciders: Deciders, ranked: bool):
     if ranked or settings.ranks > 1:
         raise ConfigError("ranks > 1 serves the toy target only (model = 'toy')", key="ranks")
     loaded = load_target(settings)
-    versions = (WIRE_V2, WIRE_V1) if settings.wire_version == WIRE_V2 else (WIRE_V1,)
+    versions = settings.versions
     ident = engine_identity(loaded.vocab, loaded.tokenizer_digest, loaded.draft_id,
                             loaded.target_id)
     config = verifier_config(ident, versions, settings.slots, settings.depth,
                              DEFAULT_MAX_SUPPORT)
     metrics = Metrics("verifier", {"target": loaded.target_id, "draft": loaded.draft_id,
                                    "wire_versions": ",".join(map(str, versions))})
+    metrics.speculation.info({"mode": settings.speculation})
     log.info("target %s loaded in %.1f s", loaded.target_id, loaded.load_seconds)
     host, port = parse_hostport(settings.worker)
     needs = Needs(slots=settings.slots, depth=settings.depth,
@@ -95,6 +102,7 @@ def _build_engine(settings: VerifierSettings, deciders: Deciders, ranked: bool):
     link = WorkerLink(host, port, config, needs, metrics, settings.watchdog_ms / 1000.0,
                       settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics))
     decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
+                              draws=load_draw_keys(settings.draw_secret_file),
                               target_delay_s=settings.target_delay_ms / 1000.0)
     scheduler = Scheduler(link, decider, metrics, slots=settings.slots, depth=settings.depth,
                           text=TextCodec(loaded.tokenizer))
@@ -106,28 +114,34 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
     vocab = config.identity.vocab
     top_k = settings.top_k
     default_top_k = top_k if 0 < top_k < vocab else None  # k >= vocab: the dense support
-    v1_only = settings.wire_version == WIRE_V1
+    mode = settings.speculation
     decode_kw = {"vocab": vocab, "default_top_k": default_top_k,
                  "max_support": config.limits.max_support, "text": scheduler.text}
 
-    def check(req) -> None:
+    def check(req):
+        """The request as this verifier will run it (speculation mode, rank limits);
+        the OpenAI routes call it on their decoded request too."""
         if settings.ranks > 1 and not req.processors.is_default:
             raise HttpError(422, "unsupported_processors",
                             "a rank group samples the target at T = 1 without top-k/top-p "
                             "(or greedy, temperature 0)")
-        if v1_only and req.speculative and not req.greedy:
+        if mode == "off" and req.speculative:  # every request target-only, as configured
+            return dataclasses.replace(req, speculative=False)
+        if mode == "greedy" and req.speculative and not req.greedy:
             raise HttpError(422, "sampled_on_v1",
-                            "this verifier runs a v1 (greedy) session: send temperature 0, "
-                            "or speculative false; sampled speculation needs wire v2")
+                            "this verifier runs greedy (v1) speculation: send temperature 0, "
+                            "or speculative false; sampled speculation needs speculation = "
+                            "\"sampled\" on both daemons")
+        return req
 
     async def generate(request):
-        req = decode_generate(await read_body(request), **decode_kw)
-        check(req)
+        req = check(decode_generate(await read_body(request), **decode_kw))
         return 200, await scheduler.generate(req)
 
     async def healthz(request):
         answer = {"status": "ok", "worker": "connected" if link.ready else "disconnected",
                   "wire_version": link.version if link.ready else None,
+                  "speculation": mode,
                   "target": config.identity.target_id, "slots": scheduler.pool.size,
                   "depth": scheduler.depth}
         ranks = scheduler.decider.health()  # --ranks N: the group's state
@@ -140,7 +154,7 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
     return {("POST", "/v1/generate"): generate, ("GET", "/healthz"): healthz,
             **openai_routes(scheduler, model_id=config.identity.target_id,
                             tokenizer=scheduler.text, decode_kw=decode_kw,
-                            check=lambda call: check(call.req))}
+                            check=check)}
 
 
 async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
@@ -179,9 +193,20 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
             await group.close()
         raise cannot_listen("http", settings.http, e) from None
     # the worker link's traffic (wire and context channel); replay needs the watchdog
-    cap = link.capture = open_capture(settings.capture, "verifier",
-                                      {"step_timeout_s": settings.watchdog_ms / 1e3})
-    link_task = asyncio.get_running_loop().create_task(link.run(stop))
+    # a capture names the draw secret by its fingerprint only (replay --draw-secret-file)
+    draws = scheduler.decider.draws
+    cap = link.capture = open_capture(settings.capture, "verifier", {
+        "step_timeout_s": settings.watchdog_ms / 1e3,
+        "draw_key": {"id": DRAW_KEY_ID,
+                     "fingerprint": draws.fingerprint if draws is not None else None}})
+    speculating = settings.speculation != "off"
+    link_task = asyncio.get_running_loop().create_task(
+        link.run(stop) if speculating else stop.wait())  # off: the worker is never dialled
+    log.info("speculation %s: %s", settings.speculation, {
+        "off": "every request target-only, no worker link",
+        "greedy": "greedy (v1) speculation; sampled requests are refused (422)",
+        "sampled": "sampled (v2) speculation with exact q; greedy requests too"}[
+            settings.speculation])
     try:
         banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings.worker}"
         if group is not None:

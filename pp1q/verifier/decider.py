@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import asyncio
 
+from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import Reason
 from pp1q.core.outcomes import StepKind
 from pp1q.core.verify import RoundKeys
@@ -34,6 +35,10 @@ from pp1q.wire.events import ProposalReady
 
 
 class Decider(abc.ABC):
+    # the keys of this decider's draws (pp1q.core.drawkey): a capture names their
+    # fingerprint; every production decider has them
+    draws: DrawKeys | None = None
+
     async def open(self, job: Job) -> None:  # noqa: B027 - optional, empty by default
         """``job`` took its slot; no decision of it has been asked yet."""
 
@@ -46,7 +51,7 @@ class Decider(abc.ABC):
     @abc.abstractmethod
     async def decide_target_only(self, job: Job, generation: int, round_id: int) -> Outcome:
         """One token from the target alone after the job's committed prefix, keyed by
-        (seed, ``generation``, ``round_id``, position)."""
+        (the verifier's draw seed, ``generation``, ``round_id``, position)."""
 
     async def invalidate(self, job: Job, generation: int,  # noqa: B027
                          reason: Reason) -> None:
@@ -63,19 +68,21 @@ class Decider(abc.ABC):
         return None
 
 
-def round_keys(job: Job, step: Step) -> RoundKeys:
-    """The keys of a speculative round's draws (every decider takes them from here)."""
-    return RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
-
-
 class LocalDecider(Decider):
-    """Decisions in this process (today's path with one verifier rank)."""
+    """Decisions in this process (today's path with one verifier rank). Its draws are
+    keyed by ``draws`` (pp1q.core.drawkey): a seed the worker cannot compute."""
 
-    def __init__(self, target: TargetModel, *, slots: int, depth: int,
+    def __init__(self, target: TargetModel, *, slots: int, depth: int, draws: DrawKeys,
                  target_delay_s: float = 0.0) -> None:
         self.target = target
+        self.draws = draws
         self.rows = TargetRows(target, slots, depth)
         self.target_delay_s = target_delay_s
+
+    def round_keys(self, job: Job, step: Step) -> RoundKeys:
+        """The keys of a speculative round's draws (every local decider takes them here)."""
+        return RoundKeys(self.draws.seed_for(job.req.seed), step.generation, step.round_id,
+                         step.first_position)
 
     async def _forward(self) -> None:
         if self.target_delay_s:
@@ -85,11 +92,12 @@ class LocalDecider(Decider):
                            ready: ProposalReady) -> tuple[Outcome, StepKind]:
         await self._forward()
         out = self.rows.round(job.slot, job.prefix.tokens, list(ready.draft_ids),
-                              ready.q_rows, round_keys(job, step), ready.greedy,
+                              ready.q_rows, self.round_keys(job, step), ready.greedy,
                               job.req.processors)
         return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
 
     async def decide_target_only(self, job: Job, generation: int, round_id: int) -> Outcome:
         await self._forward()
-        return self.rows.target_only(job.slot, job.prefix.tokens, job.req.seed, generation,
-                                     round_id, job.req.greedy, job.req.processors)
+        return self.rows.target_only(job.slot, job.prefix.tokens,
+                                     self.draws.seed_for(job.req.seed), generation, round_id,
+                                     job.req.greedy, job.req.processors)

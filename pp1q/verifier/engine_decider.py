@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from pp1q.core.drawkey import DrawKeys
 from pp1q.core.outcomes import StepKind
 from pp1q.core.verify import RoundKeys
 from pp1q.models.engine import Target
@@ -32,9 +33,10 @@ from pp1q.wire.events import ProposalReady
 
 
 class EngineDecider(Decider):
-    def __init__(self, target: Target, *, slots: int, depth: int,
+    def __init__(self, target: Target, *, slots: int, depth: int, draws: DrawKeys,
                  target_delay_s: float = 0.0) -> None:
         self.target = target
+        self.draws = draws  # the verifier's own draw keys (pp1q.core.drawkey)
         self._engine = ThreadPoolExecutor(1, thread_name_prefix="pp1q-target")
         self._queue: list[tuple[int, list[int], asyncio.Future]] = []
         self._draining = False
@@ -87,7 +89,8 @@ class EngineDecider(Decider):
         if ready.greedy:
             out = rounds.greedy(p, drafts)
         else:
-            keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)
+            keys = RoundKeys(self.draws.seed_for(job.req.seed), step.generation, step.round_id,
+                             step.first_position)
             out = rounds.sampled(p, ready.q_rows, drafts, keys)
         await self._call(self.target.commit, job.slot, out.accepted, out.token)
         return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
@@ -95,7 +98,7 @@ class EngineDecider(Decider):
     async def decide_target_only(self, job: Job, generation: int,
                                  round_id: int) -> rounds.Outcome:
         p = self._p(job, await self._score(job.slot, []))
-        out = rounds.target_only(p[0], job.req.seed, generation, round_id,
+        out = rounds.target_only(p[0], self.draws.seed_for(job.req.seed), generation, round_id,
                                  len(job.prefix.tokens), job.req.greedy)
         await self._call(self.target.commit, job.slot, 0, out.token)
         return out

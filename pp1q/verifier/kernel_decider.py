@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pp1q.core.drawkey import DrawKeys
 from pp1q.core.outcomes import StepKind
 from pp1q.core.q import DyadicRow
 from pp1q.core.verify import RoundKeys
 from pp1q.models.toy import TargetModel
-from pp1q.verifier.decider import LocalDecider, round_keys
+from pp1q.verifier.decider import LocalDecider
 from pp1q.verifier.job import Job
 from pp1q.verifier.kernel_rounds import KernelRounds
 from pp1q.verifier.rounds import Outcome
@@ -43,9 +44,10 @@ class _Queued:
 
 
 class KernelDecider(LocalDecider):
-    def __init__(self, target: TargetModel, *, slots: int, depth: int,
+    def __init__(self, target: TargetModel, *, slots: int, depth: int, draws: DrawKeys,
                  target_delay_s: float = 0.0, device: str = "cpu") -> None:
-        super().__init__(target, slots=slots, depth=depth, target_delay_s=target_delay_s)
+        super().__init__(target, slots=slots, depth=depth, draws=draws,
+                         target_delay_s=target_delay_s)
         self.kernel = KernelRounds(device)
         self._queued: list[_Queued] = []
 
@@ -59,7 +61,7 @@ class KernelDecider(LocalDecider):
                            processors=job.req.processors)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        self._queued.append(_Queued(p, ready.q_rows, drafts, round_keys(job, step), done))
+        self._queued.append(_Queued(p, ready.q_rows, drafts, self.round_keys(job, step), done))
         if len(self._queued) == 1:
             loop.call_soon(self._flush)
         return await done, StepKind.SPECULATIVE

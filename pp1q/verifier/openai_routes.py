@@ -17,6 +17,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from pp1q.core.errors import ServiceError
+from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.http import HttpError, as_http, error_body
 from pp1q.verifier.openai_api import Call, IdText, Shape, Stopper, decode_call, sse
 from pp1q.verifier.scheduler import Scheduler
@@ -26,9 +27,9 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: dict,
-                  check: Callable[[Call], None]) -> dict:
-    """``decode_kw``: vocab, default_top_k, max_support; ``check(call)``: the daemon's own
-    refusals (a v1 session refuses sampled speculation)."""
+                  check: Callable[[GenerateRequest], GenerateRequest]) -> dict:
+    """``decode_kw``: vocab, default_top_k, max_support, text; ``check(req)``: the daemon's
+    own refusals and adjustments (speculation mode), returning the request to run."""
     text = tokenizer if tokenizer is not None else IdText()
     created = int(time.time())
 
@@ -37,7 +38,7 @@ def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: 
             raw = await read_body(request)
             call = decode_call(raw, chat=chat, tokenizer=tokenizer, model_id=model_id,
                                **decode_kw)
-            check(call)
+            call.req = check(call.req)
             shape, stopper = Shape(chat, model_id), Stopper(call, text)
             if not call.body.stream:
                 answer = await scheduler.generate(call.req, stopper.feed)

@@ -23,13 +23,15 @@ __all__ = ["Outcome", "greedy", "proposal_matches", "sampled", "target_only"]
 
 def sampled(p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: Sequence[int],
             keys: RoundKeys) -> Outcome:
-    """Standard verification; ``keys.first_position`` is the absolute position of x_1."""
+    """Standard verification; ``keys.first_position`` is the absolute position of x_1 and
+    ``keys.seed`` the verifier's draw seed (pp1q.core.drawkey), never the STEP's seed."""
     return KernelRounds().sampled([p], [q_rows], [drafts], [keys])[0]
 
 
 def proposal_matches(q_rows: Sequence[DyadicRow], drafts: Sequence[int],
                      keys: RoundKeys) -> bool:
-    """Each x_i is what q_i and the PROPOSAL-domain key give (docs/distribution.md step 1).
+    """Each x_i is what q_i and the PROPOSAL-domain key give (docs/distribution.md step 1);
+    ``keys.seed`` is the request seed the STEP carried.
 
     The verifier knows the request seed, so it re-derives every proposal: a q that is not
     the q that sampled (built at another temperature, from other logits, one row shifted)
@@ -52,10 +54,10 @@ def greedy(target_rows: np.ndarray, drafts: Sequence[int]) -> Outcome:
     return Outcome(accepted, int(best[accepted]))
 
 
-def target_only(p_row: np.ndarray, seed: int, generation: int, round_id: int,
+def target_only(p_row: np.ndarray, draw_seed: int, generation: int, round_id: int,
                 position: int, is_greedy: bool) -> Outcome:
-    """One token at absolute ``position`` from the target alone."""
+    """One token at absolute ``position`` from the target alone (the verifier's draw seed)."""
     if is_greedy:
         return Outcome(0, int(np.argmax(p_row)))
-    keys = RoundKeys(seed, generation, round_id, position)
+    keys = RoundKeys(draw_seed, generation, round_id, position)
     return KernelRounds().target_only(p_row, keys, position)

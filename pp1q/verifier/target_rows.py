@@ -48,15 +48,16 @@ class TargetRows:
               q_rows: Sequence[DyadicRow], keys: RoundKeys, greedy: bool,
               processors: Processors | None = None) -> rounds.Outcome:
         """Decide a proposal: greedy (v1) or standard verification (``keys.first_position``:
-        x_1's absolute position)."""
+        x_1's absolute position; ``keys.seed``: the verifier's draw seed)."""
         p = self.rows(slot, prefix, drafts, logits=greedy, processors=processors)
         if greedy:
             return rounds.greedy(p, drafts)
         return rounds.sampled(p, q_rows, drafts, keys)
 
-    def target_only(self, slot: int, prefix: Sequence[int], seed: int, generation: int,
+    def target_only(self, slot: int, prefix: Sequence[int], draw_seed: int, generation: int,
                     round_id: int, greedy: bool,
                     processors: Processors | None = None) -> rounds.Outcome:
-        """One token from the target alone, at position len(prefix)."""
+        """One token from the target alone, at position len(prefix) (``draw_seed``: the
+        verifier's, pp1q.core.drawkey)."""
         p = self.rows(slot, prefix, [], logits=greedy, processors=processors)
-        return rounds.target_only(p[0], seed, generation, round_id, len(prefix), greedy)
+        return rounds.target_only(p[0], draw_seed, generation, round_id, len(prefix), greedy)

@@ -37,7 +37,8 @@ class WireConfig:
 
     def __post_init__(self) -> None:
         versions = tuple(self.versions)
-        if not versions or any(v not in KNOWN_VERSIONS for v in versions):
+        # empty: speculation off (a worker refuses every HELLO; a verifier never dials)
+        if any(v not in KNOWN_VERSIONS for v in versions):
             raise LocalProtocolError(Reason.BAD_VERSION, f"versions {versions!r}")
         object.__setattr__(self, "versions", versions)
         self.limits.check(self.identity.vocab, LocalProtocolError)

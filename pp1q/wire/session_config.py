@@ -36,16 +36,6 @@ def engine_identity(vocab: int, id_map_hash: str, draft_id: str, target_id: str)
                     target_id=target_id, rng_abi=RNG_ABI_ID, precision=PRECISION)
 
 
-def parse_versions(text: str) -> tuple[int, ...]:
-    try:
-        versions = tuple(int(v) for v in str(text).split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"wire versions {text!r}: need a list like 2,1") from None
-    if not versions or any(v not in (1, 2) for v in versions):
-        raise ValueError(f"wire versions {text!r}: known versions are 1 and 2")
-    return versions
-
-
 def worker_config(spec: ToySpec | Identity, versions: tuple[int, ...],
                   max_support: int) -> WireConfig:
     limits = Limits.make(vocab=spec.vocab, max_slots=WORKER_MAX_SLOTS,

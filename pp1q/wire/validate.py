@@ -17,6 +17,7 @@ from pp1q.wire.limits import Limits
 from pp1q.wire.messages import (
     KNOWN_VERSIONS,
     WIRE_V1,
+    WIRE_V2,
     Commit,
     Completion,
     Form,
@@ -28,11 +29,19 @@ from pp1q.wire.messages import (
 
 
 def choose_version(offered, ours) -> int:
-    """Highest version both sides enabled; v2 only if both configured it explicitly."""
-    common = set(offered) & set(ours) & set(KNOWN_VERSIONS)
+    """Highest version both sides enabled. Sampled speculation (v2) runs only if both
+    configured it: v2 offered to a side that did not enable it is refused, never quietly
+    downgraded to v1 (the design: no auto-upgrade, and no silent mode change either)."""
+    offered, ours = set(offered), set(ours)
+    if not ours or (WIRE_V2 in offered and WIRE_V2 not in ours):
+        raise RemoteProtocolError(
+            Reason.SPECULATION_NOT_ENABLED,
+            "sampled speculation (wire v2) is not enabled here" if ours
+            else "speculation is off here")
+    common = offered & ours & set(KNOWN_VERSIONS)
     if not common:
         raise RemoteProtocolError(
-            Reason.BAD_VERSION, f"no common wire version: offered {sorted(set(offered))}"
+            Reason.BAD_VERSION, f"no common wire version: offered {sorted(offered)}"
         )
     return max(common)
 

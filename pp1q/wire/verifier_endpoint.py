@@ -21,6 +21,7 @@ from pp1q.wire.framing import Frame, chain_checksum, encode
 from pp1q.wire.limits import DEFAULT_STEP_TIMEOUT_S
 from pp1q.wire.messages import (
     CONNECTION_SLOT,
+    WIRE_V2,
     Completion,
     Form,
     Hello,
@@ -179,7 +180,9 @@ class VerifierEndpoint(Endpoint):
         with conn_transition(self, Dir.RECV, t):  # READY once the answer checks pass
             self._check_session(ans, RemoteProtocolError)
             if ans.version not in self.config.versions:
-                raise RemoteProtocolError(Reason.BAD_VERSION, f"answered version {ans.version}")
+                raise RemoteProtocolError(
+                    Reason.SPECULATION_NOT_ENABLED if ans.version == WIRE_V2
+                    else Reason.BAD_VERSION, f"answered version {ans.version}")
             check_identity(self.config.identity, ans.identity)
             check_answer_limits(self.config.limits, ans.limits, self.vocab)
         self._start_session(ans.version, ans.limits, ans.identity)

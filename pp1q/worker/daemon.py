@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from pp1q.core.drawkey import DRAW_KEY_ID
 from pp1q.models.engine import Drafter
 from pp1q.models.serving import TOY, load_drafter
 from pp1q.models.toy import DraftModel, ToyDrafter, ToySpec
@@ -36,6 +37,7 @@ def build(settings: WorkerSettings):
     metrics = Metrics("worker", {"draft": drafter.identity, "variant": drafter.variant,
                                  "target": drafter.target_identity,
                                  "wire_versions": ",".join(map(str, versions))})
+    metrics.speculation.info({"mode": settings.speculation})
     return config, drafter, metrics
 
 
@@ -48,6 +50,7 @@ def _build_engine(settings: WorkerSettings):
     metrics = Metrics("worker", {"draft": loaded.draft_id, "variant": loaded.engine.variant,
                                  "target": loaded.target_id,
                                  "wire_versions": ",".join(map(str, settings.versions))})
+    metrics.speculation.info({"mode": settings.speculation})
     log.info("drafter %s loaded in %.1f s", loaded.draft_id, loaded.load_seconds)
     return config, loaded.engine, metrics
 
@@ -75,7 +78,9 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
         return conn
 
     tls_context = tls.server_context(settings, metrics)  # None: plain TCP
-    cap = open_capture(settings.capture, "worker", {"listen": settings.listen})
+    # draws are the verifier's (pp1q.core.drawkey): a worker never knows their secret
+    cap = open_capture(settings.capture, "worker", {
+        "listen": settings.listen, "draw_key": {"id": DRAW_KEY_ID, "fingerprint": None}})
     try:  # the tap sits inside TLS: it records the plaintext frames
         server = await asyncio.get_running_loop().create_server(
             tap(accept, cap), host, port, **tls.serve_kwargs(tls_context))
@@ -87,8 +92,9 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
         raise
     port = server.sockets[0].getsockname()[1]
     try:
-        log.info("worker on %s:%d: %s (%s), wire versions %s, %s", host, port,
-                 drafter.identity, drafter.variant, settings.wire_versions,
+        log.info("worker on %s:%d: %s (%s), speculation %s (wire versions %s), %s", host,
+                 port, drafter.identity, drafter.variant, settings.speculation,
+                 ",".join(map(str, settings.versions)) or "none: every verifier refused",
                  "mutual TLS" if tls_context else "plain TCP")
         banner = f"pp1q worker listening on {host}:{port}"
         await serve_until_stopped(metrics, settings, banner, port, stop, ready)

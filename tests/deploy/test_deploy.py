@@ -141,6 +141,9 @@ def test_config_is_read_by_both_daemons_and_ranks_are_consistent():
         (len(RANKS), ranks[0].rank_master)}
     assert len({v.metrics_port for v in ranks.values()}) == len(RANKS)
     assert w.metrics_port is not None
+    # sampled speculation enabled explicitly on both ends; rank 0 reads the draw secret
+    assert w.speculation == "sampled" and {v.speculation for v in ranks.values()} == {"sampled"}
+    assert ranks[0].draw_secret_file is not None
 
 
 def test_scrape_targets_are_the_configured_metrics_ports():

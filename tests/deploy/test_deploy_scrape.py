@@ -78,8 +78,8 @@ def deployment(tmp_path):
     try:
         rank1 = DaemonProcess("verifier", pp1q_command(
             "verifier", "--worker", f"127.0.0.1:{pair.worker.port}", "--http", "127.0.0.1:0",
-            "--vocab", str(pair.vocab), "--model-seed", "0", "--metrics-port", "0"),
-            str(tmp_path / "verifier1.log"), cwd=str(ROOT))
+            "--vocab", str(pair.vocab), "--model-seed", "0", "--metrics-port", "0",
+            "--speculation", "sampled"), str(tmp_path / "verifier1.log"), cwd=str(ROOT))
         _scrape_config(tmp_path, pair.worker.metrics_port,
                        [pair.verifier.metrics_port, rank1.metrics_port])
         port = _free_port()

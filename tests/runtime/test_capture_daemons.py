@@ -9,8 +9,10 @@ import pytest
 
 from pp1q.cli import verifier as verifier_cmd
 from pp1q.cli import worker as worker_cmd
+from pp1q.core.drawkey import DRAW_KEY_ID
 from pp1q.runtime.capture import CaptureWriter, Role, read_capture, tap
 from pp1q.runtime.config import resolve
+from pp1q.runtime.draw_secret import write_secret_file
 from pp1q.tools.client import Client
 from pp1q.tools.replay import decode, replay_verifier, target_from_identity
 from pp1q.verifier.daemon import serve as serve_verifier
@@ -36,8 +38,13 @@ def _settings(mod, role: str, argv: list[str]):
 async def _run_pair(tmp_path, capture_side: str) -> CaptureWriter:
     """Worker and verifier in this loop; the chosen side's connections are tapped."""
     loop = asyncio.get_running_loop()
+    secret = tmp_path / "draw.secret"
+    keys = write_secret_file(str(secret))
+    fingerprint = keys.fingerprint if capture_side == "verifier" else None  # as each daemon
     cap = CaptureWriter(tmp_path / f"{capture_side}.pp1qcap", role=Role[capture_side.upper()],
-                        info={"step_timeout_s": 2.0})
+                        info={"step_timeout_s": 2.0,
+                              "draw_key": {"id": DRAW_KEY_ID, "fingerprint": fingerprint}})
+    cap.draws = keys
     stop = asyncio.Event()
     worker_ready = loop.create_future()
     verifier_ready = loop.create_future()
@@ -52,7 +59,8 @@ async def _run_pair(tmp_path, capture_side: str) -> CaptureWriter:
     if capture_side == "worker":
         loop.create_server = tapped_server
     w_task = loop.create_task(serve_worker(_settings(worker_cmd, "worker", [
-        "--listen", "127.0.0.1:0", "--vocab", str(VOCAB), "--draft-preset", "far"]),
+        "--listen", "127.0.0.1:0", "--vocab", str(VOCAB), "--draft-preset", "far",
+        "--speculation", "sampled"]),
         stop, lambda port, _m: worker_ready.set_result(port)))
     port = await asyncio.wait_for(worker_ready, START_TIMEOUT_S)
     loop.create_server = real_server
@@ -60,7 +68,8 @@ async def _run_pair(tmp_path, capture_side: str) -> CaptureWriter:
         loop.create_connection = tapped_connect
     v_task = loop.create_task(serve_verifier(_settings(verifier_cmd, "verifier", [
         "--worker", f"127.0.0.1:{port}", "--http", "127.0.0.1:0", "--vocab", str(VOCAB),
-        "--watchdog-ms", "2000"]), stop, lambda http, _m: verifier_ready.set_result(http)))
+        "--watchdog-ms", "2000", "--speculation", "sampled", "--draw-secret-file", str(secret)]),
+        stop, lambda http, _m: verifier_ready.set_result(http)))
     http = await asyncio.wait_for(verifier_ready, START_TIMEOUT_S)
     try:
         client = Client(f"http://127.0.0.1:{http}", timeout=60)
@@ -90,7 +99,7 @@ async def test_daemon_capture_replays_and_redecides(tmp_path, side):
     assert protocols == (["context", "wire"] if side == "worker" else ["unknown", "wire"])
     kinds = {type(i.message).__name__ for i in decode(header.role, recs) if i.what == "frame"}
     assert {"Hello", "HelloAnswer", "Step", "Reply", "Completion", "Commit"} <= kinds
-    report = replay_verifier(cap.path, target=_target())
+    report = replay_verifier(cap.path, target=_target(), draws=cap.draws)
     assert report.ok, report.divergences
     assert not report.failures and not report.stream_errors
     assert len(report.commits) >= len(REQUESTS) and len(report.ready) == len(report.commits)

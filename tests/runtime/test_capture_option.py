@@ -10,6 +10,7 @@ import subprocess
 import pytest
 from daemon_harness import Pair, value
 
+from pp1q.runtime.draw_secret import write_secret_file
 from pp1q.runtime.launcher import daemon_env, pp1q_command
 from pp1q.tools.chaos.faults import BitFlip, Rule
 from pp1q.wire import MsgType
@@ -28,6 +29,10 @@ def _replay(path, *extra) -> tuple[int, str]:
     proc = subprocess.run(pp1q_command("replay", str(path), *extra), capture_output=True,
                           text=True, timeout=REPLAY_TIMEOUT_S, env=daemon_env())
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def _secret(tmp_path) -> list[str]:
+    return ["--draw-secret-file", str(tmp_path / "draw.secret")]  # the Pair's
 
 
 def _run(tmp_path, rules=None, verifier_args=()) -> tuple[float, float]:
@@ -54,7 +59,7 @@ def test_captures_of_both_daemons_replay_without_divergence(tmp_path):
     assert verified >= len(REQUESTS) and fallbacks == 0
     for side in ("worker", "verifier"):
         path = tmp_path / f"{side}.pp1qcap"
-        rc, out = _replay(path, "--reverify", "--json")
+        rc, out = _replay(path, "--reverify", "--json", *_secret(tmp_path))
         assert rc == 0, out
         report = json.loads(out)
         assert report["ok"] and not report["divergences"] and not report["failures"], side
@@ -64,12 +69,31 @@ def test_captures_of_both_daemons_replay_without_divergence(tmp_path):
         assert rc == 0 and "SET_CONTEXT" in text and "COMMIT" in text, text[-2000:]
 
 
+def test_reverify_needs_the_draw_secret_and_the_capture_never_holds_it(tmp_path):
+    _run(tmp_path)
+    path = tmp_path / "verifier.pp1qcap"
+    secret = bytes.fromhex((tmp_path / "draw.secret").read_text())
+    data = path.read_bytes()
+    assert secret not in data and secret.hex().encode() not in data  # fingerprint only
+    rc, out = _replay(path, "--reverify", "--json")
+    assert rc == 2 and "pass --draw-secret-file" in out, out
+    other = tmp_path / "other.secret"
+    write_secret_file(str(other))
+    rc, out = _replay(path, "--reverify", "--json", "--draw-secret-file", str(other))
+    assert rc == 2 and "fingerprint" in out, out
+    # a worker's capture names no fingerprint: a wrong secret shows as divergences
+    rc, out = _replay(tmp_path / "worker.pp1qcap", "--reverify", "--json",
+                      "--draw-secret-file", str(other))
+    assert rc == 1 and json.loads(out)["divergences"], out
+
+
 def test_capture_of_ranked_verifier_redecides_every_commit_alike(tmp_path):
     """Two verifier ranks: rank 0 records; rounds decided by rank 1 are decided again
     here by one process from the captured q and must give the captured COMMITs."""
     verified, fallbacks = _run(tmp_path, verifier_args=["--ranks", "2", "--slots", "2"])
     assert verified >= len(REQUESTS) and fallbacks == 0
-    rc, out = _replay(tmp_path / "verifier.pp1qcap", "--reverify", "--json")
+    rc, out = _replay(tmp_path / "verifier.pp1qcap", "--reverify", "--json",
+                      *_secret(tmp_path))
     assert rc == 0, out
     report = json.loads(out)
     assert report["ok"] and report["rechecked"] == len(report["commits"]) == verified
@@ -82,7 +106,8 @@ def test_capture_of_a_corrupted_reply_replays_as_the_same_fallback(tmp_path):
     fault = Rule(BitFlip("payload", offset=0, bit=0), msg_type=MsgType.REPLY)
     verified, fallbacks = _run(tmp_path, [fault])
     assert fault.fired == 1 and fallbacks == 1
-    rc, out = _replay(tmp_path / "verifier.pp1qcap", "--reverify", "--json")
+    rc, out = _replay(tmp_path / "verifier.pp1qcap", "--reverify", "--json",
+                      *_secret(tmp_path))
     assert rc == 0, out
     report = json.loads(out)
     assert report["ok"] and not report["divergences"]

@@ -77,7 +77,13 @@ def test_settings_are_checked_whenever_one_is_made():
         WorkerSettings(max_support=True)
     with pytest.raises(AttributeError):  # frozen
         s.slots = 9
-    assert WorkerSettings(wire_versions="1").versions == (1,)
+    # speculation names the wire versions: sampled only where a daemon says so
+    assert WorkerSettings().speculation == VerifierSettings().speculation == "greedy"
+    assert WorkerSettings(speculation="sampled").versions == (2, 1)
+    assert WorkerSettings().versions == (1,) and WorkerSettings(speculation="off").versions == ()
+    assert VerifierSettings(speculation="sampled").versions == (2,)  # never a fallback list
+    assert VerifierSettings().versions == (1,)
+    assert VerifierSettings(speculation="off").versions == ()
 
 
 def test_precedence_options_over_role_table_over_top_level_over_defaults(tmp_path):
@@ -105,7 +111,7 @@ BAD_OPTIONS = [  # (role, options, the key named, the value shown)
     ("worker", ["--log-level", "bogus"], "log_level", "'bogus'"),
     ("worker", ["--listen", "localhost"], "listen", "'localhost'"),
     ("worker", ["--listen", "127.0.0.1:70000"], "listen", "'127.0.0.1:70000'"),
-    ("worker", ["--wire-versions", "3"], "wire_versions", "'3'"),
+    ("worker", ["--speculation", "v2"], "speculation", "'v2'"),
     ("worker", ["--draft-preset", "near"], "draft_preset", "'near'"),
     ("worker", ["--draft-distance", "nan"], "draft_distance", "nan"),
     ("worker", ["--vocab", "1"], "vocab", "1"),
@@ -120,7 +126,7 @@ BAD_OPTIONS = [  # (role, options, the key named, the value shown)
     ("verifier", ["--top-k", "257"], "top_k", "257"),
     ("verifier", ["--top-k", "-1"], "top_k", "-1"),
     ("verifier", ["--watchdog-ms", "0"], "watchdog_ms", "0"),
-    ("verifier", ["--wire-version", "3"], "wire_version", "3"),
+    ("verifier", ["--speculation", "on"], "speculation", "'on'"),
     ("verifier", ["--http", "127.0.0.1"], "http", "'127.0.0.1'"),
     ("verifier", ["--worker", "[::1]:-2"], "worker", "'[::1]:-2'"),
     ("verifier", ["--ranks", "17"], "ranks", "17"),

@@ -52,7 +52,7 @@ def pki(tmp_path_factory):
 
 
 def _settings(cls, **over):
-    return cls(**{"vocab": VOCAB, "metrics_port": 0, **over})
+    return cls(**{"vocab": VOCAB, "metrics_port": 0, "speculation": "sampled", **over})
 
 
 @contextlib.asynccontextmanager

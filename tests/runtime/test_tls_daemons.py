@@ -43,7 +43,8 @@ def test_requests_through_the_http_api_over_mutual_tls(tmp_path):
         # the verifier keeps serving, target-only
         plain = DaemonProcess("verifier", pp1q_command(
             "verifier", "--worker", f"127.0.0.1:{pair.worker.port}", "--http", "127.0.0.1:0",
-            "--vocab", str(pair.vocab), "--metrics-port", "0", "--reconnect-max-s", "0.2"),
+            "--vocab", str(pair.vocab), "--metrics-port", "0", "--reconnect-max-s", "0.2",
+            "--speculation", "sampled"),
             str(tmp_path / "plain-verifier.log"), cwd=str(ROOT))
         client = Client(f"http://127.0.0.1:{plain.port}", timeout=60)
         answer = client.generate([3, 7], 4, seed=1)

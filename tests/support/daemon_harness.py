@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+from pp1q.runtime.draw_secret import write_secret_file
 from pp1q.runtime.launcher import DaemonProcess, pp1q_command
 from pp1q.tools.chaos.faults import Rule
 from pp1q.tools.chaos.proxy import ThreadedProxy
@@ -30,8 +31,13 @@ class Pair:
                  wait: bool = True, worker_cmd: list[str] | None = None) -> None:
         self.tmp, self.vocab = tmp, vocab
         self.worker_cmd = worker_cmd or pp1q_command("worker")
+        # sampled speculation enabled explicitly on both ends; args given later win
         self.worker_args = ["--vocab", str(vocab), "--model-seed", str(model_seed),
-                            "--draft-preset", preset, "--metrics-port", "0", *worker_args]
+                            "--draft-preset", preset, "--metrics-port", "0",
+                            "--speculation", "sampled", *worker_args]
+        self.draw_secret = tmp / "draw.secret"
+        if not self.draw_secret.exists():
+            write_secret_file(str(self.draw_secret))
         self.worker = self.start_worker("127.0.0.1:0")
         upstream = self.worker.port
         self.proxy: ThreadedProxy | None = None
@@ -41,7 +47,8 @@ class Pair:
         target = self.proxy.port if self.proxy is not None else upstream
         args = ["--worker", f"127.0.0.1:{target}", "--http", "127.0.0.1:0", "--vocab",
                 str(vocab), "--model-seed", "0", "--metrics-port", "0",
-                "--reconnect-max-s", "0.2", *verifier_args]
+                "--reconnect-max-s", "0.2", "--speculation", "sampled",
+                "--draw-secret-file", str(self.draw_secret), *verifier_args]
         cmd = (verifier_cmd or pp1q_command("verifier")) + args
         self.verifier = DaemonProcess("verifier", cmd, str(tmp / "verifier.log"), cwd=str(ROOT))
         self.url = f"http://127.0.0.1:{self.verifier.port}"
@@ -106,6 +113,11 @@ def planted_verifier_command(bug: str = "correction_from_target") -> list[str]:
     """The verifier with a planted verification bug (tests/support/planted_verifier.py)."""
     return [sys.executable, str(ROOT / "tests" / "support" / "planted_verifier.py"),
             "--planted", bug]
+
+
+def planted_steering_command(role: str) -> list[str]:
+    """The steering worker or the old-keying verifier (tests/support/planted_steering.py)."""
+    return [sys.executable, str(ROOT / "tests" / "support" / "planted_steering.py"), role]
 
 
 FAULT_PROMPT = [3, 7]  # the fault tests' prompt (as the distribution experiment's)

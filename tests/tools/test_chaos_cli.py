@@ -26,7 +26,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_proxy_command_between_real_daemons(tmp_path):
-    common = ["--vocab", "16", "--model-seed", "0", "--metrics-port", "0"]
+    common = ["--vocab", "16", "--model-seed", "0", "--metrics-port", "0",
+              "--speculation", "sampled"]
     worker = DaemonProcess("worker", pp1q_command("worker", "--listen", "127.0.0.1:0",
                                                   "--draft-preset", "close", *common),
                            str(tmp_path / "worker.log"))

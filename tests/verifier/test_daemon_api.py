@@ -53,11 +53,12 @@ def test_metrics_counters_equal_the_events(tmp_path):
     assert value(w, "pp1q_generation_invalidations_total") == 0
     assert value(v, "pp1q_build_info", role="verifier", version="0.1.0",
                  target="toy-target-v1:vocab=16:seed=0",
-                 draft="toy-dspark-v1:vocab=16:seed=0", wire_versions="2,1") == 1
+                 draft="toy-dspark-v1:vocab=16:seed=0", wire_versions="2") == 1
+    assert value(v, "pp1q_speculation_info", mode="sampled") == 1
 
 
 def test_v1_session_serves_greedy_and_refuses_sampled(tmp_path):
-    pair = Pair(tmp_path, preset="close", verifier_args=["--wire-version", "1"])
+    pair = Pair(tmp_path, preset="close", verifier_args=["--speculation", "greedy"])
     client = pair.client()
     try:
         assert client.health()["wire_version"] == 1

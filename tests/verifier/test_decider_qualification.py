@@ -3,9 +3,9 @@
 What the daemon runs by default (pp1q.verifier.daemon.STANDARD: KernelDecider) decides
 keyed rounds and target-only steps here, several requests per loop tick so they share
 one kernel call, and every decision must equal ``reference.oracle_round`` /
-``oracle_target_only`` with the contract's keyed draws on the rows the kernel decides
-with, floor(p * 2^61) / 2^61 (pp1q.verifier.kernel_rounds). Regimes: close, far and
-adversarial (draft = -target) drafts, top-k supports, q = p (every draft accepted), float64
+``oracle_target_only`` with the contract's keyed draws (under the verifier's draw seed,
+pp1q.core.drawkey) on the rows the kernel decides with, floor(p * 2^61) / 2^61
+(pp1q.verifier.kernel_rounds). Regimes: close, far and adversarial (draft = -target) drafts, top-k supports, q = p (every draft accepted), float64
 target rows (the toy's) and float32-rounded ones (a GPU target's).
 """
 
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from pp1q.core import reference as ref
+from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import DistributionError, Reason
 from pp1q.core.q import MASS, build_row, sample
 from pp1q.core.rng import proposal_u24
@@ -112,7 +113,8 @@ async def _ticks(decider, g, ticks: int, float32: bool, calls: list[int]):
             step, ready = proposal(job, q, generation, round_id)
             jobs.append(job)
             rounds.append((step, ready))
-            want.append(oracle(p, q, ready, RoundKeys(job.req.seed, generation, round_id,
+            want.append(oracle(p, q, ready, RoundKeys(decider.draws.seed_for(job.req.seed),
+                                                      generation, round_id,
                                                       step.first_position)))
         before = len(calls)
         got = await asyncio.gather(*(decider.decide_round(j, s, r)
@@ -125,14 +127,15 @@ async def _ticks(decider, g, ticks: int, float32: bool, calls: list[int]):
             position = len(job.prefix.tokens)
             out = await decider.decide_target_only(job, generation, round_id)
             p0 = decider.target.table[tuple(job.req.prompt)][0]
-            u = target_only_draw(RoundKeys(job.req.seed, generation, round_id, position),
-                                 position)
+            u = target_only_draw(RoundKeys(decider.draws.seed_for(job.req.seed), generation,
+                                           round_id, position), position)
             assert out.token == ref.oracle_target_only(list(fixed_point(p0)), u)
     return kinds
 
 
 def run_ticks(seed: int, ticks: int, float32: bool) -> set:
-    decider = STANDARD.local(TableTarget(VOCAB), slots=SLOTS, depth=DEPTH)
+    decider = STANDARD.local(TableTarget(VOCAB), slots=SLOTS, depth=DEPTH,
+                             draws=DrawKeys.generate())
     assert isinstance(decider, KernelDecider)  # the qualification is of what the daemon runs
     calls: list[int] = []
     sampled = decider.kernel.sampled
@@ -159,7 +162,8 @@ def test_service_decider_equals_oracle_long():
 
 def test_a_refused_row_fails_only_its_own_round():
     g = np.random.default_rng(43)
-    decider = STANDARD.local(TableTarget(VOCAB), slots=2, depth=DEPTH)
+    decider = STANDARD.local(TableTarget(VOCAB), slots=2, depth=DEPTH,
+                             draws=DrawKeys.generate())
     jobs, rounds = [], []
     for slot in range(2):
         job = request(g, slot, 4)

@@ -132,7 +132,7 @@ def test_context_channel_refuses_a_declared_length_from_its_4_bytes(n, preamble)
 
 
 def _settings(cls, **over):
-    return cls(**{"vocab": 16, "metrics_port": 0, **over})
+    return cls(**{"vocab": 16, "metrics_port": 0, "speculation": "sampled", **over})
 
 
 async def _traced(coro):

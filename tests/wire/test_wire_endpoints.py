@@ -41,17 +41,31 @@ def kinds(events):
 def test_v2_only_when_both_sides_list_it():
     v, w = pair(versions=(1, 2))
     assert v.version == w.version == 2 and v.state is w.state is Conn.READY
-    v, w = pair(versions=(1, 2), worker_versions=(1,))
+    v, w = pair(versions=(1,), worker_versions=(2, 1))  # greedy verifier, sampled worker
     assert v.version == w.version == 1
+
+
+@pytest.mark.parametrize("offered, ours", [((2,), (1,)), ((1, 2), (1,)), ((2,), ()),
+                                           ((1,), ())])
+def test_sampled_offered_to_a_side_that_did_not_enable_it_is_refused(offered, ours):
+    # never a quiet downgrade to v1: a REFUSAL frame with its own reason, both sides told
+    v = VerifierEndpoint(config(versions=offered), session=SESSION)
+    w = WorkerEndpoint(config(versions=ours))
+    wev, vev = _handshake(v, w)
+    assert kinds(wev) == ["SessionRefused"] and not wev[0].by_peer
+    assert wev[0].reason is Reason.SPECULATION_NOT_ENABLED
+    assert w.version is None and w.state is Conn.CLOSED
+    assert [(type(e), e.reason, e.by_peer) for e in vev if isinstance(e, SessionRefused)] == [
+        (SessionRefused, Reason.SPECULATION_NOT_ENABLED, True)]
 
 
 def test_versions_have_no_default_and_are_checked():
     with pytest.raises(TypeError):
         WireConfig(identity=wire_vectors.IDENTITY, limits=wire_vectors.LIMITS)
-    for bad in ((), (3,)):
-        with pytest.raises(LocalProtocolError) as e:
-            config(versions=bad)
-        assert e.value.reason == Reason.BAD_VERSION
+    assert config(versions=()).versions == ()  # speculation off: every HELLO refused
+    with pytest.raises(LocalProtocolError) as e:
+        config(versions=(3,))
+    assert e.value.reason == Reason.BAD_VERSION
 
 
 def _handshake(v, w):
@@ -60,8 +74,8 @@ def _handshake(v, w):
 
 
 def test_no_common_version_is_refused_on_both_sides():
-    v = VerifierEndpoint(config((2,)), session=SESSION)
-    w = WorkerEndpoint(config((1,)))
+    v = VerifierEndpoint(config((1,)), session=SESSION)  # greedy offered to a v2-only worker
+    w = WorkerEndpoint(config((2,)))
     wev, vev = _handshake(v, w)
     assert wev == [SessionRefused(Reason.BAD_VERSION, wev[0].detail, by_peer=False)]
     assert vev[0].reason == Reason.BAD_VERSION and vev[0].by_peer
@@ -166,7 +180,7 @@ def test_two_slots_interleaved():
 
 
 def test_v1_session_is_greedy_only_and_never_downgrades():
-    v, w = pair(versions=(1, 2), worker_versions=(1,))
+    v, w = pair(versions=(1,), worker_versions=(1,))
     with pytest.raises(LocalProtocolError) as e:
         v.send(step(temperature=0.8), now=0.0)
     assert e.value.reason == Reason.SAMPLED_ON_V1

@@ -45,7 +45,8 @@ class ScriptedVerifier:
 async def worker():
     stop = asyncio.Event()
     ports: list[int] = []
-    settings = WorkerSettings(listen="127.0.0.1:0", vocab=VOCAB, draft_preset="far")
+    settings = WorkerSettings(listen="127.0.0.1:0", vocab=VOCAB, draft_preset="far",
+                              speculation="sampled")
     task = asyncio.create_task(serve(settings, stop, ready=lambda p, m: ports.append(p)))
     while not ports:
         await asyncio.sleep(0.01)

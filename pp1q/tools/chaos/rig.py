@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pp1q.runtime.draw_secret import write_secret_file
 from pp1q.runtime.launcher import DaemonProcess, pp1q_command
 from pp1q.tools.chaos.audit import WireAudit
 from pp1q.tools.chaos.proxy import ThreadedProxy
@@ -35,7 +36,10 @@ class Rig:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.vocab = vocab
         self._worker_args = ["--vocab", str(vocab), "--model-seed", str(model_seed),
-                             "--draft-preset", preset, "--metrics-port", "0"]
+                             "--draft-preset", preset, "--metrics-port", "0",
+                             "--speculation", "sampled"]  # explicit on both ends
+        secret = self.log_dir / "draw.secret"
+        write_secret_file(str(secret))
         self._starts = 0
         self.worker = self._start_worker("127.0.0.1:0")
         self.audit = WireAudit() if audit else None
@@ -45,7 +49,8 @@ class Rig:
             "--vocab", str(vocab), "--model-seed", str(model_seed), "--metrics-port", "0",
             "--slots", str(slots), "--top-k", str(top_k), "--watchdog-ms", str(watchdog_ms),
             "--reconnect-max-s", str(RECONNECT_MAX_S),
-            "--target-delay-ms", str(target_delay_ms), *verifier_args]
+            "--target-delay-ms", str(target_delay_ms), "--speculation", "sampled",
+            "--draw-secret-file", str(secret), *verifier_args]
         self._verifier_starts = 0
         try:
             self.restart_verifier()

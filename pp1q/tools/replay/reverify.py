@@ -5,12 +5,21 @@ SetContext and grows by every COMMIT; each STEP's ``prefix_digest`` must match i
 validated proposal is then decided again exactly as the verifier daemon decides
 (pp1q.verifier.rounds: standard verification for sampled rounds, argmax for greedy
 ones) and the captured COMMIT must carry the same accepted count and token.
+
+Keys: the verifier's draws are keyed by its draw seed (pp1q.core.drawkey), which a
+capture does not contain; it records the secret's fingerprint only, and re-deciding
+needs the secret itself (``pp1q replay --reverify --draw-secret-file FILE``). A capture
+without a ``draw_key`` INFO entry predates verifier-owned draws: every draw was keyed
+by the request seed, and ``draws=None`` re-decides it that way. A worker's capture
+records the entry without a fingerprint: the worker never learns the secret.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pp1q.core.drawkey import DrawKeys
+from pp1q.core.errors import ConfigError
 from pp1q.core.prefix import Prefix
 from pp1q.core.verify import RoundKeys
 from pp1q.models.toy import TargetModel, ToySpec, ToyTarget
@@ -20,6 +29,26 @@ from pp1q.wire import Commit, Step
 from pp1q.wire.events import ProposalReady
 
 TOY_TARGET_PREFIX = "toy-target-v1"
+DRAW_KEY_INFO = "draw_key"  # the capture INFO entry naming the draw secret (fingerprint)
+
+
+def draws_for(meta: dict | None, draws: DrawKeys | None) -> DrawKeys | None:
+    """Check ``draws`` against a capture's ``draw_key`` INFO entry (None: the capture
+    has none, so it predates verifier-owned draws). ConfigError when they do not fit."""
+    if meta is None:
+        if draws is not None:
+            raise ConfigError("this capture predates verifier-owned draws (no draw_key): "
+                              "re-decide it without a draw secret")
+        return None
+    want = meta.get("fingerprint")  # None: a worker's capture (it never knows the secret)
+    if draws is None:
+        raise ConfigError(f"this capture's draws are keyed by a verifier secret "
+                          f"(fingerprint {want or 'not known to the worker'}): pass "
+                          f"--draw-secret-file")
+    if want is not None and draws.fingerprint != want:
+        raise ConfigError(f"the draw secret's fingerprint {draws.fingerprint} is not the "
+                          f"capture's {want}")
+    return draws
 
 
 def target_from_identity(target_id: str) -> TargetModel | None:
@@ -46,8 +75,9 @@ class Recheck:
 
 
 class Reverifier:
-    def __init__(self, target: TargetModel) -> None:
+    def __init__(self, target: TargetModel, draws: DrawKeys | None) -> None:
         self.target = target
+        self.draws = draws  # None: a capture from before verifier-owned draws
         self._prefixes: dict[tuple, Prefix] = {}  # (session, slot, generation) -> prefix
         self._pending: dict[tuple, tuple[list[int], rounds.Outcome]] = {}
         self.checked = 0
@@ -70,7 +100,8 @@ class Reverifier:
             out = rounds.greedy(self.target.logits(prefix.tokens, drafts), drafts)
         else:
             p = self.target.probs(prefix.tokens, drafts)
-            keys = RoundKeys(step.seed, step.generation, step.round_id, step.first_position)
+            seed = step.seed if self.draws is None else self.draws.seed_for(step.seed)
+            keys = RoundKeys(seed, step.generation, step.round_id, step.first_position)
             out = rounds.sampled(p, ev.q_rows, drafts, keys)
         self._pending[(session, step.slot, step.generation, step.round_id)] = (drafts, out)
         return ""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.runtime.capture import CaptureReader, Kind, Protocol, Record
-from pp1q.tools.replay.reverify import Reverifier
+from pp1q.tools.replay.reverify import DRAW_KEY_INFO, Reverifier, draws_for
 from pp1q.tools.replay.streams import Flow, StreamSet, flow_of
 from pp1q.wire import Commit, Hello, VerifierEndpoint, WireConfig
 from pp1q.wire import context_channel as cc
@@ -218,17 +218,28 @@ def _endpoint_for(hello: Hello, step_timeout: float | None) -> VerifierEndpoint:
 
 
 def replay_verifier(path, *, step_timeout: float | None = None, target=None,
-                    allow_truncated: bool = False) -> ReplayReport:
+                    allow_truncated: bool = False, draws=None) -> ReplayReport:
     """Replay a capture file against in-memory verifier endpoints.
 
     ``target``: a TargetModel to re-decide every validated round with (None: the
-    endpoint's checks and the captured COMMITs only).
+    endpoint's checks and the captured COMMITs only); ``draws``: the verifier's draw
+    secret (pp1q.core.drawkey.DrawKeys) when the capture names one.
     """
     reader = CaptureReader(path, allow_truncated=allow_truncated)
-    reverifier = Reverifier(target) if target is not None else None
+    reverifier = None
+    if target is not None:
+        reverifier = Reverifier(target, draws_for(draw_key_info(reader), draws))
     return VerifierReplay(reader.header.role, step_timeout=step_timeout,
                           reverifier=reverifier).run(reader)
 
 
+def draw_key_info(records) -> dict | None:
+    """The capture's ``draw_key`` INFO entry (None when it has none)."""
+    for rec in records:
+        if rec.kind is Kind.INFO and isinstance(rec.meta.get(DRAW_KEY_INFO), dict):
+            return rec.meta[DRAW_KEY_INFO]
+    return None
+
+
 __all__ = ["CommitRecord", "Divergence", "Happened", "ReplayReport", "VerifierReplay",
-           "replay_verifier"]
+           "draw_key_info", "replay_verifier"]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import Reason, ServiceError
 from pp1q.core.outcomes import RankFailure, StepKind
 from pp1q.models.toy import TargetModel
@@ -41,10 +42,12 @@ class RankedDecider(Decider):
     (pp1q.verifier.ranks.group.start_group, which builds rank 0's replica with
     ``decisions``)."""
 
-    def __init__(self, target: TargetModel, metrics: Metrics, target_delay_s: float = 0.0,
+    def __init__(self, target: TargetModel, metrics: Metrics, draws: DrawKeys,
+                 target_delay_s: float = 0.0,
                  decisions: Callable[[TargetModel, Limits], RankDecisions] = RankDecisions
                  ) -> None:
         self.target, self.metrics = target, metrics
+        self.draws = draws  # handed to every rank at join (start_group), never in an op
         self.target_delay_s = target_delay_s
         self.decisions = decisions
         self.group: RankGroup | None = None

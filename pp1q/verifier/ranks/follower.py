@@ -20,7 +20,13 @@ from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier.ranks.collective import GroupError
 from pp1q.verifier.ranks.group import EXIT_RANKS_LOST
-from pp1q.verifier.ranks.launch import RankPlan, check_identities, identity, join
+from pp1q.verifier.ranks.launch import (
+    RankPlan,
+    check_identities,
+    identity,
+    join,
+    share_draw_secret,
+)
 from pp1q.verifier.ranks.ops import FLAG_STOP, Limits
 from pp1q.verifier.ranks.replica import RankDecisions, RankState
 
@@ -37,6 +43,7 @@ def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
         log.error("rank %d could not join the group: %s", rv.rank, e)
         return EXIT_RANKS_LOST
     check_identities(records)  # ConfigError: exit status 2, on every rank alike
+    state.decisions.draws = share_draw_secret(records)
     announce()
     seq = 0
     try:

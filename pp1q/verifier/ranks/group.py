@@ -203,11 +203,18 @@ async def start_group(settings: VerifierSettings, launch, decider, config,
     exchange thread and hand it to ``decider`` (pp1q.verifier.ranks.decider.RankedDecider;
     not imported here: it imports this module); None when the ranks did not all join
     within the join timeout."""
-    from pp1q.verifier.ranks.launch import form_group, identity, limits_of
+    from pp1q.verifier.ranks.launch import (
+        DRAW_SECRET,
+        form_group,
+        identity,
+        limits_of,
+        share_draw_secret,
+    )
 
     rv = launch.plan.rv
     limits = limits_of(config, rv.world)
     record = identity(decider.target.identity, limits, rv.backend, None)
+    record[DRAW_SECRET] = decider.draws.hex()
     try:
         coll, records = await form_group(launch, limits, record, stop)
     except TimeoutError as e:
@@ -215,8 +222,9 @@ async def start_group(settings: VerifierSettings, launch, decider, config,
         return None
     metrics = decider.metrics
     metrics.rank_world_size.set(rv.world)
-    state = RankState(0, limits, decider.decisions(decider.target, limits),
-                      decider.target_delay_s)
+    decisions = decider.decisions(decider.target, limits)
+    decisions.draws = share_draw_secret(records)
+    state = RankState(0, limits, decisions, decider.target_delay_s)
     group = RankGroup(coll, state, metrics, settings.rank_timeout_s)
     group.peers, group.children = records, launch.children
     loop = asyncio.get_running_loop()

@@ -12,7 +12,10 @@
 
 At join every rank publishes an identity record (pp1q version, target, vocabulary,
 slots, depth, row bounds) and every rank refuses a group whose records differ (exit
-status 2, naming the key), before any request is served.
+status 2, naming the key), before any request is served. Rank 0's record also carries
+the verifier's draw secret (pp1q.core.drawkey): every rank takes it from there
+(``share_draw_secret``) and drops it from the records before anything keeps or shows
+them; it is never in an op, a log line or a setting a spawned rank inherits.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import threading
 from dataclasses import dataclass, replace
 
 from pp1q import __version__
+from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import ConfigError
 from pp1q.runtime.config import option_of
 from pp1q.runtime.settings import MAX_RANKS, VerifierSettings, cannot_listen, parse_hostport
@@ -121,6 +125,19 @@ def check_identities(records: list[dict]) -> None:
         if any(v != values[0] for v in values):
             shown = ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(values))
             raise ConfigError(f"verifier ranks disagree on {key} ({shown})")
+
+
+DRAW_SECRET = "draw_secret"  # rank 0's identity record only
+
+
+def share_draw_secret(records: list[dict]) -> DrawKeys:
+    """Every rank: the group's draw secret from rank 0's record, removed from all."""
+    secret = records[0].pop(DRAW_SECRET, None)
+    for r in records[1:]:
+        r.pop(DRAW_SECRET, None)
+    if not isinstance(secret, str):
+        raise ConfigError("rank 0 sent no draw secret at join")
+    return DrawKeys.from_hex(secret)
 
 
 def join(rv: Rendezvous, limits: Limits, store, record: dict) -> tuple[Collective, list[dict]]:

@@ -1,6 +1,8 @@
 """One verifier rank's replica of the committed state, and the decisions it owns.
 
-Every rank, rank 0 included, holds the same replica: per open slot the request's seed,
+Every rank, rank 0 included, holds the same replica: per open slot the request's seed
+(each rank derives the verifier's draw seed from it with the group's draw secret, which
+rank 0 hands to every rank at join: pp1q.verifier.ranks.launch.share_draw_secret),
 greedy flag, committed prefix (with its running digest) and the newest invalidated
 generation. ``vote(op)`` checks an op against it (rank 0's prefix length and digest in
 the op must equal this rank's: the per-round agreement check) and, on the op's
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pp1q.core.errors import Pp1qError, Reason
+from pp1q.core.drawkey import DrawKeys
+from pp1q.core.errors import LocalProtocolError, Pp1qError, Reason
 from pp1q.core.prefix import Prefix
 from pp1q.core.q import parse_dense, parse_sparse
 from pp1q.core.verify import RoundKeys
@@ -53,16 +56,22 @@ class RankDecisions:
     def __init__(self, target: TargetModel, limits: Limits) -> None:
         self.vocab = limits.vocab
         self.rows = TargetRows(target, limits.slots, limits.depth)
+        self.draws: DrawKeys | None = None  # the group's secret, set at join
+
+    def draw_seed(self, s: SlotReplica) -> int:
+        if self.draws is None:  # fail closed: never fall back to the STEP's seed
+            raise LocalProtocolError(Reason.RNG_KEY_OUT_OF_RANGE, "no draw secret yet")
+        return self.draws.seed_for(s.seed)
 
     def decide(self, op: Op, s: SlotReplica) -> rounds.Outcome:
         """The decision of a ROUND or TARGET_ONLY op after ``s``'s committed prefix."""
         if op.kind is OpKind.TARGET_ONLY:
-            return self.rows.target_only(op.slot, s.prefix.tokens, s.seed, op.generation,
-                                         op.round_id, s.greedy)
+            return self.rows.target_only(op.slot, s.prefix.tokens, self.draw_seed(s),
+                                         op.generation, op.round_id, s.greedy)
         drafts = [int(t) for t in op.drafts]
         q_rows = () if op.greedy else (
             op.q_rows if op.q_rows is not None else self._parse_rows(op))
-        keys = RoundKeys(s.seed, op.generation, op.round_id, len(s.prefix))
+        keys = RoundKeys(self.draw_seed(s), op.generation, op.round_id, len(s.prefix))
         return self.rows.round(op.slot, s.prefix.tokens, drafts, q_rows, keys, op.greedy)
 
     def committed(self, rank: int, op: Op, s: SlotReplica, v: Verdict) -> list[int]:

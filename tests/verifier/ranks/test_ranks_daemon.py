@@ -67,13 +67,14 @@ def _distribution_run(tmp_path, n):
 def test_two_ranks_speculative_equals_target_in_distribution(tmp_path):
     base = _distribution_run(tmp_path / "ranks", N)
     (tmp_path / "one").mkdir()
-    one = Pair(tmp_path / "one", vocab=VOCAB, preset="far")
+    one = Pair(tmp_path / "one", vocab=VOCAB, preset="far",  # the ranks' draw secret
+               verifier_args=["--draw-secret-file", str(tmp_path / "ranks" / "draw.secret")])
     try:
         alone = run_arm(one, SAME_AS_ONE_PROCESS, False, 1)
     finally:
         one.close()
-    # target-only output is a pure function of (prompt, seed): the rank that drew it,
-    # 0 or 1, drew exactly what one process draws
+    # target-only output is a pure function of (prompt, seed, draw secret): the rank
+    # that drew it, 0 or 1 (rank 1 got the secret at join), drew what one process draws
     assert [a["token_ids"] for a in alone] == [a["token_ids"] for a in
                                                 base[:SAME_AS_ONE_PROCESS]]
 

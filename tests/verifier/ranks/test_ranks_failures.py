@@ -140,7 +140,7 @@ def test_ranks_that_commit_their_own_draws_are_caught_and_nothing_diverges(tmp_p
 def _rank_cmd(rank: int, port: int, vocab: int, *extra: str) -> list[str]:
     return pp1q_command("verifier", "--ranks", "2", "--rank", str(rank), "--rank-master",
                         f"127.0.0.1:{port}", "--vocab", str(vocab), "--rank-join-timeout-s",
-                        "60", *extra)
+                        "60", "--speculation", "sampled", *extra)
 
 
 def test_explicit_form_ranks_started_one_by_one(tmp_path):
@@ -182,7 +182,8 @@ def test_torchrun_form(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "pp1q.cli",
            "verifier", "--worker", f"127.0.0.1:{pair.worker.port}", "--http",
-           "127.0.0.1:0", "--vocab", "16"]
+           "127.0.0.1:0", "--vocab", "16", "--speculation", "sampled",
+           "--draw-secret-file", str(pair.draw_secret)]  # the same draws as the pair's
     with open(tmp_path / "torchrun.log", "w") as log:
         run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                env=daemon_env())

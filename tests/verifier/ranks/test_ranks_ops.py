@@ -8,13 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.drawkey import DrawKeys
+from pp1q.core.errors import ConfigError, Reason, RemoteProtocolError
 from pp1q.core.prefix import Prefix
 from pp1q.core.q import build_row
 from pp1q.core.verify import RoundKeys
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.verifier import rounds
 from pp1q.verifier.ranks import ops as rank_ops
+from pp1q.verifier.ranks.launch import DRAW_SECRET, share_draw_secret
 from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, Form, Limits, Op, OpKind
 from pp1q.verifier.ranks.replica import RankDecisions, RankState
 
@@ -80,8 +82,17 @@ def _exchange(states, ops, seq):
     return verdicts
 
 
+DRAWS = DrawKeys(bytes(range(32)))  # the group's draw secret (shared at join)
+
+
+def _decisions(draws=DRAWS):
+    d = RankDecisions(TARGET, LIMITS)
+    d.draws = draws
+    return d
+
+
 def _ranks():
-    return [RankState(r, LIMITS, RankDecisions(TARGET, LIMITS)) for r in range(LIMITS.world)]
+    return [RankState(r, LIMITS, _decisions()) for r in range(LIMITS.world)]
 
 
 # -- bytes ----------------------------------------------------------------------------
@@ -173,7 +184,8 @@ def test_every_rank_commits_the_deciders_decision_and_it_is_the_one_process_deci
     (v,) = _exchange(ranks, [op], 2)
     assert v.ok and ranks[1].decided == 1 and ranks[0].decided == 0
     p = TARGET.probs(PROMPT, drafts)
-    expected = rounds.sampled(p, rows, drafts, RoundKeys(SEED, 1, 1, len(PROMPT)))
+    expected = rounds.sampled(p, rows, drafts,
+                              RoundKeys(DRAWS.seed_for(SEED), 1, 1, len(PROMPT)))
     assert (v.accepted, v.token) == (expected.accepted, expected.token)
     tokens = PROMPT + drafts[: v.accepted] + [v.token]
     for r in ranks:
@@ -189,9 +201,30 @@ def test_target_only_and_greedy_decisions_match_one_process():
            prefix_digest=Prefix(PROMPT).digest, drafts=np.array([1, 2], np.int32))
     vt, vg = _exchange(ranks, [t, g], 2)
     p = TARGET.probs(PROMPT, [])[0]
-    assert vt.token == rounds.target_only(p, SEED, 3, 9, 3, False).token
+    assert vt.token == rounds.target_only(p, DRAWS.seed_for(SEED), 3, 9, 3, False).token
     g1 = rounds.greedy(TARGET.logits(PROMPT, [1, 2]), [1, 2])
     assert (vg.accepted, vg.token) == (g1.accepted, g1.token)
+
+
+def test_a_replica_without_the_group_secret_refuses_to_decide():
+    # fail closed: never a fallback to the seed the worker knows
+    ranks = [RankState(r, LIMITS, _decisions(None if r == 1 else DRAWS))
+             for r in range(LIMITS.world)]
+    _exchange(ranks, [_open(1, decider=1)], 1)
+    drafts, rows = _proposal(PROMPT)
+    (v,) = _exchange(ranks, [_round(1, PROMPT, drafts, rows, decider=1)], 2)
+    assert not v.ok and v.reason is Reason.RNG_KEY_OUT_OF_RANGE
+    assert all(r.slots[1].prefix.tokens == PROMPT for r in ranks)  # nothing committed
+
+
+def test_the_draw_secret_travels_in_rank_0s_join_record_and_is_dropped_from_all():
+    records = [{"pp1q": "x", DRAW_SECRET: DRAWS.hex()}, {"pp1q": "x", DRAW_SECRET: "00" * 32}]
+    got = share_draw_secret(records)
+    assert got.fingerprint == DRAWS.fingerprint  # rank 0's, whatever another rank sent
+    assert all(DRAW_SECRET not in r for r in records)  # healthz and logs never see it
+    assert DRAWS.hex() not in repr(got)
+    with pytest.raises(ConfigError):
+        share_draw_secret([{"pp1q": "x"}, {"pp1q": "x"}])
 
 
 def test_a_rank_with_another_committed_prefix_refuses_and_nobody_commits():
