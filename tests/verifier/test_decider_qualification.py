@@ -5,8 +5,9 @@ keyed rounds and target-only steps here, several requests per loop tick so they 
 one kernel call, and every decision must equal ``reference.oracle_round`` /
 ``oracle_target_only`` with the contract's keyed draws (under the verifier's draw seed,
 pp1q.core.drawkey) on the rows the kernel decides with, floor(p * 2^61) / 2^61
-(pp1q.verifier.kernel_rounds). Regimes: close, far and adversarial (draft = -target) drafts, top-k supports, q = p (every draft accepted), float64
-target rows (the toy's) and float32-rounded ones (a GPU target's).
+(pp1q.verifier.kernel_rounds). Regimes: close, far and adversarial (draft = -target)
+drafts, top-k supports, q = p (every draft accepted), float64 target rows (the toy's)
+and float32-rounded ones (a GPU target's).
 """
 
 from __future__ import annotations
