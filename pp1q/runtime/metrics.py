@@ -71,6 +71,9 @@ class Metrics:
         self.reply_bytes = counter(
             "reply_bytes", "Wire bytes from worker to verifier (REPLY, COMPLETION, HELLO answer,"
             " refusals): sent (worker) or received (verifier)")
+        self.context_tokens = counter(
+            "context_tokens", "Committed-context token ids in CONTEXT frames: sent (verifier)."
+            " A fallback sends its one token, a digest mismatch the whole prefix again")
         self.requests = counter("requests", "Generation requests finished, by outcome",
                                 ("outcome",))
         self.slots_in_use = Gauge(f"{PREFIX}_slots_in_use", "Request slots currently held",
