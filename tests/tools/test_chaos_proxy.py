@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import pytest
+from pp1q.wire.context_channel import PREAMBLE
 from wire_vectors import LIMITS
 
 from pp1q.core.errors import Reason, RemoteProtocolError
@@ -30,7 +31,6 @@ from pp1q.tools.chaos.frames import FrameCutter, Piece, flip_bit, truncate_refra
 from pp1q.tools.chaos.proxy import FaultProxy
 from pp1q.tools.chaos.spec import parse_rule
 from pp1q.wire import Commit, Completion, FrameDecoder, MsgType, Reply, Reset, Step, encode
-from pp1q.wire.context_channel import PREAMBLE
 from pp1q.wire.framing import HEADER_BYTES, set_payload_len
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers

@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from wire_helpers import (
     PREFIX,
-    SESSION,
     config,
     context_frame,
     control_of,

@@ -16,7 +16,6 @@ from wire_helpers import (
 )
 
 from pp1q.core.prefix import digest_of
-
 from pp1q.wire import (
     Commit,
     Committed,
