@@ -65,7 +65,8 @@ from pp1q.wire.worker_endpoint import WorkerEndpoint
 __all__ = [
     "CONNECTION_SLOT", "DEFAULT_LIMITS", "FRAME_VERSION", "HEADER", "HEADER_BYTES", "MAGIC",
     "WIRE_REVISION", "WIRE_V1", "WIRE_V2", "Header", "read_header",
-    "Commit", "Committed", "Completion", "Context", "ContextReceived", "ContextRefused", "Conn", "Discarded", "Event", "Form", "Frame",
+    "Commit", "Committed", "Completion", "Context", "ContextReceived", "ContextRefused",
+    "Conn", "Discarded", "Event", "Form", "Frame",
     "FrameDecoder", "Hello", "HelloAnswer", "Identity", "Limits", "LocalProtocolError",
     "Message", "MsgType", "PayloadPool", "ProposalFailed", "ProposalReady", "Reason", "Refusal",
     "RemoteProtocolError", "Reply", "Reset", "SessionRefused", "SessionStarted", "SlotReset",

@@ -105,7 +105,8 @@ class VerifierEndpoint(Endpoint):
                 self._check_new_step(msg, s, now)
             elif t is MsgType.CONTEXT:
                 if s.is_dead(msg.generation) or msg.generation < s.generation:
-                    raise LocalProtocolError(Reason.STALE_GENERATION, "context of a dead generation")
+                    raise LocalProtocolError(Reason.STALE_GENERATION,
+                                             "context of a dead generation")
                 check_context(msg, self.limits, self.vocab, LocalProtocolError)
             elif t is MsgType.COMMIT:
                 if (msg.generation, msg.round_id) != (s.generation, s.round_id):

@@ -3,8 +3,9 @@
 Answers HELLO, receives CONTEXT / STEP / COMMIT / RESET, sends REPLY per position and
 one COMPLETION per step. It keeps each slot's committed context (CONTEXT opens or
 appends, COMMIT appends the accepted drafts and the correction/bonus token) and drafts a
-STEP only when the STEP's last_committed and prefix_digest prove both ends agree on it. Answers and refusals the endpoint decides itself are queued:
-write ``data_to_send()`` after every ``receive_data()``.
+STEP only when the STEP's last_committed and prefix_digest prove both ends agree on it.
+Answers and refusals the endpoint decides itself are queued: write ``data_to_send()``
+after every ``receive_data()``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Bounds before memory: a declared length beyond the negotiated size is refused from
 the header alone, before anything is allocated for it, on every path a peer's bytes take
-(frame decoder, both endpoints, the BufferedProtocol hooks, CONTEXT frames, the HTTP head, and live daemons). tracemalloc bounds what each refusal allocated."""
+(frame decoder, both endpoints, the BufferedProtocol hooks, CONTEXT frames, the HTTP
+head, and live daemons). tracemalloc bounds what each refusal allocated."""
 
 from __future__ import annotations
 

@@ -321,8 +321,9 @@ def test_a_new_generation_retires_older_ones_without_a_reset():
                     committed=st.last_committed + 1)
     w.receive_data(v.send(commit), 0.0)
     # the slot's next request: its own context, then any last_committed
-    w.receive_data(v.send(context_frame(0, generation=2, tokens=list(range(31)))), 0.0)
-    nxt = step(generation=2, last_committed=30, prefix_digest=digest_of(range(31)))
+    prompt = [i % 16 for i in range(31)]
+    w.receive_data(v.send(context_frame(0, generation=2, tokens=prompt)), 0.0)
+    nxt = step(generation=2, last_committed=30, prefix_digest=digest_of(prompt))
     assert w.receive_data(v.send(nxt, now=0.0), 0.0) == [StepRequested(nxt)]
     replay = v.receive_data(_first_frame(frames), 0.0)  # a replayed frame of generation 1
     assert [(type(e), e.reason) for e in replay] == [(Discarded, Reason.STALE_GENERATION)]

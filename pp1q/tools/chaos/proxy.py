@@ -5,8 +5,8 @@ connection to the upstream (the worker), and each direction can be delayed, paus
 blackholed or reset. Every connection is a wire v2 session (revision 2: the request
 context travels in CONTEXT frames on it) and is cut into frames
 (pp1q.tools.chaos.frames), so frame faults (``faults.Rule``) hit exactly the frame they
-name, CONTEXT frames included. Every injection is counted in ``injections`` when it takes effect on the
-wire, and an optional ``WireAudit`` sees every frame as delivered.
+name, CONTEXT frames included. Every injection is counted in ``injections`` when it
+takes effect on the wire, and an optional ``WireAudit`` sees every frame as delivered.
 
 ``FaultProxy`` runs in the caller's event loop (``pp1q chaos proxy``);
 ``ThreadedProxy`` runs one in its own thread for synchronous code (tests, soak).
