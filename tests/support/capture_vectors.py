@@ -7,8 +7,9 @@ together in memory, the worker drafting with the worker daemon's proposal chain
 (pp1q.worker.proposer: build_row, sample, proposal_u24) and the verifier deciding like
 its scheduler (pp1q.verifier.rounds: verify_round, greedy argmax, target-only draws).
 The capture is taken on the verifier's side, as ``pp1q verifier --capture`` records:
-one wire v2 (revision 2) connection, the request context in its CONTEXT frames. A fixed clock and the BLAS-free vector models
-(pp1q.tools.replay.vector_models) make every byte reproducible.
+one wire v2 (revision 2) connection, the request context in its CONTEXT frames. A fixed
+clock and the BLAS-free vector models (pp1q.tools.replay.vector_models) make every byte
+reproducible.
 
 These files are the project's compatibility vectors: a change that makes them fail to
 replay, or regenerate differently, is a wire change and needs a version bump.
