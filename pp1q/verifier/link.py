@@ -2,7 +2,8 @@
 
 ``WorkerLink.run`` connects, says HELLO and, when the connection ends, fails every open
 proposal and reconnects with exponential backoff; each new connection is a new session
-id, so every key of the old one is dead. Bytes are received straight into the endpoint's buffers (asyncio.BufferedProtocol).
+id, so every key of the old one is dead. Bytes are received straight into the
+endpoint's buffers (asyncio.BufferedProtocol).
 
 Proposals: ``propose(step)`` returns a future that resolves to the endpoint's
 ``ProposalReady`` or to a ``Fallback`` (cause + reason). STEPs submitted in the same

@@ -126,6 +126,7 @@ class Scheduler:
             raise ServiceError(Reason.GENERATIONS_EXHAUSTED,
                                f"slot {job.slot} exhausted its 24-bit generations")
         self._generation[job.slot] = job.generation = g
+        job.stepped = False
 
     # -- one step of a speculative request -----------------------------------------
 
@@ -159,6 +160,7 @@ class Scheduler:
                     top_k=0 if req.greedy or req.top_k is None else req.top_k,
                     context_version=0, seed=req.seed)
         t0 = time.perf_counter()
+        job.stepped = True
         outcome = await link.propose(step)
         if isinstance(outcome, Fallback):
             await self._fallback(job, outcome, round_id)
@@ -198,7 +200,7 @@ class Scheduler:
     async def _fallback(self, job: Job, why: Fallback, round_id: int) -> None:
         """Invalidate first, discard everything proposed, one target-only token."""
         old_generation = job.generation
-        if job.context_session is not None:  # else no proposal of it was ever possible
+        if job.stepped:  # else no proposal of this generation was ever possible
             if self.link.reset(job.slot, old_generation, why.reason):
                 self.metrics.generation_invalidations.inc()
             await self.decider.invalidate(job, old_generation, why.reason)
