@@ -26,6 +26,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=1, help="first request seed (1)")
     p.add_argument("--ranks", type=int, default=1,
                    help="verifier ranks (torch.distributed, gloo; default 1)")
+    p.add_argument("--exactness-samples", type=int, default=400, metavar="N",
+                   help="first tokens of one context sampled each way for the exactness "
+                        "check (400; 0 skips it)")
     p.add_argument("--keep", action="store_true",
                    help="leave both daemons running after the summary until Ctrl-C")
 
@@ -80,6 +83,8 @@ def run(args) -> int:
         spec, spec_s = _batch(url, prompts, args, True, "speculative")
         base, base_s = _batch(url, prompts, args, False, "target-only")
         _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url)
+        if args.exactness_samples > 0:
+            _exactness(url, prompts[0], args)
         if args.keep:
             print(f"\ndaemons left running (logs in {log_dir}); Ctrl-C to stop. Try:\n"
                   f"  pp1q generate --url {url} --prompt 1,2,3 --max-tokens 16")
@@ -103,6 +108,7 @@ def run(args) -> int:
 
 def _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url) -> None:
     from pp1q.models.toy import toy_pair
+    from pp1q.tools.exactness import Z95, agreement, ratio_interval
     from pp1q.tools.theory import expected_accepted
 
     tokens = sum(len(a["token_ids"]) for a in spec)
@@ -125,12 +131,45 @@ def _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url) -
     print(f"  speculative  {tokens:6d} tokens in {spec_s:6.2f} s = {rate:8.1f} tokens/s")
     print(f"  target-only  {base_tokens:6d} tokens in {base_s:6.2f} s = {base_rate:8.1f} tokens/s"
           f"   (speed-up x{rate / base_rate:.2f})")
-    measured = accepted / rounds if rounds else float("nan")
-    print(f"  accepted drafts per round: measured {measured:.2f} ({accepted}/{drafted} over "
-          f"{rounds} rounds), expected {mean:.2f} +- {err:.2f} for these models")
+    measured, se = ratio_interval([a["stats"]["accepted"] for a in spec],
+                                  [a["stats"]["rounds"] for a in spec])
+    diff, half, ok = agreement(measured, se, mean, err)
+    print(f"  accepted drafts per round: measured {measured:.2f} +- {Z95 * se:.2f} "
+          f"({accepted}/{drafted} over {rounds} rounds of {len(spec)} requests), expected "
+          f"{mean:.2f} +- {Z95 * err:.2f} for these models (95% intervals)")
+    print(f"  measured - expected = {diff:+.2f} +- {half:.2f} (both noises): "
+          + ("consistent" if ok else "outside the interval (1 run in 20 is, by chance)"))
     print("  fallbacks by cause: "
           + (", ".join(f"{k}={v}" for k, v in fallbacks.items() if v) or "none"))
     where = "served" if args.keep else "were served (until the demo ended; --keep leaves them)"
     print(f"  metrics {where} at http://127.0.0.1:{worker.metrics_port}/metrics (worker), "
           f"http://127.0.0.1:{verifier.metrics_port}/metrics (verifier)")
-    print(f"  API: POST {url}/v1/generate, GET {url}/healthz")
+    print(f"  API: POST {url}/v1/completions and /v1/chat/completions (OpenAI), "
+          f"POST {url}/v1/generate, GET {url}/healthz")
+
+
+def _exactness(url: str, prompt: list[int], args) -> None:
+    """The claim itself, for one context: the first token of N speculative requests and
+    of N target-only requests, side by side, and a chi-square test that they share one
+    distribution (each speculative first token passed the ratio test or is a residual
+    draw: exact sampling says its law is the target's p)."""
+    from pp1q.tools.client import run_batch
+    from pp1q.tools.exactness import bars, homogeneity
+
+    n = args.exactness_samples
+    top_k = args.top_k if 0 < args.top_k < args.vocab else None
+    print(f"\nexactness: the first token after one context, {n} requests each way ...",
+          flush=True)
+    samples = []
+    for speculative in (True, False):
+        answers, _ = run_batch(url, [prompt] * n, 1, concurrency=args.concurrency,
+                               first_seed=args.seed + 1_000_000,
+                               options={"speculative": speculative, "top_k": top_k})
+        samples.append([a["token_ids"][0] for a in answers])
+    h = homogeneity(*samples)
+    for line in bars(h, ("speculative", "target-only")):
+        print(line)
+    verdict = ("no evidence of a difference" if h.p_value >= 0.01
+               else "the samples differ (expected once in 100 runs by chance)")
+    print(f"  chi-square {h.chi2:.1f} on {h.df} degrees of freedom, p = {h.p_value:.3f}: "
+          f"{verdict}")

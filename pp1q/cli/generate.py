@@ -1,11 +1,12 @@
-"""``pp1q generate``: send one request to a running verifier and print the result."""
+"""``pp1q generate``: send one request to a running verifier and print its tokens as they
+are committed (a streamed /v1/completions)."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-HELP = "generate tokens through a running verifier's HTTP API"
+HELP = "generate tokens through a running verifier's HTTP API (streamed as committed)"
 
 
 def _ids(text: str) -> list[int]:
@@ -30,36 +31,56 @@ def add_arguments(p) -> None:
     p.add_argument("--top-k", type=int, metavar="K",
                    help="proposal support: sparse top-k, 0 = dense (default: server's)")
     p.add_argument("--draft-temperature", type=float, metavar="T")
-    p.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    p.add_argument("--stop-token", type=int, action="append", metavar="ID",
+                   help="end the output at this token id (repeatable; not printed)")
+    p.add_argument("--json", action="store_true",
+                   help="print each streamed event's JSON, one a line")
 
 
 def run(args) -> int:
     from pp1q.tools.client import ApiError, Client
 
-    options: dict = {"speculative": not args.target_only}
+    ext: dict = {"speculative": not args.target_only}
+    body: dict = {"pp1q": ext}
     if args.seed is not None:
-        options["seed"] = args.seed
+        body["seed"] = args.seed
     if args.greedy:
-        options["temperature"] = 0
+        body["temperature"] = 0
     if args.top_k is not None:
-        options["top_k"] = None if args.top_k == 0 else args.top_k
+        ext["draft_top_k"] = None if args.top_k == 0 else args.top_k
     if args.draft_temperature is not None:
-        options["draft_temperature"] = args.draft_temperature
+        ext["draft_temperature"] = args.draft_temperature
+    if args.stop_token:
+        body["stop_token_ids"] = args.stop_token
     client = Client(args.url)
+    last: dict = {}
     try:
-        answer = client.generate(args.prompt, args.max_tokens, **options)
+        first = True
+        for event in client.stream(args.prompt, args.max_tokens, **body):
+            last = event
+            if args.json:
+                print(json.dumps(event), flush=True)
+                continue
+            ids = event["choices"][0]["token_ids"]
+            if ids:
+                print(("" if first else " ") + " ".join(map(str, ids)), end="", flush=True)
+                first = False
     except ApiError as e:
-        print(f"pp1q generate: {e}", file=sys.stderr)
+        if not args.json and not first:
+            print()
+        where = "" if e.status == 0 else f"{args.url}: "  # unreachable names it already
+        print(f"pp1q generate: {where}{e}", file=sys.stderr)
         return 1
     finally:
         client.close()
     if args.json:
-        print(json.dumps(answer))
         return 0
-    s = answer["stats"]
-    print(" ".join(str(t) for t in answer["token_ids"]))
-    fallbacks = ", ".join(f"{k}={v}" for k, v in s["fallbacks"].items() if v) or "none"
-    print(f"seed {answer['seed']}: {s['rounds']} rounds, {s['accepted']}/{s['drafted']} drafts "
-          f"accepted, {s['target_only_steps']} target-only steps, fallbacks: {fallbacks}",
-          file=sys.stderr)
+    print()
+    ext_out = last.get("pp1q", {})
+    s = ext_out.get("stats", {})
+    fallbacks = ", ".join(f"{k}={v}" for k, v in s.get("fallbacks", {}).items() if v) or "none"
+    print(f"seed {ext_out.get('seed')}: {s.get('rounds')} rounds, {s.get('accepted')}/"
+          f"{s.get('drafted')} drafts accepted, {s.get('target_only_steps')} target-only "
+          f"steps, fallbacks: {fallbacks}; finish: "
+          f"{last.get('choices', [{}])[0].get('finish_reason')}", file=sys.stderr)
     return 0

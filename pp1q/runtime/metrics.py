@@ -28,18 +28,40 @@ ROUND_LATENCY_BUCKETS = (  # seconds: loopback toy rounds are ms, dense 129280 r
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+# Which daemon exports each family (docs/operations.md, "Metrics", lists the same; a test
+# compares both daemons' /metrics against it). A family of the other role is still
+# created, unregistered, so shared code may touch it, but it is never exported.
+VERIFIER, WORKER, BOTH = frozenset({"verifier"}), frozenset({"worker"}), frozenset(
+    {"verifier", "worker"})
+ROLES_OF: dict[str, frozenset[str]] = {
+    "build": BOTH, "rounds": VERIFIER, "drafted_tokens": VERIFIER, "accepted_tokens": VERIFIER,
+    "generated_tokens": VERIFIER, "accepted_length": VERIFIER, "round_latency_seconds": BOTH,
+    "fallbacks": VERIFIER, "validation_failures": BOTH, "watchdog_timeouts": VERIFIER,
+    "generation_invalidations": BOTH, "late_replies_discarded": VERIFIER,
+    "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
+    "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
+    "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "steps": WORKER,
+}
+
+
 class Metrics:
-    """Every pp1q metric, registered in this daemon's own registry."""
+    """Every pp1q metric; this daemon's role's families registered in its own registry."""
 
     def __init__(self, role: str, identity: dict[str, str] | None = None) -> None:
         self.role = role
         r = self.registry = CollectorRegistry(auto_describe=True)
 
+        def reg(name: str) -> CollectorRegistry | None:
+            return r if role in ROLES_OF[name] else None
+
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(f"{PREFIX}_{name}", doc, labels, registry=r)
+            return Counter(f"{PREFIX}_{name}", doc, labels, registry=reg(name))
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"{PREFIX}_{name}", doc, registry=reg(name))
 
         self.info = Info(f"{PREFIX}_build", "Daemon identity: role, version, models, wire",
-                         registry=r)
+                         registry=reg("build"))
         self.info.info({"role": role, "version": __version__, **(identity or {})})
         # verifier: rounds and tokens
         self.rounds = counter("rounds", "Verification steps completed, by kind", ("kind",))
@@ -48,11 +70,12 @@ class Metrics:
         self.generated_tokens = counter("generated_tokens", "Tokens committed to requests")
         self.accepted_length = Histogram(
             f"{PREFIX}_accepted_length", "Accepted draft tokens per verified round",
-            buckets=tuple(float(i) for i in range(MAX_DEPTH_BUCKET + 1)), registry=r)
+            buckets=tuple(float(i) for i in range(MAX_DEPTH_BUCKET + 1)),
+            registry=reg("accepted_length"))
         self.round_latency = Histogram(
             f"{PREFIX}_round_latency_seconds",
             "STEP sent to decision made (verifier) or STEP received to COMPLETION sent (worker)",
-            buckets=ROUND_LATENCY_BUCKETS, registry=r)
+            buckets=ROUND_LATENCY_BUCKETS, registry=reg("round_latency_seconds"))
         self.fallbacks = counter("fallbacks", "Proposals discarded for a target-only step",
                                  ("cause",))
         self.validation_failures = counter(
@@ -76,12 +99,10 @@ class Metrics:
             " A fallback sends its one token, a digest mismatch the whole prefix again")
         self.requests = counter("requests", "Generation requests finished, by outcome",
                                 ("outcome",))
-        self.slots_in_use = Gauge(f"{PREFIX}_slots_in_use", "Request slots currently held",
-                                  registry=r)
+        self.slots_in_use = gauge("slots_in_use", "Request slots currently held")
         # verifier ranks (--ranks N)
-        self.rank_world_size = Gauge(f"{PREFIX}_rank_world_size",
-                                     "Verifier ranks in this daemon's group (1: no group)",
-                                     registry=r)
+        self.rank_world_size = gauge("rank_world_size",
+                                     "Verifier ranks in this daemon's group (1: no group)")
         self.rank_world_size.set(1)
         self.rank_failures = counter("rank_failures", "Verifier rank failures, by cause",
                                      ("cause",))

@@ -7,7 +7,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 
 from pp1q.core.errors import Pp1qError, Reason
@@ -35,6 +35,7 @@ class Client:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"url {url!r}: need http://HOST:PORT")
+        self.url = url
         self._conn = http.client.HTTPConnection(parts.hostname, parts.port or 80,
                                                 timeout=timeout)
 
@@ -44,21 +45,64 @@ class Client:
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
+        resp = self._send(method, path, payload, headers)
         try:
-            self._conn.request(method, path, body=payload, headers=headers)
-            resp = self._conn.getresponse()
             raw = resp.read()
         except (OSError, http.client.HTTPException) as e:
             self._conn.close()
-            raise ApiError(0, "unreachable", str(e)) from None
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            raise ApiError(resp.status, "bad_response", raw[:200].decode("latin-1")) from None
+            raise ApiError(0, "unreachable", f"{self.url}: {e}") from None
+        answer = self._json(resp.status, raw)
         if resp.status != 200:
-            err = answer.get("error", {}) if isinstance(answer, dict) else {}
-            raise ApiError(resp.status, err.get("code", "error"), err.get("message", ""))
+            self._refused(resp.status, answer)
         return answer
+
+    def _send(self, method: str, path: str, payload: bytes | None, headers: dict):
+        try:
+            self._conn.request(method, path, body=payload, headers=headers)
+            return self._conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            self._conn.close()
+            raise ApiError(0, "unreachable", f"{self.url}: {e}") from None
+
+    def _json(self, status: int, raw: bytes):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(status, "bad_response",
+                           f"{self.url}: {raw[:200].decode('latin-1')}") from None
+
+    def _refused(self, status: int, answer) -> None:
+        err = answer.get("error", {}) if isinstance(answer, dict) else {}
+        raise ApiError(status, err.get("code", "error"), err.get("message", ""))
+
+    def stream(self, prompt: list[int], max_tokens: int, **body) -> Iterator[dict]:
+        """POST /v1/completions with ``stream: true``; yields each server-sent event's
+        JSON (chunks of ``token_ids`` as they are committed; the last one carries
+        ``finish_reason`` and ``pp1q`` statistics). ``body``: OpenAI fields (seed,
+        temperature, stop_token_ids, pp1q={...})."""
+        payload = json.dumps({"prompt": list(prompt), "max_tokens": max_tokens,
+                              "stream": True, **body}).encode()
+        resp = self._send("POST", "/v1/completions", payload,
+                          {"Content-Type": "application/json"})
+        if resp.status != 200:
+            self._refused(resp.status, self._json(resp.status, resp.read()))
+        try:
+            for line in resp:
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:].strip()
+                if data == b"[DONE]":
+                    resp.read()  # the chunked body's end: the connection serves the next call
+                    return
+                event = self._json(200, data)
+                if "error" in event:
+                    self._refused(200, event)
+                yield event
+        except (OSError, http.client.HTTPException) as e:
+            self._conn.close()
+            raise ApiError(0, "unreachable", f"{self.url}: {e}") from None
+        self._conn.close()
+        raise ApiError(0, "unreachable", f"{self.url}: the stream ended before [DONE]")
 
     def generate(self, prompt: list[int], max_tokens: int, **options) -> dict:
         """POST /v1/generate; ``options``: seed, speculative, temperature, top_k..."""

@@ -16,11 +16,13 @@ from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostport
 from pp1q.verifier.api import decode_generate
 from pp1q.verifier.decider import Decider, LocalDecider
-from pp1q.verifier.http import HttpError, HttpServer
+from pp1q.verifier.http import HttpError
 from pp1q.verifier.link import Needs, WorkerLink
+from pp1q.verifier.openai_routes import openai_routes
 from pp1q.verifier.ranks.launch import rank_plan
 from pp1q.verifier.ranks.replica import RankDecisions
 from pp1q.verifier.scheduler import Scheduler
+from pp1q.verifier.server import HttpServer, read_body
 from pp1q.wire import WIRE_V1, WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
 
@@ -68,22 +70,28 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     return link, scheduler, metrics, config
 
 
-def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config) -> dict:
+def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config,
+           tokenizer=None) -> dict:
+    """Every route of the verifier's HTTP API (docs/operations.md, "HTTP API")."""
     vocab = config.identity.vocab
     top_k = settings.top_k
     default_top_k = top_k if 0 < top_k < vocab else None  # k >= vocab: the dense support
     v1_only = settings.wire_version == WIRE_V1
+    decode_kw = {"vocab": vocab, "default_top_k": default_top_k,
+                 "max_support": config.limits.max_support}
 
-    async def generate(head, body):
-        req = decode_generate(body, vocab=vocab, default_top_k=default_top_k,
-                              max_support=config.limits.max_support)
+    def check(req) -> None:
         if v1_only and req.speculative and not req.greedy:
             raise HttpError(422, "sampled_on_v1",
                             "this verifier runs a v1 (greedy) session: send temperature 0, "
                             "or speculative false; sampled speculation needs wire v2")
+
+    async def generate(request):
+        req = decode_generate(await read_body(request), **decode_kw)
+        check(req)
         return 200, await scheduler.generate(req)
 
-    async def healthz(head, body):
+    async def healthz(request):
         answer = {"status": "ok", "worker": "connected" if link.ready else "disconnected",
                   "wire_version": link.version if link.ready else None,
                   "target": config.identity.target_id, "slots": scheduler.pool.size,
@@ -95,7 +103,10 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
                 return 503, {**answer, "status": "ranks_lost"}
         return 200, answer
 
-    return {("POST", "/v1/generate"): generate, ("GET", "/healthz"): healthz}
+    return {("POST", "/v1/generate"): generate, ("GET", "/healthz"): healthz,
+            **openai_routes(scheduler, model_id=config.identity.target_id,
+                            tokenizer=tokenizer, decode_kw=decode_kw,
+                            check=lambda call: check(call.req))}
 
 
 async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
@@ -124,7 +135,9 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         group = await start_group(settings, launch, scheduler.decider, config, stop)
         if group is None:  # the ranks did not all join in time: let the supervisor retry
             return EXIT_RANKS_LOST
-    http = HttpServer(routes(settings, link, scheduler, config))
+    # a target with a tokenizer takes text (pp1q.verifier.openai_api); the toy has none
+    tokenizer = getattr(getattr(scheduler.decider, "target", None), "tokenizer", None)
+    http = HttpServer(routes(settings, link, scheduler, config, tokenizer))
     host, port = parse_hostport(settings.http)
     try:
         port = await http.start(host, port)

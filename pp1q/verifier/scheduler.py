@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 
 from pp1q.core.errors import Reason, ServiceError
 from pp1q.core.outcomes import FallbackCause, StepKind
@@ -92,17 +93,27 @@ class Scheduler:
 
     # -- requests ----------------------------------------------------------------
 
-    async def generate(self, req: GenerateRequest) -> dict:
+    async def generate(self, req: GenerateRequest,
+                       on_tokens: Callable[[list[int]], bool] | None = None) -> dict:
+        """Run ``req`` to completion. ``on_tokens(new)`` is called with each round's
+        committed tokens as they are committed (streaming); a true return ends the
+        request after that round (finish_reason "stop": the caller saw a stop token)."""
         t0 = time.perf_counter()
         slot = await self.pool.acquire()
         job = Job(req, slot)
+        start, stopped = len(req.prompt), False
         try:
             await self.decider.open(job)
-            while job.produced < req.max_tokens:
+            while job.produced < req.max_tokens and not stopped:
+                done = job.produced
                 if req.speculative:
                     await self._speculative_step(job)
                 else:
                     await self._target_only_step(job, job.generation, job.next_round(), None)
+                if on_tokens is not None:
+                    new = job.prefix.tokens[start + done: start + min(job.produced,
+                                                                      req.max_tokens)]
+                    stopped = bool(on_tokens(new))
         except BaseException:
             self.metrics.requests.labels(outcome="error").inc()
             raise
@@ -110,7 +121,8 @@ class Scheduler:
             self._release(job)
         self.metrics.requests.labels(outcome="ok").inc()
         tokens = job.prefix.tokens[len(req.prompt):][: req.max_tokens]
-        return {"token_ids": tokens, "seed": req.seed, "finish_reason": "length",
+        return {"token_ids": tokens, "seed": req.seed,
+                "finish_reason": "stop" if stopped else "length",
                 "prompt_tokens": len(req.prompt), "stats": job.stats.as_json(),
                 "elapsed_s": round(time.perf_counter() - t0, 6)}
 

@@ -35,4 +35,5 @@ def test_served_over_http_on_loopback():
         server.shutdown()
         server.server_close()
     assert "pp1q_steps_total 3.0" in body
-    assert 'pp1q_fallbacks_total{cause="connection_lost"} 0.0' in body
+    assert 'pp1q_peers_refused_total{reason="tls_handshake"} 0.0' in body  # zeros shown
+    assert "pp1q_fallbacks_total" not in body  # a verifier family: not the worker's

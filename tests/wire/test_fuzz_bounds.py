@@ -17,7 +17,6 @@ from pp1q.core.errors import Reason, RemoteProtocolError
 from pp1q.models.toy import ToySpec
 from pp1q.runtime.settings import VerifierSettings, WorkerSettings
 from pp1q.verifier.daemon import build as build_verifier
-from pp1q.verifier.http import HttpError, parse_head
 from pp1q.wire import FrameDecoder, VerifierEndpoint, WorkerEndpoint
 from pp1q.wire.framing import HEADER_BYTES
 from pp1q.wire.limits import MAX_CONTROL_BYTES
@@ -124,13 +123,6 @@ def test_a_context_frame_declaring_more_than_max_context_is_refused_from_its_hea
     header = forge(MsgType.CONTEXT, control_of(V["context"]), payload_len=n)[:HEADER_BYTES]
     e = _refused_without_allocating(FrameDecoder(LIM).feed, header)
     assert e.reason is Reason.FRAME_TOO_LARGE
-
-
-def test_http_head_refuses_a_declared_body_of_2_pow_31():
-    head = parse_head(b"POST /v1/generate HTTP/1.1\r\nContent-Length: 2147483648\r\n\r\n")
-    with pytest.raises(HttpError) as e:
-        head.content_length()
-    assert e.value.status == 413
 
 
 # -- live daemons, in-process -------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,9 +74,13 @@ class CaptureReader:
     last record (a daemon killed mid-write) ends cleanly there; ``truncated`` then
     tells, and every other defect is still refused."""
 
-    def __init__(self, path: str | os.PathLike, *, allow_truncated: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, *, allow_truncated: bool = False,
+                 follow_s: float = 0.0) -> None:
+        """``follow_s`` > 0: at the end of the file (or inside a record still being
+        written) wait that long and read on, forever (``pp1q replay --follow``)."""
         self.path = Path(path)
         self.allow_truncated = allow_truncated
+        self.follow_s = follow_s
         self.truncated: CaptureError | None = None
         self.size = self.path.stat().st_size
         with open(self.path, "rb") as f:
@@ -94,6 +99,9 @@ class CaptureReader:
         conns: dict[int, bool] = {}  # conn -> still open
         while True:
             head = f.read(RECORD_HEADER_BYTES)
+            if len(head) < RECORD_HEADER_BYTES and self.follow_s:
+                self._wait(f, offset)
+                continue
             if not head:
                 return
             if len(head) < RECORD_HEADER_BYTES:
@@ -102,6 +110,12 @@ class CaptureReader:
                 return
             kind, direction, conn, time_ns, length = _parse_record_head(head, offset, index)
             have = self.size - offset - RECORD_HEADER_BYTES
+            if length > have and self.follow_s:
+                self.size = os.fstat(f.fileno()).st_size
+                if length > self.size - offset - RECORD_HEADER_BYTES:
+                    self._wait(f, offset)  # the writer is inside this record
+                    continue
+                have = self.size - offset - RECORD_HEADER_BYTES
             if length > have:  # known from the file size: nothing is allocated for it
                 self._cut(f"truncated record body ({have} of {length} bytes)", offset, index)
                 return
@@ -115,6 +129,11 @@ class CaptureReader:
             yield Record(index, offset, kind, direction, conn, time_ns, body, meta)
             offset += RECORD_HEADER_BYTES + length
             index += 1
+
+    def _wait(self, f, offset: int) -> None:
+        time.sleep(self.follow_s)
+        f.seek(offset)  # drops the buffer: the next read sees what was appended
+        self.size = os.fstat(f.fileno()).st_size
 
     def _cut(self, message: str, offset: int, index: int) -> None:
         err = CaptureError(message, offset, index)

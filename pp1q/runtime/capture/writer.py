@@ -2,13 +2,17 @@
 
 One writer per daemon process, used from its event loop thread only (no locking).
 Per frame the cost is one struct pack, one xxh3 pass over the bytes (GB/s) and a
-buffered write; nothing is decoded. A capture that cannot be written (disk full,
-size cap reached) stops recording and says so once in the log, and the file stays
-valid up to its last whole record: serving never fails because of a capture.
+buffered write; nothing is decoded. Under a running event loop the buffer is flushed at
+the end of every loop tick that recorded anything (one write(2) per tick, a round takes
+several), so ``pp1q replay --follow`` reads a capture while its daemon runs. A capture
+that cannot be written (disk full, size cap reached) stops recording and says so once
+in the log, and the file stays valid up to its last whole record: serving never fails
+because of a capture.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -59,6 +63,7 @@ class CaptureWriter:
         self.stopped = False  # no more records (error, size cap or close)
         self._next_conn = 1
         self._open: set[int] = set()
+        self._flush_scheduled = False
         raw = open(self.path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
         self._fd = raw.fileno()
         self._file = io.BufferedWriter(raw, WRITE_BUFFER_BYTES)
@@ -127,7 +132,7 @@ class CaptureWriter:
         self._record(Kind.INFO, Direction.NONE, 0, _time_ns(now), body)
 
     def flush(self) -> None:
-        if not self.stopped:
+        if not self.stopped and not self._file.closed:
             self._guard(self._file.flush)
 
     def close(self) -> None:
@@ -177,6 +182,22 @@ class CaptureWriter:
                 self._file.write(body)
         if self._guard(write):
             self._written += len(head) + len(body)
+            self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """Flush once this event-loop tick is over (no loop: the buffer fills, as a file)."""
+        if self._flush_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._flush_scheduled = True
+
+        def flush() -> None:
+            self._flush_scheduled = False
+            self.flush()
+        loop.call_soon(flush)
 
     def _guard(self, fn) -> bool:
         try:

@@ -1,0 +1,292 @@
+"""The OpenAI-shaped API: request structs, their translation into a GenerateRequest,
+answers and server-sent-event chunks (no I/O here; pp1q.verifier.openai_routes serves).
+
+Requests are decoded strictly (unknown fields refused, like /v1/generate: a field we
+would silently ignore could change what the client believes it asked for) and then
+translated into a /v1/generate body, so every check of the native API (ids < vocab,
+max_tokens, seed, temperature, proposal support) applies unchanged.
+
+Text: a target with a tokenizer (``encode(str) -> list[int]``, ``decode(list[int]) -> str``,
+optional ``apply_chat_template(messages) -> list[int]``) takes text prompts, chat
+messages and stop strings. A target without one (the toy) takes token-id prompts only:
+a ``prompt`` list of ids, or for chat a message content made of parts
+``{"type": "token_ids", "token_ids": [...]}`` (a pp1q extension; the ids of every message
+are concatenated in order, no template); its ``text`` renders each token as `` <id>``.
+Every choice also carries the ``token_ids`` it produced.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol
+
+import msgspec
+
+from pp1q.verifier.api import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, GenerateRequest, decode_generate
+from pp1q.verifier.http import HttpError
+
+MAX_STOP = 4  # stop sequences per request, as OpenAI's API
+MAX_STOP_TOKEN_IDS = 64  # stop token ids per request; a handful is the real use
+MAX_MESSAGES = 1024  # chat messages per request; the body size bounds them anyway
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class IdText:
+    """Text of a target without a tokenizer: each token as `` <id>`` (deltas concatenate
+    to the whole text, as a real tokenizer's do)."""
+
+    @staticmethod
+    def decode(ids: list[int]) -> str:
+        return "".join(f" {t}" for t in ids)
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class Pp1qOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``pp1q`` extension object (openai client: ``extra_body={"pp1q": {...}}``)."""
+
+    speculative: bool = True
+    draft_temperature: float = 1.0
+    draft_top_k: int | None | msgspec.UnsetType = msgspec.UNSET  # proposal support
+
+
+_Ids = Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
+                 msgspec.Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
+_Stop = str | Annotated[list[str], msgspec.Meta(max_length=MAX_STOP)] | None
+
+
+class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    model: str | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_NEW_TOKENS)] = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # the target's top-k (vLLM's extension); -1 or 0: off
+    stop: _Stop = None
+    stop_token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
+                              msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1  # one choice per request
+    user: str | None = None  # accepted and not used
+    pp1q: Pp1qOptions = msgspec.field(default_factory=Pp1qOptions)
+
+
+class CompletionBody(_Common, kw_only=True):
+    prompt: str | _Ids
+
+
+class TokenIdsPart(msgspec.Struct, tag_field="type", tag="token_ids", forbid_unknown_fields=True):
+    token_ids: _Ids
+
+
+class TextPart(msgspec.Struct, tag_field="type", tag="text", forbid_unknown_fields=True):
+    text: str
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True):
+    role: str
+    content: str | list[TokenIdsPart | TextPart]
+    name: str | None = None
+
+
+class ChatBody(_Common, kw_only=True):
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
+
+
+@dataclass
+class Call:
+    """A decoded OpenAI request: what to run and how to answer."""
+
+    req: GenerateRequest
+    body: _Common
+    stop_ids: frozenset[int]
+    stop_strs: tuple[str, ...]
+    chat: bool
+
+
+def _decode(cls, raw: bytes):
+    try:
+        return msgspec.json.decode(raw, type=cls)
+    except msgspec.ValidationError as e:
+        raise HttpError(422, "invalid_field", str(e)) from None
+    except msgspec.DecodeError as e:
+        raise HttpError(400, "bad_json", str(e)) from None
+
+
+def _needs_tokenizer(what: str) -> HttpError:
+    return HttpError(400, "needs_tokenizer",
+                     f"{what} needs a target with a tokenizer; this target takes token ids "
+                     "(a prompt list of ids; chat: content parts of type token_ids)")
+
+
+def _chat_prompt(messages: list[Message], tokenizer) -> list[int]:
+    if tokenizer is not None and hasattr(tokenizer, "apply_chat_template"):
+        if any(not isinstance(m.content, str) for m in messages):
+            raise HttpError(422, "invalid_field", "chat content must be text for this target")
+        return list(tokenizer.apply_chat_template([{"role": m.role, "content": m.content}
+                                                   for m in messages]))
+    ids: list[int] = []
+    for m in messages:
+        if isinstance(m.content, str) or any(isinstance(p, TextPart) for p in m.content):
+            raise _needs_tokenizer("chat text")
+        for part in m.content:
+            ids.extend(part.token_ids)
+    if not ids:
+        raise HttpError(422, "invalid_field", "chat messages hold no token ids")
+    return ids
+
+
+def decode_call(raw: bytes, *, chat: bool, tokenizer: Tokenizer | None, model_id: str,
+                vocab: int, default_top_k: int | None, max_support: int) -> Call:
+    """Decode and check an OpenAI body; every refusal is an HttpError 4xx."""
+    b = _decode(ChatBody if chat else CompletionBody, raw)
+    if b.model is not None and b.model != model_id:
+        raise HttpError(404, "model_not_found", f"model {b.model!r}: this server serves "
+                                                f"{model_id!r} (GET /v1/models)")
+    if b.top_p != 1.0:
+        raise HttpError(422, "unsupported_top_p", "top_p must be 1 (no nucleus truncation "
+                                                  "of the target yet)")
+    if b.top_k not in (-1, 0) and b.top_k < vocab:
+        raise HttpError(422, "unsupported_top_k", "top_k must be -1 or 0 (off): no top-k "
+                                                  "truncation of the target yet")
+    stop_strs = (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ())
+    if any(not s for s in stop_strs):
+        raise HttpError(422, "invalid_field", "empty stop string")
+    if stop_strs and tokenizer is None:
+        raise _needs_tokenizer("a stop string")
+    if chat:
+        prompt = _chat_prompt(b.messages, tokenizer)
+    elif isinstance(b.prompt, str):
+        if tokenizer is None:
+            raise _needs_tokenizer("a text prompt")
+        prompt = list(tokenizer.encode(b.prompt))
+    else:
+        prompt = b.prompt
+    bad = next((t for t in b.stop_token_ids or () if t >= vocab), None)
+    if bad is not None:
+        raise HttpError(422, "token_out_of_vocab",
+                        f"stop token id {bad} outside the vocabulary [0, {vocab})")
+    native: dict[str, Any] = {"prompt_token_ids": prompt, "max_tokens": b.max_tokens,
+                              "temperature": b.temperature,
+                              "speculative": b.pp1q.speculative,
+                              "draft_temperature": b.pp1q.draft_temperature}
+    if b.seed is not None:
+        native["seed"] = b.seed
+    if b.pp1q.draft_top_k is not msgspec.UNSET:
+        native["top_k"] = b.pp1q.draft_top_k
+    req = decode_generate(msgspec.json.encode(native), vocab=vocab, default_top_k=default_top_k,
+                          max_support=max_support)
+    return Call(req, b, frozenset(b.stop_token_ids or ()), stop_strs, chat)
+
+
+class Stopper:
+    """Where the output ends: at the first stop token id (excluded, as vLLM's
+    stop_token_ids) or stop string (excluded, as OpenAI's); holds back the text that could
+    still become a stop string so a stream never shows what the whole answer drops."""
+
+    def __init__(self, call: Call, text: Tokenizer | IdText) -> None:
+        self.stop_ids, self.stop_strs, self.text = call.stop_ids, call.stop_strs, text
+        self.ids: list[int] = []
+        self.shown = 0  # characters of the text already handed out
+        self.stopped = False
+        self._cut: int | None = None  # end of the text when a stop string matched
+
+    def feed(self, new: list[int]) -> bool:
+        """Take a round's committed tokens; True when the output ended in them."""
+        for t in new:
+            if t in self.stop_ids:
+                self.stopped = True
+                return True
+            self.ids.append(t)
+        if self.stop_strs:
+            full = self.text.decode(self.ids)
+            hits = [i for i in (full.find(s) for s in self.stop_strs) if i >= 0]
+            if hits:
+                self._cut, self.stopped = min(hits), True
+        return self.stopped
+
+    def full_text(self) -> str:
+        return self.text.decode(self.ids)[: self._cut]
+
+    def delta(self, final: bool) -> str:
+        """Text not yet handed out; before the end, less what a stop string could start."""
+        full = self.full_text()
+        end = len(full)
+        if not final and self.stop_strs and not self.stopped:
+            end = max(self.shown, end - (max(map(len, self.stop_strs)) - 1))
+        out, self.shown = full[self.shown:end], max(self.shown, end)
+        return out
+
+
+def completion_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + os.urandom(12).hex()
+
+
+def usage(call: Call, n_out: int) -> dict:
+    n_in = len(call.req.prompt)
+    return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+
+def extension(answer: dict) -> dict:
+    """pp1q's statistics of one request (the ``pp1q`` field of an answer)."""
+    return {"seed": answer["seed"], "stats": answer["stats"], "elapsed_s": answer["elapsed_s"]}
+
+
+def _choice(chat: bool, text: str, ids: list[int], finish: str | None, stream: bool) -> dict:
+    if not chat:
+        return {"index": 0, "text": text, "token_ids": ids, "logprobs": None,
+                "finish_reason": finish}
+    key = "delta" if stream else "message"
+    return {"index": 0, key: {"role": "assistant", "content": text}, "token_ids": ids,
+            "logprobs": None, "finish_reason": finish}
+
+
+@dataclass
+class Shape:
+    """The envelope every object of one answer shares."""
+
+    chat: bool
+    model: str
+    id: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        self.id = self.id or completion_id(self.chat)
+        self.created = self.created or int(time.time())
+
+    def _env(self, stream: bool) -> dict:
+        obj = ("chat.completion" if self.chat else "text_completion") + (
+            ".chunk" if stream and self.chat else "")
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def answer(self, call: Call, stopper: Stopper, answer: dict) -> dict:
+        finish = "stop" if stopper.stopped else answer["finish_reason"]
+        return {**self._env(False), "choices": [_choice(
+            self.chat, stopper.full_text(), stopper.ids, finish, False)],
+            "usage": usage(call, len(stopper.ids)), "pp1q": extension(answer)}
+
+    def chunk(self, text: str, ids: list[int], finish: str | None = None,
+              answer: dict | None = None) -> dict:
+        out = {**self._env(True), "choices": [_choice(self.chat, text, ids, finish, True)]}
+        if answer is not None:
+            out["pp1q"] = extension(answer)
+        return out
+
+    def usage_chunk(self, call: Call, n_out: int) -> dict:
+        return {**self._env(True), "choices": [], "usage": usage(call, n_out)}
+
+
+def sse(obj: dict | str) -> bytes:
+    """One server-sent event (``data: [DONE]`` ends a stream, as OpenAI's)."""
+    data = obj if isinstance(obj, str) else msgspec.json.encode(obj).decode()
+    return f"data: {data}\n\n".encode()

@@ -1,0 +1,106 @@
+"""The OpenAI-shaped routes: /v1/completions, /v1/chat/completions (JSON or server-sent
+events) and /v1/models, on the same Scheduler.generate as /v1/generate.
+
+A streamed request runs Scheduler.generate as a task whose ``on_tokens`` callback wakes
+the handler after each committed round; nothing is sent before the first tokens, so a
+refusal before any (queue full, ranks lost) still gets its own status. The task is
+cancelled whenever the handler ends (a disconnected client cancels the handler): the
+scheduler's release path then frees the slot and RESETs the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from pp1q.core.errors import ServiceError
+from pp1q.verifier.http import HttpError, as_http, error_body
+from pp1q.verifier.openai_api import Call, IdText, Shape, Stopper, decode_call, sse
+from pp1q.verifier.scheduler import Scheduler
+from pp1q.verifier.server import read_body
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: dict,
+                  check: Callable[[Call], None]) -> dict:
+    """``decode_kw``: vocab, default_top_k, max_support; ``check(call)``: the daemon's own
+    refusals (a v1 session refuses sampled speculation)."""
+    text = tokenizer if tokenizer is not None else IdText()
+    created = int(time.time())
+
+    def handler(chat: bool):
+        async def handle(request: web.Request):
+            raw = await read_body(request)
+            call = decode_call(raw, chat=chat, tokenizer=tokenizer, model_id=model_id,
+                               **decode_kw)
+            check(call)
+            shape, stopper = Shape(chat, model_id), Stopper(call, text)
+            if not call.body.stream:
+                answer = await scheduler.generate(call.req, stopper.feed)
+                return 200, shape.answer(call, stopper, answer)
+            return await _stream(request, scheduler, call, shape, stopper)
+        return handle
+
+    async def models(request: web.Request):
+        return 200, {"object": "list", "data": [
+            {"id": model_id, "object": "model", "created": created, "owned_by": "pp1q"}]}
+
+    return {("POST", "/v1/completions"): handler(False),
+            ("POST", "/v1/chat/completions"): handler(True),
+            ("GET", "/v1/models"): models}
+
+
+async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape: Shape,
+                  stopper: Stopper) -> web.StreamResponse:
+    wake: asyncio.Queue[None] = asyncio.Queue()  # one item per round, max_tokens at most
+
+    def on_tokens(new: list[int]) -> bool:
+        wake.put_nowait(None)
+        return stopper.feed(new)
+
+    task = asyncio.ensure_future(scheduler.generate(call.req, on_tokens))
+    task.add_done_callback(lambda _: wake.put_nowait(None))
+    resp: web.StreamResponse | None = None
+    sent = 0
+    try:
+        while True:
+            await wake.get()
+            done = task.done()
+            if done and task.exception() is not None:
+                if resp is None:
+                    raise task.exception()  # nothing sent yet: the error's own status
+                await resp.write(sse(_error_event(task.exception())))
+                return resp  # no [DONE]: the stream failed
+            if resp is None:
+                resp = web.StreamResponse(headers=SSE_HEADERS)
+                await resp.prepare(request)
+            ids, delta = stopper.ids[sent:], stopper.delta(final=done)
+            if ids or delta:
+                await resp.write(sse(shape.chunk(delta, ids)))
+                sent += len(ids)
+            if done:
+                break
+        answer = task.result()
+        finish = "stop" if stopper.stopped else answer["finish_reason"]
+        await resp.write(sse(shape.chunk("", [], finish, answer)))
+        if call.body.stream_options is not None and call.body.stream_options.include_usage:
+            await resp.write(sse(shape.usage_chunk(call, len(stopper.ids))))
+        await resp.write(sse("[DONE]"))
+        await resp.write_eof()
+        return resp
+    finally:
+        if not task.done():
+            task.cancel()  # the client left: release the slot, RESET the worker
+
+
+def _error_event(e: BaseException) -> dict:
+    if isinstance(e, HttpError):
+        return error_body(e.code, e.message)
+    if isinstance(e, ServiceError):
+        h = as_http(e)
+        return error_body(h.code, h.message)
+    return error_body("internal", "internal error; see the verifier log")

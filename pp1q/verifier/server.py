@@ -1,0 +1,166 @@
+"""The verifier's HTTP server: aiohttp with pp1q's limits, JSON errors and cancellation.
+
+aiohttp parses HTTP/1.1 (framing, pipelining, chunked bodies, malformed heads: a 400
+and the connection closed); this module only sets its bounds and turns every refusal
+into the API's JSON error body (pp1q.verifier.http). A handler takes the
+``web.Request`` and returns ``(status, json_body)`` or a prepared ``web.StreamResponse``
+(server-sent events). A client that disconnects cancels its handler
+(``handler_cancellation``), so the scheduler's release path frees its slot and RESETs
+the worker's context at once instead of generating into a closed socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from pp1q.core.errors import ServiceError
+from pp1q.verifier.http import HttpError, as_http, error_body
+
+log = logging.getLogger("pp1q.http")
+# aiohttp logs a traceback for every malformed request it answers 400: the client's fault,
+# and a log line per bad request would let any client fill the disk
+_parser_log = logging.getLogger("pp1q.http.malformed")
+_parser_log.setLevel(logging.CRITICAL)
+
+MAX_BODY_BYTES = 1 << 20  # a prompt of ~100k token ids in JSON fits in 1 MiB
+MAX_LINE_BYTES = 8 * 1024  # request line or one header line; the API needs a few hundred
+MAX_HEADERS = 64  # more header lines than any client of this API sends
+# open connections; more are answered 503 and closed. Bounds file descriptors and, with
+# MAX_BODY_BYTES, the bodies buffered at once: 512 MiB at worst
+MAX_CONNECTIONS = 512
+HEAD_TIMEOUT_S = 15.0  # a whole request head (or an idle keep-alive gap) within this (slowloris)
+BODY_TIMEOUT_S = 30.0  # a declared body must arrive within this time (slow-body bound)
+
+Handler = Callable[[web.Request], Awaitable["tuple[int, object] | web.StreamResponse"]]
+
+# aiohttp's own refusals (router, body size), as the API's error codes
+_CODE_OF = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+            400: "bad_request", 408: "body_timeout"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's bounds; tests shorten the timeouts."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_line_bytes: int = MAX_LINE_BYTES
+    max_headers: int = MAX_HEADERS
+    max_connections: int = MAX_CONNECTIONS
+    head_timeout_s: float = HEAD_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
+
+
+DEFAULT_LIMITS = Limits()
+LIMITS = web.AppKey("limits", Limits)
+
+
+def json_response(status: int, body: object, headers: dict[str, str] | None = None):
+    return web.Response(status=status, headers=headers,
+                        body=json.dumps(body, separators=(",", ":")).encode() + b"\n",
+                        content_type="application/json")
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, bounded in size (client_max_size: 413) and in time (408)."""
+    lim = request.app[LIMITS]
+    timeout = lim.body_timeout_s
+    if (request.content_length or 0) > lim.max_body_bytes:  # refused from the header alone
+        raise HttpError(413, "body_too_large",
+                        f"declared body of {request.content_length} bytes > {lim.max_body_bytes}")
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise HttpError(408, "body_timeout", f"body did not arrive within {timeout:g} s") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise HttpError(413, "body_too_large",
+                        f"body over {lim.max_body_bytes} bytes") from None
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    try:
+        answer = await handler(request)
+    except HttpError as e:
+        return json_response(e.status, error_body(e.code, e.message), e.headers)
+    except ServiceError as e:
+        h = as_http(e)
+        return json_response(h.status, error_body(h.code, h.message))
+    except web.HTTPException as e:  # the router's 404/405
+        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+        code = _CODE_OF.get(e.status, "http_error")
+        return json_response(e.status, error_body(code, f"{request.method} {request.path}: "
+                                                        f"{e.reason}"), headers)
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        log.exception("handler for %s %s failed", request.method, request.path)
+        return json_response(500, error_body("internal", "internal error; see the verifier log"))
+    if isinstance(answer, web.StreamResponse):
+        return answer
+    status, body = answer
+    return json_response(status, body)
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection over MAX_CONNECTIONS: one 503 and close (never parsed)."""
+
+    BODY = b'{"error":{"code":"busy","message":"too many connections"}}\n'
+
+    def connection_made(self, transport) -> None:
+        transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(self.BODY), self.BODY))
+        transport.close()
+
+
+class HttpServer:
+    """Routes ``(METHOD, path)`` to handlers, on one listening socket."""
+
+    def __init__(self, routes: dict[tuple[str, str], Handler],
+                 limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_errors])
+        self.app[LIMITS] = limits
+        for (method, path), handler in routes.items():
+            self.app.router.add_route(method, path, handler)
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        lim = self.limits
+        # keepalive_timeout is aiohttp's only head deadline: it runs from the connection's
+        # start (and from each response) until a whole request head arrived, however
+        # slowly its bytes trickle in, then closes the connection
+        self._runner = web.AppRunner(
+            self.app, handle_signals=False, access_log=None, logger=_parser_log,
+            handler_cancellation=True, keepalive_timeout=lim.head_timeout_s,
+            max_line_size=lim.max_line_bytes, max_field_size=lim.max_line_bytes,
+            max_headers=lim.max_headers, lingering_time=1.0)
+        await self._runner.setup()
+        server = self._runner.server
+
+        def protocol():
+            if len(server.connections) >= lim.max_connections:
+                return _Refuse()
+            return server()
+
+        self._server = await asyncio.get_running_loop().create_server(
+            protocol, host, port, backlog=min(lim.max_connections, 1024))
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._runner is not None:
+            with contextlib.suppress(Exception):
+                await self._runner.cleanup()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()

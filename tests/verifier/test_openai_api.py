@@ -1,0 +1,101 @@
+"""The OpenAI-shaped request layer without a server: decoding, refusals, stops, chunks."""
+
+import json
+
+import pytest
+
+from pp1q.verifier.http import HttpError
+from pp1q.verifier.openai_api import IdText, Shape, Stopper, decode_call, sse
+
+MODEL = "toy"
+
+
+def _call(obj, *, chat=False, tokenizer=None):
+    return decode_call(json.dumps(obj).encode(), chat=chat, tokenizer=tokenizer, model_id=MODEL,
+                       vocab=100, default_top_k=32, max_support=64)
+
+
+class CharTokenizer:
+    """One token per character (ids = code points below 100), for stop-string tests."""
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_completion_translates_into_a_generate_request():
+    c = _call({"model": MODEL, "prompt": [1, 2], "max_tokens": 3, "seed": 9, "temperature": 0,
+               "pp1q": {"speculative": False, "draft_top_k": None}})
+    r = c.req
+    assert (r.prompt, r.max_tokens, r.seed, r.greedy, r.speculative, r.top_k) == (
+        [1, 2], 3, 9, True, False, None)
+    assert _call({"prompt": [1]}).req.max_tokens == 16  # OpenAI's default
+    assert _call({"prompt": "ab"}, tokenizer=CharTokenizer()).req.prompt == [97, 98]
+
+
+def test_chat_takes_token_id_parts_without_a_tokenizer():
+    c = _call({"messages": [{"role": "system", "content": [{"type": "token_ids",
+                                                            "token_ids": [1, 2]}]},
+                            {"role": "user", "content": [{"type": "token_ids",
+                                                          "token_ids": [3]}]}]}, chat=True)
+    assert c.req.prompt == [1, 2, 3] and c.chat
+
+
+@pytest.mark.parametrize("body, chat, status, code", [
+    ({"prompt": "hello"}, False, 400, "needs_tokenizer"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, True, 400, "needs_tokenizer"),
+    ({"prompt": [1], "stop": "x"}, False, 400, "needs_tokenizer"),
+    ({"prompt": [100]}, False, 422, "token_out_of_vocab"),
+    ({"prompt": [1], "stop_token_ids": [100]}, False, 422, "token_out_of_vocab"),
+    ({"prompt": []}, False, 422, "invalid_field"),
+    ({"prompt": [1], "max_tokens": 0}, False, 422, "invalid_field"),
+    ({"prompt": [1], "max_tokens": 4097}, False, 422, "invalid_field"),
+    ({"prompt": [1], "n": 2}, False, 422, "invalid_field"),
+    ({"prompt": [1], "logit_bias": {}}, False, 422, "invalid_field"),
+    ({"prompt": [1], "max_tokens": "3"}, False, 422, "invalid_field"),
+    ({"prompt": [[1], [2]]}, False, 422, "invalid_field"),
+    ({"prompt": [1], "top_p": 0.9}, False, 422, "unsupported_top_p"),
+    ({"prompt": [1], "top_k": 5}, False, 422, "unsupported_top_k"),
+    ({"prompt": [1], "temperature": 0.5}, False, 422, "unsupported_temperature"),
+    ({"prompt": [1], "model": "gpt-4"}, False, 404, "model_not_found"),
+    ({"prompt": [1], "seed": 1 << 64}, False, 422, "invalid_field"),
+    ({"prompt": [1], "pp1q": {"draft_top_k": 65}}, False, 422, "top_k_too_large"),
+    ({"messages": []}, True, 422, "invalid_field"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, True, 422,
+     "invalid_field"),
+])
+def test_bad_requests_get_a_clear_4xx(body, chat, status, code):
+    with pytest.raises(HttpError) as e:
+        _call(body, chat=chat)
+    assert (e.value.status, e.value.code) == (status, code), e.value.message
+
+
+def test_stop_token_ends_the_output_before_it():
+    s = Stopper(_call({"prompt": [1], "stop_token_ids": [7]}), IdText())
+    assert not s.feed([3, 4])
+    assert s.feed([5, 7, 8])  # 7 stops; 8, committed in the same round, is dropped
+    assert s.ids == [3, 4, 5] and s.full_text() == " 3 4 5"
+
+
+def test_stop_string_is_never_streamed_then_taken_back():
+    tok = CharTokenizer()
+    s = Stopper(_call({"prompt": [97], "stop": ["cd"]}, tokenizer=tok), tok)
+    deltas = []
+    for piece in ("ab", "c", "xc", "de"):
+        stopped = s.feed(tok.encode(piece))
+        deltas.append(s.delta(final=stopped))
+    # each "c" is held back until the next character shows it does not start "cd"
+    assert deltas == ["a", "b", "cx", ""]
+    assert stopped and s.full_text() == "abcx"
+
+
+def test_chunks_and_events_have_openai_shapes():
+    shape = Shape(chat=True, model=MODEL)
+    chunk = shape.chunk(" 1", [1])
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"][0]["delta"] == {"role": "assistant", "content": " 1"}
+    assert sse(chunk).startswith(b"data: {") and sse(chunk).endswith(b"\n\n")
+    assert sse("[DONE]") == b"data: [DONE]\n\n"
+    assert Shape(chat=False, model=MODEL).chunk("", [])["object"] == "text_completion"
