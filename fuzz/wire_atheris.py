@@ -8,9 +8,9 @@ Targets, all fed the same input (each must accept it or raise RemoteProtocolErro
   ``buffer_updated``, which the daemons use), then its watchdog; every ProposalReady it
   hands out for a sampled step must carry one q row per sampled id;
 - a verifier waiting for the HELLO answer (identity, version and limit checks);
-- a fresh worker (HELLO parsing and identity checks) and a worker past HELLO
-  (STEP / COMMIT / RESET checks);
-- the context channel decoder, as the worker runs it (preamble expected).
+- a fresh worker (HELLO parsing, revision and identity checks) and a worker past HELLO
+  (CONTEXT / STEP / COMMIT / RESET checks), and one that also holds a context on slot 1
+  (so STEPs, COMMITs and appending CONTEXTs get past the context checks).
 
 The wire targets also get the input with every frame's checksums recomputed
 (``with_valid_checksums``): otherwise nearly every mutation stops at the head checksum.
@@ -22,7 +22,7 @@ Runs outside CI (RELIABILITY.md, "Fuzzing", records the last long run):
         -print_final_stats=1 fuzz/corpus
 
 A corpus directory given on the command line is created and seeded with the golden
-vectors (tests/vectors/*.bin) and a context-channel frame. Any exception other than
+vectors (tests/vectors/*.bin), CONTEXT frames included. Any exception other than
 RemoteProtocolError (or a failed assertion) is a crash: libFuzzer stops and saves it.
 """
 
@@ -46,7 +46,6 @@ from pp1q.wire import (  # noqa: E402
     WireConfig,
     WorkerEndpoint,
 )
-from pp1q.wire import context_channel as cc  # noqa: E402
 from pp1q.wire.framing import HEADER_BYTES, reseal  # noqa: E402
 
 _CONFIG = WireConfig(identity=wire_vectors.IDENTITY, limits=wire_vectors.LIMITS, versions=(1, 2))
@@ -60,6 +59,13 @@ _MAX_CHUNK = 64  # BufferedProtocol path: at most this many bytes per buffer_upd
 def _ready_worker() -> WorkerEndpoint:
     w = WorkerEndpoint(_CONFIG)
     w.receive_data(_HELLO, 0.0)
+    w.data_to_send()
+    return w
+
+
+def _worker_with_context() -> WorkerEndpoint:
+    w = _ready_worker()
+    w.receive_data(wire_vectors.build()["context"], 0.0)
     w.data_to_send()
     return w
 
@@ -131,16 +137,12 @@ def _verifier(data: bytes) -> None:
 
 
 def _worker(data: bytes) -> None:
-    for w in (WorkerEndpoint(_CONFIG), _ready_worker()):
+    for w in (WorkerEndpoint(_CONFIG), _ready_worker(), _worker_with_context()):
         _only_remote_errors(w.receive_data, data, 0.0)
         w.data_to_send()
 
 
-def _context(data: bytes) -> None:
-    _only_remote_errors(cc.ContextDecoder(expect_preamble=True).feed, data)
-
-
-TARGETS = (_frame_decoder, _verifier, _worker, _context)
+TARGETS = (_frame_decoder, _verifier, _worker)
 
 
 def one_input(data: bytes) -> None:
@@ -150,7 +152,7 @@ def one_input(data: bytes) -> None:
         target(data)
     fixed = with_valid_checksums(data)
     if fixed != data:
-        for target in TARGETS[:3]:  # the context channel carries no checksums
+        for target in TARGETS:
             target(fixed)
 
 
@@ -161,9 +163,6 @@ def _seed_corpus(argv: list[str]) -> None:
         corpus.mkdir(parents=True, exist_ok=True)
         for name, frame in wire_vectors.build().items():
             (corpus / f"{name}.bin").write_bytes(frame)
-        ctx = cc.SetContext(session=wire_vectors.SESSION, slot=1, generation=2,
-                            tokens=[1, 2, 3], digest=7)
-        (corpus / "context_set.bin").write_bytes(cc.PREAMBLE + cc.encode(ctx))
 
 
 def main() -> None:

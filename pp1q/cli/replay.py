@@ -100,8 +100,9 @@ def _item_json(item) -> dict:
     m = item.message
     if m is not None:
         fields = msgspec.structs.asdict(m)
-        fields.pop("ids", None)
+        fields.pop("ids", None)  # payload arrays: the lengths are in the control fields
         fields.pop("q", None)
+        fields.pop("tokens", None)
         out["type"] = type(m).__name__
         out["fields"] = msgspec.to_builtins(fields)
         if item.frame is not None and item.frame.error is not None:

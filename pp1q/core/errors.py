@@ -38,6 +38,7 @@ class Reason(enum.StrEnum):
     # -- framing and messages --
     BAD_MAGIC = "bad_magic"
     BAD_VERSION = "bad_version"
+    BAD_REVISION = "bad_revision"  # a peer (or capture) of another revision of wire v2
     UNKNOWN_MESSAGE_TYPE = "unknown_message_type"
     FRAME_TOO_LARGE = "frame_too_large"
     MALFORMED_CONTROL = "malformed_control"
@@ -64,6 +65,8 @@ class Reason(enum.StrEnum):
     STEP_TIMEOUT = "step_timeout"
     WORKER_ABORTED = "worker_aborted"
     CONNECTION_LOST = "connection_lost"
+    NO_CONTEXT = "no_context"  # a STEP for a slot whose committed context the worker lacks
+    CONTEXT_TOO_LONG = "context_too_long"  # a context past the negotiated max_context tokens
     # a drafter/target pair whose token id maps (tokenizer digests) or widths differ
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
     MODEL_MISSING = "model_missing"  # a model file (the embedded one, say) is not installed

@@ -41,6 +41,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
     "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "steps": WORKER,
+    "context_tokens": VERIFIER,
 }
 
 
@@ -97,6 +98,9 @@ class Metrics:
         self.reply_bytes = counter(
             "reply_bytes", "Wire bytes from worker to verifier (REPLY, COMPLETION, HELLO answer,"
             " refusals): sent (worker) or received (verifier)")
+        self.context_tokens = counter(
+            "context_tokens", "Committed-context token ids in CONTEXT frames: sent (verifier)."
+            " A fallback sends its one token, a digest mismatch the whole prefix again")
         self.requests = counter("requests", "Generation requests finished, by outcome",
                                 ("outcome",))
         self.slots_in_use = gauge("slots_in_use", "Request slots currently held")

@@ -20,6 +20,8 @@ class Job:
         self.generation = TARGET_ONLY_GENERATION
         self.round_id = 0
         self.context_session: int | None = None  # session whose worker holds our context
+        self.worker_holds = 0  # committed tokens the worker holds under context_session
+        self.stepped = False  # a STEP of this generation went out: a proposal was possible
 
     def next_round(self) -> int:
         self.round_id += 1

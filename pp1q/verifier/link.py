@@ -1,14 +1,15 @@
 """The verifier's transport adapter: one wire v2 session to the worker, kept alive.
 
-``WorkerLink.run`` connects, says HELLO, opens the context channel and, when the
-connection ends, fails every open proposal and reconnects with exponential backoff;
-each new connection is a new session id, so every key of the old one is dead. Bytes
-are received straight into the endpoint's buffers (asyncio.BufferedProtocol).
+``WorkerLink.run`` connects, says HELLO and, when the connection ends, fails every open
+proposal and reconnects with exponential backoff; each new connection is a new session
+id, so every key of the old one is dead. Bytes are received straight into the
+endpoint's buffers (asyncio.BufferedProtocol).
 
 Proposals: ``propose(step)`` returns a future that resolves to the endpoint's
 ``ProposalReady`` or to a ``Fallback`` (cause + reason). STEPs submitted in the same
 loop tick leave in one write (a batch); at most ``MAX_BATCHES_IN_FLIGHT`` batches are
-outstanding, later STEPs wait for one to resolve.
+outstanding, later STEPs wait for one to resolve. ``send_context`` writes a CONTEXT
+at once, on the same connection, so it always precedes the STEP that drafts after it.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from pp1q.core.prefix import Prefix
 from pp1q.runtime.capture import Protocol, tap
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.tls import ClientTls, connect_kwargs
-from pp1q.verifier.context import ContextClient, Fallback
 from pp1q.verifier.watchdog import Watchdog
-from pp1q.wire import Commit, Reset, Step, VerifierEndpoint, WireConfig
+from pp1q.wire import Commit, Reset, Step, VerifierEndpoint, WireConfig, context_of
 from pp1q.wire.events import (
     Discarded,
     ProposalFailed,
@@ -43,6 +43,15 @@ log = logging.getLogger("pp1q.verifier")
 MAX_BATCHES_IN_FLIGHT = 2  # the design's two in-flight STEP batches
 HELLO_TIMEOUT_S = 5.0  # a worker that does not answer HELLO by then is treated as down
 FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_s
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Why a proposal produced nothing consumable."""
+
+    cause: FallbackCause
+    reason: Reason
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ class WorkerLink:
                  step_timeout: float, reconnect_max_s: float, capture=None,
                  tls: ClientTls | None = None) -> None:
         self.host, self.port, self.config, self.needs = host, port, config, needs
-        self.tls = tls  # mutual TLS for both connections to the worker; None: plain TCP
+        self.tls = tls  # mutual TLS for the connection to the worker; None: plain TCP
         self.capture = capture  # pp1q.runtime.capture.CaptureWriter or None
         self.metrics = metrics
         self.step_timeout = step_timeout
@@ -110,7 +119,6 @@ class WorkerLink:
         self.endpoint: VerifierEndpoint | None = None
         self.version: int | None = None
         self._proto: _WireProtocol | None = None
-        self._context: ContextClient | None = None
         self._ready = False
         self._ready_event = asyncio.Event()
         self._started: asyncio.Future | None = None
@@ -168,26 +176,18 @@ class WorkerLink:
         self.endpoint, self._proto = endpoint, proto
         self._started = loop.create_future()
         proto.transport.write(endpoint.hello())
-        established = False
         try:
             done, _ = await asyncio.wait({self._started, proto.closed}, timeout=HELLO_TIMEOUT_S,
                                         return_when=asyncio.FIRST_COMPLETED)
             if self._started not in done or not self._started.result():
                 return False
-            self._context = ContextClient(self.metrics, self.capture)
-            await self._context.connect(self.host, self.port, self.step_timeout, self.tls)
-            established = True
             self._go_ready()
             stopping = loop.create_task(stop.wait())
             try:
-                await asyncio.wait({proto.closed, self._context.closed, stopping},
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({proto.closed, stopping}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopping.cancel()
             return True
-        except OSError as e:
-            log.warning("context channel to %s:%d failed: %s", self.host, self.port, e)
-            return established
         finally:
             self._go_down(quiet=stop.is_set())
 
@@ -209,9 +209,6 @@ class WorkerLink:
         self._watchdog.attach(None)
         if self._proto is not None and self._proto.transport is not None:
             self._proto.transport.close()
-        if self._context is not None:
-            self._context.close()
-            self._context = None
         if self.endpoint is not None:
             self.on_events(self.endpoint.close())
         for _step, fut in self._queued:  # never sent: the worker never drew for them
@@ -277,10 +274,22 @@ class WorkerLink:
 
     # -- operations ----------------------------------------------------------------
 
-    async def set_context(self, slot: int, generation: int, prefix: Prefix) -> Fallback | None:
-        if not self._ready or self._context is None:
-            return Fallback(FallbackCause.WORKER_UNAVAILABLE, Reason.CONNECTION_LOST)
-        return await self._context.set_context(self.endpoint.session, slot, generation, prefix)
+    @property
+    def max_context(self) -> int:
+        """Negotiated bound on the committed context one slot may hold (0 when down)."""
+        return self.endpoint.limits.max_context if self._ready else 0
+
+    def send_context(self, slot: int, generation: int, prefix: Prefix, start: int) -> bool:
+        """Give the worker ``prefix`` from position ``start`` on (0: all of it; else it
+        holds the first ``start`` tokens). False when it could not be sent."""
+        if not self._ready:
+            return False
+        msg = context_of(session=self.endpoint.session, slot=slot, generation=generation,
+                         tokens=prefix.tokens[start:], start=start, digest=prefix.digest)
+        if not self._send_control(msg):
+            return False
+        self.metrics.context_tokens.inc(msg.count)
+        return True
 
     def propose(self, step: Step) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
@@ -317,8 +326,8 @@ class WorkerLink:
             self._proto.transport.write(b"".join(frames))
         self._watchdog.arm()
 
-    def commit(self, commit: Commit) -> None:
-        self._send_control(commit)
+    def commit(self, commit: Commit) -> bool:
+        return self._send_control(commit)
 
     def reset(self, slot: int, generation: int, reason: Reason) -> bool:
         """Invalidate ``generation`` (and older) of ``slot`` on the worker; False if down."""

@@ -7,8 +7,10 @@ waits for a validated proposal and hands it to the scheduler's ``Decider``
 across a rank group; the scheduler is the same either way). When the proposal fails
 (timeout, corruption, missing q, refusal, lost connection, no worker) the generation is
 invalidated first (RESET), the whole proposal is discarded and exactly one target-only
-token is drawn from the committed prefix; the next round starts a new generation with
-a fresh context on the worker.
+token is drawn from the committed prefix; the next round starts a new generation. The
+worker keeps the committed prefix over a RESET: the next round's CONTEXT carries only
+the token(s) it lacks. Only the worker's refusal of a STEP for its context (digest,
+position, none held) makes the next round send the whole context again.
 Nothing of a proposal is committed unless every row of it validated. Refusals are
 domain errors (ServiceError: queue full, generations exhausted; the decider's own),
 never HTTP statuses.
@@ -41,6 +43,8 @@ from pp1q.wire.events import ProposalReady
 
 MAX_GENERATION = (1 << 24) - 1  # the wire's generation field and the RNG counter are 24-bit
 MAX_QUEUED_REQUESTS = 256  # requests waiting for a slot before new ones get 503
+# the worker refused a STEP because its copy of the context is not ours: resend it whole
+CONTEXT_LOST = frozenset({Reason.CHECKSUM_MISMATCH, Reason.BAD_POSITION, Reason.NO_CONTEXT})
 
 
 class SlotPool:
@@ -139,7 +143,7 @@ class Scheduler:
             raise ServiceError(Reason.GENERATIONS_EXHAUSTED,
                                f"slot {job.slot} exhausted its 24-bit generations")
         self._generation[job.slot] = job.generation = g
-        job.context_session = None
+        job.stepped = False
 
     # -- one step of a speculative request -----------------------------------------
 
@@ -151,13 +155,17 @@ class Scheduler:
             await self._fallback(job, Fallback(FallbackCause.WORKER_UNAVAILABLE,
                                                Reason.CONNECTION_LOST), job.next_round())
             return
-        if job.context_session != link.session:
-            session = link.session
-            failed = await link.set_context(job.slot, job.generation, job.prefix)
-            if failed is not None:
-                await self._fallback(job, failed, job.next_round())
+        if len(job.prefix) + self.depth + 1 > link.max_context:  # the worker could not hold it
+            await self._target_only_step(job, job.generation, job.next_round(), None)
+            return
+        if job.context_session != link.session:  # a new session holds nothing of ours
+            job.context_session, job.worker_holds = link.session, 0
+        if job.worker_holds < len(job.prefix):
+            if not link.send_context(job.slot, job.generation, job.prefix, job.worker_holds):
+                await self._fallback(job, Fallback(FallbackCause.WORKER_UNAVAILABLE,
+                                                   Reason.CONNECTION_LOST), job.next_round())
                 return
-            job.context_session = session
+            job.worker_holds = len(job.prefix)  # a refusal comes back on the STEP below
         round_id = job.next_round()
         req = job.req
         last_committed = job.prefix.last_position
@@ -170,6 +178,7 @@ class Scheduler:
                     context_version=0 if req.greedy else req.processors.context_version,
                     seed=req.seed)
         t0 = time.perf_counter()
+        job.stepped = True
         outcome = await link.propose(step)
         if isinstance(outcome, Fallback):
             await self._fallback(job, outcome, round_id)
@@ -188,10 +197,13 @@ class Scheduler:
         drafts = list(ready.draft_ids)
         out, kind = await self.decider.decide_round(job, step, ready)
         committed = step.last_committed + out.accepted + 1
-        self.link.commit(Commit(session=step.session, slot=step.slot,
-                                generation=step.generation, round_id=step.round_id,
-                                accepted=out.accepted, token=out.token, committed=committed))
+        sent = self.link.commit(Commit(session=step.session, slot=step.slot,
+                                       generation=step.generation, round_id=step.round_id,
+                                       accepted=out.accepted, token=out.token,
+                                       committed=committed))
         self._append(job, drafts[: out.accepted] + [out.token])
+        if sent:  # the worker appends the same tokens from the COMMIT
+            job.worker_holds = len(job.prefix)
         s, m = job.stats, self.metrics
         s.rounds += 1
         s.drafted += len(drafts)
@@ -206,11 +218,13 @@ class Scheduler:
     async def _fallback(self, job: Job, why: Fallback, round_id: int) -> None:
         """Invalidate first, discard everything proposed, one target-only token."""
         old_generation = job.generation
-        if job.context_session is not None:  # else no proposal of it was ever possible
+        if job.stepped:  # else no proposal of this generation was ever possible
             if self.link.reset(job.slot, old_generation, why.reason):
                 self.metrics.generation_invalidations.inc()
             await self.decider.invalidate(job, old_generation, why.reason)
         self._new_generation(job)
+        if why.cause is FallbackCause.WORKER_REFUSED and why.reason in CONTEXT_LOST:
+            job.worker_holds = 0  # its copy differs from ours: the next round resends it all
         job.stats.fallbacks[why.cause.value] += 1
         self.metrics.fallback(why.cause)
         await self._target_only_step(job, old_generation, round_id, StepKind.FALLBACK)

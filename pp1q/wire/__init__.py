@@ -3,13 +3,15 @@
 Stable public surface: the message classes, ``encode``, ``FrameDecoder``, the
 endpoints and their events, ``Limits``/``DEFAULT_LIMITS``, and the two error classes;
 for raw-byte readers, the frame header (``HEADER``, ``read_header``; offsets and checksum
-helpers in pp1q.wire.framing) and the protocol ``sniff``.
+helpers in pp1q.wire.framing). ``WIRE_REVISION``: the revision of v2 spoken (HELLO).
 """
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.wire.endpoint import WireConfig
 from pp1q.wire.events import (
     Committed,
+    ContextReceived,
+    ContextRefused,
     Discarded,
     Event,
     ProposalFailed,
@@ -25,23 +27,22 @@ from pp1q.wire.framing import (
     HEADER,
     HEADER_BYTES,
     MAGIC,
-    SNIFF_BYTES,
     Frame,
     FrameDecoder,
     Header,
-    Stream,
     chain_checksum,
     encode,
     read_header,
-    sniff,
 )
 from pp1q.wire.limits import DEFAULT_LIMITS, Limits
 from pp1q.wire.messages import (
     CONNECTION_SLOT,
+    WIRE_REVISION,
     WIRE_V1,
     WIRE_V2,
     Commit,
     Completion,
+    Context,
     Form,
     Hello,
     HelloAnswer,
@@ -53,6 +54,7 @@ from pp1q.wire.messages import (
     Reset,
     Status,
     Step,
+    context_of,
     reply_from_row,
 )
 from pp1q.wire.pool import PayloadPool
@@ -62,11 +64,12 @@ from pp1q.wire.worker_endpoint import WorkerEndpoint
 
 __all__ = [
     "CONNECTION_SLOT", "DEFAULT_LIMITS", "FRAME_VERSION", "HEADER", "HEADER_BYTES", "MAGIC",
-    "SNIFF_BYTES", "WIRE_V1", "WIRE_V2", "Header", "Stream", "read_header", "sniff",
-    "Commit", "Committed", "Completion", "Conn", "Discarded", "Event", "Form", "Frame",
+    "WIRE_REVISION", "WIRE_V1", "WIRE_V2", "Header", "read_header",
+    "Commit", "Committed", "Completion", "Context", "ContextReceived", "ContextRefused",
+    "Conn", "Discarded", "Event", "Form", "Frame",
     "FrameDecoder", "Hello", "HelloAnswer", "Identity", "Limits", "LocalProtocolError",
     "Message", "MsgType", "PayloadPool", "ProposalFailed", "ProposalReady", "Reason", "Refusal",
     "RemoteProtocolError", "Reply", "Reset", "SessionRefused", "SessionStarted", "SlotReset",
     "SlotState", "Status", "Step", "StepRefused", "StepRequested", "VerifierEndpoint",
-    "WireConfig", "WorkerEndpoint", "chain_checksum", "encode", "reply_from_row",
+    "WireConfig", "WorkerEndpoint", "chain_checksum", "context_of", "encode", "reply_from_row",
 ]

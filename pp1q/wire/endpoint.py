@@ -11,6 +11,7 @@ import collections
 from dataclasses import dataclass, field
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.core.prefix import Prefix
 from pp1q.wire.framing import Frame, FrameDecoder
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import KNOWN_VERSIONS, Identity
@@ -59,13 +60,19 @@ class SlotTrack:
     reply_bytes: int = 0
     checksums: list = field(default_factory=list)  # payload checksums, in index order
     deadline: float | None = None
+    # worker: the committed context (CONTEXT, then every COMMIT) and this round's drafts.
+    # It survives a RESET of a discarded proposal and new generations; only a RESET
+    # ``cancelled`` (the request ended), a refused CONTEXT or a new connection drop it.
+    prefix: Prefix | None = None
+    drafts: list = field(default_factory=list)
+    context_error: RemoteProtocolError | None = None  # why the context is gone: next STEP's
 
     def begin(self, step) -> None:
         if step.generation != self.generation:  # a new generation retires every older one
             self.dead_upto = max(self.dead_upto, step.generation - 1)
             self.committed = None
         self.generation, self.round_id, self.step = step.generation, step.round_id, step
-        self.frames, self.rows, self.checksums = [], [], []
+        self.frames, self.rows, self.checksums, self.drafts = [], [], [], []
         self.reply_bytes = 0
         self.deadline = None
 

@@ -96,6 +96,32 @@ class StepRefused:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextReceived:
+    """Worker: a slot's committed context was opened (``start`` 0) or appended to."""
+
+    slot: int
+    generation: int
+    start: int
+    count: int
+
+    @property
+    def full(self) -> bool:
+        """The whole prefix arrived: a drafter with a KV cache prefills it now."""
+        return self.start == 0
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRefused:
+    """Worker: a CONTEXT was refused and the slot's context dropped; the next STEP of the
+    slot is refused with this reason (the verifier learns it there)."""
+
+    slot: int
+    generation: int
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Committed:
     """Worker: the verifier committed a round; advance the drafter state."""
 
@@ -113,4 +139,5 @@ class SlotReset:
 
 
 Event = (SessionStarted | SessionRefused | ProposalReady | ProposalFailed | Discarded
-         | StepRequested | StepRefused | Committed | SlotReset)
+         | StepRequested | StepRefused | Committed | SlotReset | ContextReceived
+         | ContextRefused)

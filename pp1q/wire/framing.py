@@ -6,7 +6,8 @@
     5      1     message type     MsgType
     6      2     flags            0 (reserved; any other value is refused)
     8      4     control_len      1..MAX_CONTROL_BYTES
-    12     4     payload_len      0, or for REPLY at most the negotiated row bytes
+    12     4     payload_len      0, or at most the negotiated row (REPLY) / context
+                                  (CONTEXT) bytes
     16     8     payload_xxh3     xxh3_64 of the payload bytes (REPLY: the probability checksum)
     24     8     head_xxh3        xxh3_64 of bytes 0..23 followed by the control part
 
@@ -17,13 +18,12 @@ view without a further copy.
 This module states each fact of the frame layout once, for every other reader of raw
 frames (chaos proxy, capture tap, replay, fuzz harness, tests): ``HEADER`` (the struct),
 ``HEADER_BYTES``, the field offsets ``*_AT``, ``read_header`` (a ``Header`` tuple),
-``head_checksum``/``reseal`` (the two checksums), and ``sniff``, which tells a wire v2
-connection from a context channel (pp1q.wire.context_channel) by its first bytes.
+``head_checksum``/``reseal`` (the two checksums). Revision 2 carries everything (the
+request context included) on one connection of these frames: there is nothing to sniff.
 """
 
 from __future__ import annotations
 
-import enum
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,18 +34,20 @@ import numpy as np
 import xxhash
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
-from pp1q.wire.context_channel import PREAMBLE
 from pp1q.wire.limits import (
     DEFAULT_LIMITS,
     ENTRY_BYTES_DENSE,
     ENTRY_BYTES_SPARSE,
+    ENTRY_BYTES_TOKEN,
     MAX_CONTROL_BYTES,
     MAX_PAYLOAD_CAP,
     Limits,
 )
 from pp1q.wire.messages import (
+    CONTEXT_HEAD_FIELDS,
     CONTROL_CLASSES,
     REPLY_HEAD_FIELDS,
+    Context,
     Form,
     Message,
     MsgType,
@@ -113,28 +115,6 @@ def set_payload_len(buf: bytearray, n: int, offset: int = 0) -> None:
     _U32.pack_into(buf, offset + PAYLOAD_LEN_AT, n)
 
 
-# -- the protocol sniff, stated once ------------------------------------------------------
-SNIFF_BYTES = len(PREAMBLE)  # enough to tell the context preamble from the wire magic
-
-
-class Stream(enum.StrEnum):
-    """What a connection carries, told by its first bytes (``sniff``)."""
-
-    WIRE = "wire"  # starts with MAGIC: wire v2 frames
-    CONTEXT = "context"  # starts with context_channel.PREAMBLE
-    UNKNOWN = "unknown"  # neither (or too short to tell)
-
-
-def sniff(first_bytes) -> Stream:
-    """Tell the protocol from a connection's first ``SNIFF_BYTES`` bytes (fewer: only
-    WIRE can be recognised, from the magic). The worker port serves both on one socket;
-    a caller that must pick one treats UNKNOWN as wire, whose decoder refuses it."""
-    head = bytes(first_bytes[:SNIFF_BYTES])
-    if head == PREAMBLE:
-        return Stream.CONTEXT
-    if head[:len(MAGIC)] == MAGIC:
-        return Stream.WIRE
-    return Stream.UNKNOWN
 _SCRATCH_BYTES = 64 * 1024  # BufferedProtocol receive size outside a payload (asyncio's default)
 
 _encoder = msgspec.msgpack.Encoder()
@@ -142,9 +122,13 @@ _decoders = {t: msgspec.msgpack.Decoder(cls) for t, cls in CONTROL_CLASSES.items
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
+_HEAD_FIELDS = {MsgType.REPLY: REPLY_HEAD_FIELDS, MsgType.CONTEXT: CONTEXT_HEAD_FIELDS}
+
+
 def _control_bytes(msg) -> tuple[MsgType, bytes]:
     t = type_of(msg)
-    fields = msgspec.structs.astuple(msg)[:REPLY_HEAD_FIELDS] if t is MsgType.REPLY else msg
+    n = _HEAD_FIELDS.get(t)
+    fields = msg if n is None else msgspec.structs.astuple(msg)[:n]
     try:  # our own message must satisfy the same schema the peer will enforce
         control = _encoder.encode(fields)
         _decoders[t].decode(control)
@@ -158,7 +142,7 @@ def _control_bytes(msg) -> tuple[MsgType, bytes]:
 def encode(msg: Message) -> bytes:
     """One complete frame (header, control and payload coalesced in one bytes object)."""
     t, control = _control_bytes(msg)
-    parts = msg.payload_parts() if t is MsgType.REPLY else ()
+    parts = msg.payload_parts() if t in _HEAD_FIELDS else ()
     payload_len = sum(len(p) for p in parts)
     if payload_len > MAX_PAYLOAD_CAP:
         raise LocalProtocolError(Reason.FRAME_TOO_LARGE, f"payload {payload_len} bytes")
@@ -333,7 +317,7 @@ class FrameDecoder:
             raise RemoteProtocolError(Reason.MALFORMED_CONTROL, "empty control part")
         if control_len > MAX_CONTROL_BYTES:
             raise RemoteProtocolError(Reason.FRAME_TOO_LARGE, f"control_len {control_len}")
-        cap = self.limits.max_payload if mtype == MsgType.REPLY else 0
+        cap = _payload_cap(mtype, self.limits)
         if payload_len > cap:
             raise RemoteProtocolError(
                 Reason.FRAME_TOO_LARGE, f"{MsgType(mtype).name} payload_len {payload_len} > {cap}"
@@ -354,6 +338,8 @@ class FrameDecoder:
         self._filled = 0
         if mtype is MsgType.REPLY:
             self._pending_error = self._check_reply_sizes(control, payload_len)
+        elif mtype is MsgType.CONTEXT:
+            self._pending_error = _check_context_sizes(control, payload_len, self.limits)
         if self._pending_error is not None or payload_len == 0:
             self._skip = payload_len  # nothing to keep: drop without allocating
             if payload_len == 0:
@@ -403,6 +389,13 @@ class FrameDecoder:
         self._filled = self._skip = 0
         if error is None and _xxh3(payload if payload is not None else b"") != declared:
             error = RemoteProtocolError(Reason.CHECKSUM_MISMATCH, f"{mtype.name} payload")
+        if mtype is MsgType.CONTEXT:
+            tokens = None
+            if error is None and payload is not None:
+                payload.flags.writeable = False
+                tokens = np.frombuffer(payload, dtype="<i4", count=control.count)
+            return Frame(Context(**msgspec.structs.asdict(control), tokens=tokens), nbytes,
+                         declared, error)
         if mtype is not MsgType.REPLY:
             return Frame(control, nbytes, declared, error)
         fields = msgspec.structs.asdict(control)
@@ -415,3 +408,28 @@ class FrameDecoder:
             else:
                 fields["q"] = np.frombuffer(payload, dtype="<f4", count=n)
         return Frame(Reply(**fields), nbytes, declared, error)
+
+
+def _payload_cap(mtype: int, limits: Limits) -> int:
+    """The largest payload a frame of this type may declare (checked from the header)."""
+    if mtype == MsgType.REPLY:
+        return limits.max_payload
+    if mtype == MsgType.CONTEXT:
+        return limits.max_context_bytes
+    return 0
+
+
+def _check_context_sizes(head, payload_len: int, limits: Limits) -> RemoteProtocolError | None:
+    """A CONTEXT's declared sizes, before its payload is buffered: slot, count, total
+    length. Frame-aligned: the payload is skipped unread and the context refused."""
+    if head.slot >= limits.max_slots:
+        return RemoteProtocolError(Reason.SLOT_OUT_OF_RANGE,
+                                   f"context slot {head.slot} >= {limits.max_slots}")
+    if head.count == 0 or payload_len != head.count * ENTRY_BYTES_TOKEN:
+        return RemoteProtocolError(
+            Reason.UNEXPECTED_SIZE, f"context payload {payload_len} for {head.count} tokens")
+    if head.start + head.count > limits.max_context:
+        return RemoteProtocolError(
+            Reason.CONTEXT_TOO_LONG,
+            f"context of {head.start + head.count} tokens > {limits.max_context}")
+    return None

@@ -35,6 +35,8 @@ MAX_INFLIGHT_CAP = 1024  # outstanding STEPs on one connection
 ENTRY_BYTES_DENSE = 4  # FP32 q value
 ENTRY_BYTES_SPARSE = 8  # int32 global id + FP32 q value
 MAX_PAYLOAD_CAP = MAX_DENSE_LEN * ENTRY_BYTES_DENSE  # no frame payload is ever larger
+MAX_CONTEXT_CAP = 1 << 20  # context tokens of one slot: 8x the default, 4 MiB of int32 ids
+ENTRY_BYTES_TOKEN = 4  # int32 token id in a CONTEXT payload
 
 # -- defaults (the seed's deployment: vocab 129280, 4 requests x depth 5, 2 batches) --
 DEFAULT_VOCAB = 129280  # DeepSeek-V3 tokenizer
@@ -42,6 +44,7 @@ DEFAULT_MAX_SLOTS = 8  # two in-flight batches of four requests
 DEFAULT_MAX_DEPTH = 5  # fixed depth five
 DEFAULT_MAX_SUPPORT = 256  # sparse top-k up to the seed's largest screen (k=256)
 DEFAULT_MAX_INFLIGHT = 8  # one outstanding STEP per slot
+DEFAULT_MAX_CONTEXT = 1 << 17  # a prompt (<= 65536) plus the longest generation, with room
 DEFAULT_STEP_TIMEOUT_S = 2.0  # watchdog deadline for one STEP (COMPLETION must arrive by then)
 
 
@@ -60,6 +63,9 @@ class Limits(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields
     dense_len: U32
     dense_row_bytes: U32
     sparse_row_bytes: U32
+    # Revision 2. Absent in a revision-1 HELLO: decoded as 0 so that the revision check,
+    # not the schema, refuses such a peer by name (bad_revision); check() refuses 0.
+    max_context: U32 = 0  # committed context tokens one slot may hold (CONTEXT bound)
 
     @classmethod
     def make(
@@ -71,6 +77,7 @@ class Limits(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields
         max_support: int = DEFAULT_MAX_SUPPORT,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
         dense_len: int | None = None,
+        max_context: int = DEFAULT_MAX_CONTEXT,
     ) -> Limits:
         dense_len = vocab if dense_len is None else dense_len
         lim = cls(
@@ -81,6 +88,7 @@ class Limits(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields
             dense_len=dense_len,
             dense_row_bytes=dense_len * ENTRY_BYTES_DENSE,
             sparse_row_bytes=max_support * ENTRY_BYTES_SPARSE,
+            max_context=max_context,
         )
         lim.check(vocab, LocalProtocolError)
         return lim
@@ -89,6 +97,11 @@ class Limits(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields
     def max_payload(self) -> int:
         """Largest REPLY payload these limits allow (dense row or full sparse row)."""
         return max(self.dense_row_bytes, self.sparse_row_bytes)
+
+    @property
+    def max_context_bytes(self) -> int:
+        """Largest CONTEXT payload these limits allow (every context token at once)."""
+        return self.max_context * ENTRY_BYTES_TOKEN
 
     def check(self, vocab: int, err: type = RemoteProtocolError) -> None:
         """Internal consistency and hard caps; ``err`` is Local for ours, Remote for a peer's."""
@@ -108,6 +121,8 @@ class Limits(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields
             raise err(Reason.UNEXPECTED_SIZE, f"dense_row_bytes {self.dense_row_bytes}")
         if self.sparse_row_bytes != self.max_support * ENTRY_BYTES_SPARSE:
             raise err(Reason.UNEXPECTED_SIZE, f"sparse_row_bytes {self.sparse_row_bytes}")
+        if not 0 < self.max_context <= MAX_CONTEXT_CAP:
+            raise err(Reason.CONTEXT_TOO_LONG, f"max_context {self.max_context}")
 
     def meet(self, other: Limits) -> Limits:
         """Element-wise minimum of two capacities (both must describe the same dense row)."""
@@ -124,6 +139,7 @@ class Limits(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields
             dense_len=self.dense_len,
             dense_row_bytes=self.dense_row_bytes,
             sparse_row_bytes=support * ENTRY_BYTES_SPARSE,
+            max_context=min(self.max_context, other.max_context),
         )
 
 

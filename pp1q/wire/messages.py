@@ -2,8 +2,12 @@
 
 Each control Struct is ``array_like`` (encoded as a msgpack array in field order, so
 the field order below IS the wire layout, see docs/wire.md) and refuses unknown
-(extra) fields. Only REPLY has a payload: raw little-endian arrays after the control
-part, exposed on ``Reply`` as numpy arrays (``ids`` int32 for sparse rows, ``q`` FP32).
+(extra) fields. REPLY and CONTEXT have a payload: raw little-endian arrays after the
+control part, exposed as numpy arrays (``Reply.ids`` int32 for sparse rows, ``Reply.q``
+FP32; ``Context.tokens`` int32).
+
+Revision 2 of wire v2 (``WIRE_REVISION``) added CONTEXT, ``Limits.max_context`` and the
+``revision`` of HELLO and its answer; a peer of revision 1 is refused (bad_revision).
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ DetailStr = Annotated[str, msgspec.Meta(max_length=MAX_DETAIL_CHARS)]
 WIRE_V1 = 1  # greedy: token ids only, no q
 WIRE_V2 = 2  # sampled: every drafted token travels with the exact q that sampled it
 KNOWN_VERSIONS = (WIRE_V1, WIRE_V2)
+# The revision of wire v2 this code speaks, negotiated in HELLO (both sides must speak
+# the same one). Revision 1 carried the request context on a separate connection.
+WIRE_REVISION = 2
+FIRST_REVISION = 1  # what a HELLO without a revision field (revision 1's layout) decodes to
 CONNECTION_SLOT = -1  # Refusal.slot for a refusal about the whole connection (e.g. HELLO)
 
 
@@ -50,6 +58,7 @@ class MsgType(enum.IntEnum):
     COMMIT = 6
     RESET = 7
     REFUSAL = 8
+    CONTEXT = 9  # revision 2: a slot's committed context (full, or appended)
 
 
 class Form(enum.IntEnum):
@@ -92,6 +101,7 @@ class Hello(_Control):
     versions: Annotated[list[U8], msgspec.Meta(min_length=1, max_length=MAX_VERSIONS_OFFERED)]
     identity: Identity
     limits: Limits  # the verifier's capacity
+    revision: U8 = FIRST_REVISION  # of wire v2; absent (revision 1) decodes as 1, refused
 
 
 class HelloAnswer(_Control):
@@ -101,6 +111,7 @@ class HelloAnswer(_Control):
     version: U8
     identity: Identity  # the worker's own view, for the verifier to compare
     limits: Limits
+    revision: U8 = FIRST_REVISION  # echo of the HELLO's (the only one both speak)
 
 
 class Step(_Control):
@@ -220,6 +231,42 @@ def reply_from_row(
     return Reply(**head, entries=int(ids.size), ids=ids.astype("<i4"), q=q.astype("<f4"))
 
 
+class _ContextHead(_Control):
+    """The control part of a CONTEXT; ``Context`` adds the token ids (the payload)."""
+
+    session: U64
+    slot: U16
+    generation: U24  # the generation whose STEPs will draft after this context
+    start: U32  # absolute position of the first token carried: 0 opens, > 0 appends
+    count: U32  # token ids in the payload (>= 1)
+    digest: U64  # pp1q.core.prefix digest of the whole committed prefix after this
+
+
+class Context(_ContextHead, eq=False):
+    """Verifier -> worker: the committed tokens of ``slot`` from position ``start`` on.
+
+    ``start`` 0 states the whole committed prefix (a request's prompt, or a full resend
+    after a digest mismatch); ``start`` = the length the worker holds appends to it (the
+    target-only token of a fallback). ``tokens``: int32 ids (decoded: a read-only view
+    of the frame's payload). COMMIT appends the rest: accepted drafts plus its token.
+    """
+
+    tokens: object = None
+
+    def payload_parts(self) -> tuple[memoryview, ...]:
+        return (_le_array(self.tokens, "<i4", self.count, "tokens"),)
+
+
+def context_of(*, session: int, slot: int, generation: int, tokens, start: int = 0,
+               digest: int) -> Context:
+    """A CONTEXT carrying ``tokens`` (any int sequence) from ``start``."""
+    ids = np.asarray(tokens, dtype=np.int64)
+    if ids.ndim != 1 or ((ids < -(1 << 31)) | (ids >= 1 << 31)).any():
+        raise LocalProtocolError(Reason.ID_OUT_OF_RANGE, "context ids must be int32")
+    return Context(session=session, slot=slot, generation=generation, start=start,
+                   count=int(ids.size), digest=digest, tokens=ids.astype("<i4"))
+
+
 class Completion(_Control):
     """Worker -> verifier after the last REPLY of a step: the exact totals to check."""
 
@@ -281,6 +328,7 @@ MESSAGE_CLASSES: dict[MsgType, type] = {
     MsgType.COMMIT: Commit,
     MsgType.RESET: Reset,
     MsgType.REFUSAL: Refusal,
+    MsgType.CONTEXT: Context,
 }
 TYPE_OF: dict[type, MsgType] = {cls: t for t, cls in MESSAGE_CLASSES.items()}
 
@@ -293,6 +341,9 @@ def type_of(msg) -> MsgType:
     return t
 
 
-CONTROL_CLASSES: dict[MsgType, type] = {**MESSAGE_CLASSES, MsgType.REPLY: _ReplyHead}
+# frames with a payload: the control part is the head, the payload arrays follow it
+HEAD_CLASSES: dict[MsgType, type] = {MsgType.REPLY: _ReplyHead, MsgType.CONTEXT: _ContextHead}
+CONTROL_CLASSES: dict[MsgType, type] = {**MESSAGE_CLASSES, **HEAD_CLASSES}
+CONTEXT_HEAD_FIELDS = len(_ContextHead.__struct_fields__)
 
-Message = Hello | HelloAnswer | Step | Reply | Completion | Commit | Reset | Refusal
+Message = Hello | HelloAnswer | Step | Reply | Completion | Commit | Reset | Refusal | Context

@@ -24,7 +24,7 @@ from pp1q.wire.messages import MsgType
 
 
 class Role(enum.StrEnum):
-    VERIFIER = "verifier"  # connects, says HELLO, sends STEP/COMMIT/RESET
+    VERIFIER = "verifier"  # connects, says HELLO, sends CONTEXT/STEP/COMMIT/RESET
     WORKER = "worker"  # answers, drafts: sends REPLY/COMPLETION
 
 
@@ -70,9 +70,10 @@ CONN_TABLE: dict[tuple, Conn] = {
     (W, Conn.IDLE, R, T.HELLO): Conn.READY,  # or CLOSED when we refuse it
     (W, Conn.READY, S, T.HELLO_ANSWER): Conn.READY,
     (W, Conn.CLOSED, S, T.REFUSAL): Conn.CLOSED,
-    **{(V, Conn.READY, S, t): Conn.READY for t in (T.STEP, T.COMMIT, T.RESET, T.REFUSAL)},
+    **{(V, Conn.READY, S, t): Conn.READY
+       for t in (T.CONTEXT, T.STEP, T.COMMIT, T.RESET, T.REFUSAL)},
     **{(V, Conn.READY, R, t): Conn.READY for t in (T.REPLY, T.COMPLETION, T.REFUSAL)},
-    **{(W, Conn.READY, R, t): Conn.READY for t in (T.STEP, T.COMMIT, T.RESET)},
+    **{(W, Conn.READY, R, t): Conn.READY for t in (T.CONTEXT, T.STEP, T.COMMIT, T.RESET)},
     (W, Conn.READY, R, T.REFUSAL): Conn.CLOSED,  # the verifier gave up on this connection
     **{(W, Conn.READY, S, t): Conn.READY for t in (T.REPLY, T.COMPLETION, T.REFUSAL)},
     # pseudo events
@@ -87,6 +88,7 @@ I, ST, DR, CO, RD, FA = (SlotState.IDLE, SlotState.STEPPING, SlotState.DRAFTING,
                          SlotState.COMPLETED, SlotState.READY, SlotState.FAILED)
 SLOT_TABLE: dict[tuple, SlotState] = {
     # verifier
+    (V, I, S, T.CONTEXT): I,  # committed tokens only: nothing speculative is outstanding
     (V, I, S, T.STEP): ST,
     (V, I, S, T.RESET): I,
     (V, ST, R, T.REPLY): ST,
@@ -100,6 +102,7 @@ SLOT_TABLE: dict[tuple, SlotState] = {
     (V, RD, S, T.RESET): I,
     (V, FA, S, T.RESET): I,
     # worker
+    (W, I, R, T.CONTEXT): I,
     (W, I, R, T.STEP): DR,
     (W, I, R, T.RESET): I,
     (W, DR, S, T.REPLY): DR,

@@ -11,15 +11,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from pp1q.core.errors import Reason, RemoteProtocolError, RowValidationError
 from pp1q.core.q import DyadicRow, parse_dense, parse_sparse, validate_dense
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import (
     KNOWN_VERSIONS,
+    WIRE_REVISION,
     WIRE_V1,
     WIRE_V2,
     Commit,
     Completion,
+    Context,
     Form,
     Identity,
     Reply,
@@ -46,6 +50,14 @@ def choose_version(offered, ours) -> int:
     return max(common)
 
 
+def check_revision(revision: int, err: type = RemoteProtocolError) -> None:
+    """Both ends speak the same revision of wire v2 (revision 1 had no CONTEXT message
+    and sent the request context on a second connection: nothing of it is read here)."""
+    if revision != WIRE_REVISION:
+        raise err(Reason.BAD_REVISION,
+                  f"peer speaks wire v2 revision {revision}; this end speaks {WIRE_REVISION}")
+
+
 def check_identity(ours: Identity, theirs: Identity, err: type = RemoteProtocolError) -> None:
     """Every identity field must match exactly (no partial compatibility)."""
     wrong = [f for f in Identity.__struct_fields__ if getattr(ours, f) != getattr(theirs, f)]
@@ -63,6 +75,26 @@ def check_answer_limits(offered: Limits, answered: Limits, vocab: int) -> None:
             ok = getattr(answered, f) <= getattr(offered, f)
         if not ok:
             raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"answered {f} exceeds our offer")
+
+
+def check_context(ctx: Context, limits: Limits, vocab: int, err: type = RemoteProtocolError
+                  ) -> np.ndarray:
+    """A CONTEXT's sizes and ids (the receiver's decoder checked the sizes already,
+    before buffering; this is the sender's check and the receiver's id check). Returns
+    the ids; nothing of them is stored before every one passed."""
+    if ctx.slot >= limits.max_slots:
+        raise err(Reason.SLOT_OUT_OF_RANGE, f"context slot {ctx.slot} >= {limits.max_slots}")
+    if ctx.count == 0:
+        raise err(Reason.UNEXPECTED_SIZE, "context without tokens")
+    if ctx.start + ctx.count > limits.max_context:
+        raise err(Reason.CONTEXT_TOO_LONG,
+                  f"context of {ctx.start + ctx.count} tokens > {limits.max_context}")
+    ids = np.asarray(ctx.tokens)
+    if ids.ndim != 1 or ids.size != ctx.count:
+        raise err(Reason.UNEXPECTED_SIZE, f"{ids.size} context ids for count {ctx.count}")
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise err(Reason.ID_OUT_OF_RANGE, f"context id outside [0, {vocab})")
+    return ids
 
 
 def step_form(step: Step) -> Form:
@@ -119,7 +151,7 @@ def check_reply(
         raise err(Reason.MISSING_Q, "reply without q values")
     if want is Form.DENSE:  # validated in place; the DyadicRow is built only on demand
         q = validate_dense(reply.q, vocab)
-        if not q[reply.token] > 0:
+        if not (reply.token < q.size and q[reply.token] > 0):  # never an IndexError
             raise RowValidationError(Reason.ZERO_Q_AT_TOKEN, f"q({reply.token}) = 0")
         return None
     if reply.entries > step.top_k:
@@ -194,7 +226,8 @@ def check_commit(commit: Commit, step: Step, vocab: int, err: type = RemoteProto
 
 
 __all__ = [
-    "check_abort_reason", "check_answer_limits", "check_commit",
+    "check_abort_reason", "check_answer_limits", "check_commit", "check_context",
+    "check_revision",
     "check_completion", "check_identity", "check_reply", "check_step", "choose_version",
     "step_form", "Rows",
 ]

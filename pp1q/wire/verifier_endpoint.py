@@ -1,6 +1,6 @@
 """VerifierEndpoint: the sans-IO verifier side of one connection to a worker.
 
-Sends HELLO, STEP, COMMIT, RESET; receives REPLY and COMPLETION. A proposal is
+Sends HELLO, CONTEXT, STEP, COMMIT, RESET; receives REPLY and COMPLETION. A proposal is
 handed out (``ProposalReady``) only after its COMPLETION matched every byte; any
 failure before that (``ProposalFailed``) invalidates the generation at once, so
 late frames of it are discarded and counted, never consumed.
@@ -21,6 +21,7 @@ from pp1q.wire.framing import Frame, chain_checksum, encode
 from pp1q.wire.limits import DEFAULT_STEP_TIMEOUT_S
 from pp1q.wire.messages import (
     CONNECTION_SLOT,
+    WIRE_REVISION,
     WIRE_V2,
     Completion,
     Form,
@@ -51,8 +52,10 @@ from pp1q.wire.validate import (
     check_answer_limits,
     check_commit,
     check_completion,
+    check_context,
     check_identity,
     check_reply,
+    check_revision,
     check_step,
     step_form,
 )
@@ -79,7 +82,8 @@ class VerifierEndpoint(Endpoint):
         """The first frame of the connection."""
         c = self.config
         return self.send(Hello(session=self.session, versions=list(c.versions),
-                               identity=c.identity, limits=c.limits))
+                               identity=c.identity, limits=c.limits,
+                               revision=WIRE_REVISION))
 
     def send(self, msg: Message, now: float | None = None) -> bytes:
         """Validate ``msg`` against the state tables and session, return its frame.
@@ -94,12 +98,17 @@ class VerifierEndpoint(Endpoint):
         self._check_session(msg, LocalProtocolError)
         if t is MsgType.REFUSAL:
             return encode(msg)
-        if t not in (MsgType.STEP, MsgType.COMMIT, MsgType.RESET):
+        if t not in (MsgType.CONTEXT, MsgType.STEP, MsgType.COMMIT, MsgType.RESET):
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"verifier cannot send {t.name}")
         s = self._slot(msg.slot, LocalProtocolError)
         with slot_transition(self.role, s, Dir.SEND, t):  # applied once the checks pass
             if t is MsgType.STEP:
                 self._check_new_step(msg, s, now)
+            elif t is MsgType.CONTEXT:
+                if s.is_dead(msg.generation) or msg.generation < s.generation:
+                    raise LocalProtocolError(Reason.STALE_GENERATION,
+                                             "context of a dead generation")
+                check_context(msg, self.limits, self.vocab, LocalProtocolError)
             elif t is MsgType.COMMIT:
                 if (msg.generation, msg.round_id) != (s.generation, s.round_id):
                     raise LocalProtocolError(Reason.STALE_GENERATION, "commit of another round")
@@ -109,6 +118,8 @@ class VerifierEndpoint(Endpoint):
             s.deadline = now + self.step_timeout
         elif t is MsgType.COMMIT:
             s.committed = msg.committed
+        elif t is MsgType.CONTEXT:
+            pass  # the worker's copy is the scheduler's to track (STEP digests prove it)
         else:  # RESET: every generation <= msg.generation of this slot dies now
             s.invalidate(msg.generation)
         return encode(msg)
@@ -179,6 +190,7 @@ class VerifierEndpoint(Endpoint):
         ans: HelloAnswer = msg
         with conn_transition(self, Dir.RECV, t):  # READY once the answer checks pass
             self._check_session(ans, RemoteProtocolError)
+            check_revision(ans.revision)
             if ans.version not in self.config.versions:
                 raise RemoteProtocolError(
                     Reason.SPECULATION_NOT_ENABLED if ans.version == WIRE_V2

@@ -1,16 +1,22 @@
 """WorkerEndpoint: the sans-IO worker (drafter) side of one connection.
 
-Answers HELLO, receives STEP / COMMIT / RESET, sends REPLY per position and one
-COMPLETION per step. Answers and refusals the endpoint decides itself are queued:
-write ``data_to_send()`` after every ``receive_data()``.
+Answers HELLO, receives CONTEXT / STEP / COMMIT / RESET, sends REPLY per position and
+one COMPLETION per step. It keeps each slot's committed context (CONTEXT opens or
+appends, COMMIT appends the accepted drafts and the correction/bonus token) and drafts a
+STEP only when the STEP's last_committed and prefix_digest prove both ends agree on it.
+Answers and refusals the endpoint decides itself are queued: write ``data_to_send()``
+after every ``receive_data()``.
 """
 
 from __future__ import annotations
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.core.prefix import Prefix
 from pp1q.wire.endpoint import Endpoint, SlotTrack, WireConfig
 from pp1q.wire.events import (
     Committed,
+    ContextReceived,
+    ContextRefused,
     SessionRefused,
     SessionStarted,
     SlotReset,
@@ -21,8 +27,10 @@ from pp1q.wire.framing import Frame, chain_checksum, encode, payload_checksum_of
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import (
     CONNECTION_SLOT,
+    WIRE_REVISION,
     Commit,
     Completion,
+    Context,
     Form,
     Hello,
     HelloAnswer,
@@ -49,8 +57,10 @@ from pp1q.wire.table import (
 )
 from pp1q.wire.validate import (
     check_commit,
+    check_context,
     check_identity,
     check_reply,
+    check_revision,
     check_step,
     choose_version,
 )
@@ -76,7 +86,9 @@ class WorkerEndpoint(Endpoint):
             return
         conn_event(self, Dir.RECV, t)
         self._check_session(msg, RemoteProtocolError)
-        if t is MsgType.STEP:
+        if t is MsgType.CONTEXT:
+            self._on_context(frame, events)
+        elif t is MsgType.STEP:
             self._on_step(msg, events)
         elif t is MsgType.COMMIT:
             self._on_commit(msg, events)
@@ -89,6 +101,7 @@ class WorkerEndpoint(Endpoint):
         self.session = hello.session
         ours = self.config
         try:
+            check_revision(hello.revision)  # first: a revision-1 HELLO's limits lack fields
             version = choose_version(hello.versions, ours.versions)
             check_identity(ours.identity, hello.identity)
             hello.limits.check(hello.identity.vocab)
@@ -103,7 +116,8 @@ class WorkerEndpoint(Endpoint):
         conn_event(self, Dir.RECV, MsgType.HELLO)
         self._start_session(version, limits, hello.identity)
         self._outbox.append(encode(HelloAnswer(
-            session=hello.session, version=version, identity=ours.identity, limits=limits)))
+            session=hello.session, version=version, identity=ours.identity, limits=limits,
+            revision=WIRE_REVISION)))
         events.append(SessionStarted(hello.session, version, limits, hello.identity))
 
     def _on_step(self, step: Step, events: list) -> None:
@@ -111,6 +125,7 @@ class WorkerEndpoint(Endpoint):
             s = self._slot(step.slot, RemoteProtocolError)
             check_step(step, self.version, self.limits)
             self._check_step_keys(step, s)
+            self._check_step_context(step, s)
             slot_event(self.role, s, Dir.RECV, MsgType.STEP)
         except RemoteProtocolError as e:
             self._refuse(step, e.reason, e.detail, events)
@@ -122,6 +137,57 @@ class WorkerEndpoint(Endpoint):
         s.check_keys(step, RemoteProtocolError)
         if s.state is SlotState.IDLE and self.inflight >= self.limits.max_inflight:
             raise RemoteProtocolError(Reason.TOO_MANY_INFLIGHT, f"{self.inflight} in flight")
+
+    def _check_step_context(self, step: Step, s: SlotTrack) -> None:
+        """Draft only after the committed prefix the verifier will verify against."""
+        if s.prefix is None:
+            if s.context_error is not None:  # the refused CONTEXT's own reason
+                raise RemoteProtocolError(s.context_error.reason, s.context_error.detail)
+            raise RemoteProtocolError(Reason.NO_CONTEXT, f"slot {step.slot} holds no context")
+        if step.last_committed != s.prefix.last_position:
+            raise RemoteProtocolError(Reason.BAD_POSITION, f"last_committed {step.last_committed}"
+                                      f" != held {s.prefix.last_position}")
+        if step.prefix_digest != s.prefix.digest:
+            raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "prefix digest differs")
+
+    def _on_context(self, frame: Frame, events: list) -> None:
+        ctx: Context = frame.message
+        try:
+            s = self._slot(ctx.slot, RemoteProtocolError)
+        except RemoteProtocolError as e:
+            events.append(ContextRefused(ctx.slot, ctx.generation, e.reason, e.detail))
+            return
+        with slot_transition(self.role, s, Dir.RECV, MsgType.CONTEXT):
+            pass  # the table first: a CONTEXT under an outstanding step breaks the stream
+        try:
+            if frame.error is not None:
+                raise frame.error
+            if s.is_dead(ctx.generation) or ctx.generation < s.generation:
+                raise RemoteProtocolError(Reason.STALE_GENERATION,
+                                          f"context for generation {ctx.generation}")
+            ids = check_context(ctx, self.limits, self.vocab)
+            prefix = self._context_base(ctx, s)
+            prefix.extend(ids.tolist())
+            if prefix.digest != ctx.digest:
+                raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "context digest")
+        except RemoteProtocolError as e:
+            s.prefix, s.context_error = None, e  # nothing half-applied: the verifier resends
+            events.append(ContextRefused(ctx.slot, ctx.generation, e.reason, e.detail))
+            return
+        s.prefix, s.context_error = prefix, None
+        events.append(ContextReceived(ctx.slot, ctx.generation, ctx.start, ctx.count))
+
+    @staticmethod
+    def _context_base(ctx: Context, s: SlotTrack) -> Prefix:
+        """What the CONTEXT's tokens extend: nothing (start 0), else a copy of the held
+        prefix, which must end exactly where the CONTEXT starts."""
+        if ctx.start == 0:
+            return Prefix()
+        held = 0 if s.prefix is None else len(s.prefix)
+        if s.prefix is None or held != ctx.start:
+            raise RemoteProtocolError(Reason.BAD_POSITION,
+                                      f"context appends at {ctx.start}, {held} held")
+        return s.prefix.copy()
 
     def _refuse(self, step: Step, reason: Reason, detail: str, events: list) -> None:
         slot = step.slot if step.slot <= 0xFFFF else CONNECTION_SLOT
@@ -136,7 +202,18 @@ class WorkerEndpoint(Endpoint):
             raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED, "commit of another round")
         with slot_transition(self.role, s, Dir.RECV, MsgType.COMMIT):
             check_commit(commit, s.step, self.vocab)
+            if commit.accepted > len(s.drafts):
+                raise RemoteProtocolError(Reason.BAD_POSITION,
+                                          f"accepted {commit.accepted} of {len(s.drafts)} drafts")
         s.committed = commit.committed
+        new = s.drafts[:commit.accepted] + [commit.token]
+        s.drafts = []
+        if s.prefix is not None:
+            if len(s.prefix) + len(new) > self.limits.max_context:
+                s.prefix = None  # cannot hold more: the next STEP is refused, not drafted
+                s.context_error = RemoteProtocolError(Reason.CONTEXT_TOO_LONG, "commit past max")
+            else:
+                s.prefix.extend(new)
         events.append(Committed(commit))
 
     def _on_reset(self, reset: Reset, events: list) -> None:
@@ -145,6 +222,9 @@ class WorkerEndpoint(Endpoint):
         if s.generation <= reset.generation:
             slot_event(self.role, s, Dir.RECV, MsgType.RESET)
         s.invalidate(reset.generation)
+        s.drafts = []  # speculative only; the committed prefix stays unless the request ended
+        if reset.reason == Reason.CANCELLED:
+            s.prefix = s.context_error = None
         events.append(SlotReset(reset.slot, reset.generation, Reason(reset.reason), was_drafting))
 
     # -- sending ------------------------------------------------------------
@@ -156,6 +236,16 @@ class WorkerEndpoint(Endpoint):
         s = self.slots[slot]
         return (s.state is SlotState.DRAFTING and not s.is_dead(generation)
                 and (generation, round_id) == (s.generation, s.round_id))
+
+    def context(self, slot: int) -> list[int]:
+        """The committed prefix slot ``slot`` drafts after (valid once a STEP passed)."""
+        s = self._slot(slot, LocalProtocolError)
+        if s.prefix is None:
+            raise LocalProtocolError(Reason.NO_CONTEXT, f"slot {slot} holds no context")
+        return s.prefix.tokens
+
+    def contexts_held(self) -> int:
+        return sum(1 for s in self.slots if s.prefix is not None)
 
     def completion(self, slot: int, status: Status = Status.OK,
                    reason: Reason | str = "") -> Completion:
@@ -196,6 +286,7 @@ class WorkerEndpoint(Endpoint):
         if self.check_outgoing:
             _check_own_reply(reply, s.step, self.limits, self.vocab)
         data = encode(reply)
+        s.drafts.append(int(reply.token))
         s.reply_bytes += len(data)
         s.checksums.append(payload_checksum_of(data))
         return data

@@ -7,7 +7,10 @@ row i is keyed by the STEP's (seed, generation, round, first_position + i - 1): 
 retried STEP under the same keys would draw identical rows, but the endpoint refuses a
 reused round outright, so a key is never drawn twice on one session.
 
-What the rows are is the ``Proposer``'s: the worker's one drafting seam. The daemon
+What the rows are is the ``Proposer``'s: the worker's one drafting seam. It also hears
+when a slot's whole context arrives (``prefill``: a drafter with a KV cache fills it
+there, once per context; appends and COMMITs extend it) and when a proposal is
+discarded (``discard``: speculative state past the committed prefix goes). The daemon
 passes the toy model's proposal chain; the round benchmark passes canned rows and a
 planted-bug test a wrong q, the same way (pp1q.worker.daemon.serve).
 """
@@ -27,7 +30,6 @@ from pp1q.wire import Form, Status, Step, WorkerEndpoint, reply_from_row
 from pp1q.wire.pool import ZeroRow
 from pp1q.wire.validate import step_form
 from pp1q.worker.proposer import ProposalSpec, propose, propose_greedy
-from pp1q.worker.state import StateRefusedError, WorkerState
 
 log = logging.getLogger("pp1q.worker")
 
@@ -38,6 +40,13 @@ class Proposer:
 
     def __init__(self, model: DraftModel) -> None:
         self.model = model
+
+    def prefill(self, key, prefix: list[int]) -> None:
+        """A whole committed context for ``key`` (session, slot) arrived. The toy model is
+        stateless (each row reads the prefix), so there is nothing to fill."""
+
+    def discard(self, key) -> None:
+        """``key``'s proposal was discarded (RESET): drop state past the committed prefix."""
 
     def rows(self, step: Step, prefix: list[int]) -> Iterator[tuple[int, DyadicRow | None]]:
         if step_form(step) is Form.TOKEN_ONLY:
@@ -53,10 +62,10 @@ class Proposer:
 class StepDrafter:
     """Drafts the STEPs of one wire connection."""
 
-    def __init__(self, endpoint: WorkerEndpoint, state: WorkerState, proposer: Proposer,
+    def __init__(self, endpoint: WorkerEndpoint, proposer: Proposer,
                  metrics: Metrics, write: Callable[[bytes], None],
                  writable: Callable[[], asyncio.Future | None]) -> None:
-        self.endpoint, self.state, self.metrics = endpoint, state, metrics
+        self.endpoint, self.metrics = endpoint, metrics
         self.proposer = proposer
         self._write = write
         self._writable = writable  # None when the transport accepts more, else a future
@@ -89,13 +98,9 @@ class StepDrafter:
         t0 = time.perf_counter()
         ep = self.endpoint
         self.metrics.steps.inc()
-        try:
-            prefix = self._prefix(step)
-        except StateRefusedError as e:
-            log.info("step slot %d gen %d refused: %s", step.slot, step.generation, e)
-            self._abort(step, e.reason)
-            return
-        drafts: list[int] = []
+        # the endpoint checked last_committed and prefix_digest against this before
+        # handing the STEP out; COMMIT (which extends it) cannot arrive while we draft
+        prefix = ep.context(step.slot)
         try:
             for index, (token, row) in enumerate(self.proposer.rows(step, prefix), start=1):
                 if not ep.is_live(step.slot, step.generation, step.round_id):
@@ -107,7 +112,6 @@ class StepDrafter:
                     form=step_form(step), dense_len=ep.limits.dense_len,
                     dense_row=self._dense_row))
                 self._send(frame)
-                drafts.append(token)
                 waiter = self._writable()
                 if waiter is not None:
                     await waiter  # the peer reads slower than we draft: back-pressure
@@ -118,15 +122,8 @@ class StepDrafter:
             return
         if not ep.is_live(step.slot, step.generation, step.round_id):
             return
-        self.state.drafted(ep.session, step.slot, step.generation, step.round_id, drafts)
         self._send(ep.send(ep.completion(step.slot)))
         self.metrics.round_latency.observe(time.perf_counter() - t0)
-
-    def _prefix(self, step: Step) -> list[int]:
-        """The committed prefix this STEP drafts after (digest and last_committed checked)."""
-        ep = self.endpoint
-        return self.state.prefix_for_step(ep.session, step.slot, step.generation,
-                                          step.last_committed, step.prefix_digest).tokens
 
     def _abort(self, step: Step, reason: Reason) -> None:
         ep = self.endpoint

@@ -1,5 +1,7 @@
-"""Each wire fact is stated once, by pp1q/wire: the frame header layout (framing.HEADER),
-the magic and the protocol sniff (framing.sniff). Nobody else spells them out."""
+"""Each wire fact is stated once, by pp1q/wire: the frame header layout (framing.HEADER)
+and the magic. Nobody else spells them out, and nothing sniffs a protocol: since wire v2
+revision 2 a worker port speaks one protocol (the context channel and its preamble are
+gone, and no copy of them may come back)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,13 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNERS = {ROOT / "pp1q" / "wire" / "framing.py", ROOT / "pp1q" / "wire" / "context_channel.py"}
+OWNERS = {ROOT / "pp1q" / "wire" / "framing.py"}
 COPIES = {
     "header struct format": re.compile(r"""["']<4s"""),
     "wire magic literal": re.compile(r"""b["']PP1Q["']"""),
     "context preamble literal": re.compile(r"""b["']PP1CTX"""),
     "hand-made protocol sniff": re.compile(r"""[=!]=\s*(cc\.)?PREAMBLE\b|startswith\(\w*MAGIC"""),
+    "a protocol sniffer": re.compile(r"""\bsniff\(|\bSNIFF_BYTES\b|context_channel"""),
     "a second fault proxy": re.compile(r"^class FaultProxy\b", re.M),
 }
 

@@ -19,6 +19,7 @@ from pp1q.runtime.capture import (
 )
 from pp1q.runtime.capture.format import (
     FILE_HEADER_BYTES,
+    FORMAT_VERSION,
     MAX_DATA_BYTES,
     RECORD_HEADER_BYTES,
     file_header,
@@ -39,7 +40,7 @@ def _small(path, **kw):
 
 def test_round_trip(tmp_path):
     h, recs = read_capture(_small(tmp_path / "a.pp1qcap"))
-    assert (h.version, h.role, h.start_unix_ns) == (1, Role.WORKER, 123)
+    assert (h.version, h.role, h.start_unix_ns) == (FORMAT_VERSION, Role.WORKER, 123)
     assert [r.kind for r in recs] == [Kind.INFO, Kind.OPEN, Kind.DATA, Kind.DATA, Kind.CLOSE]
     assert recs[0].meta == {"step_timeout_s": 2.0} and recs[0].conn == 0
     assert recs[1].meta == {"protocol": "wire", "peer": "10.0.0.2:5000"}
@@ -154,12 +155,18 @@ def test_truncated_file_is_refused_unless_allowed(tmp_path):
         assert len(r.records()) == 3 and "truncated" in str(r.truncated)
 
 
+def _with_version(head: bytes, version: int) -> bytes:
+    return head[:8] + version.to_bytes(2, "little") + head[10:]
+
+
 def test_file_header_refusals(tmp_path):
     cases = {
         b"": "not a pp1q capture",
         b"GIF89a..": "not a pp1q capture",
         MAGIC + b"\x01\x00": "truncated file header",
-        file_header(Role.VERIFIER, 0).replace(b"\x01\x00", b"\x02\x00", 1): "version 2",
+        # version 1 files hold wire v2 revision-1 sessions (a context channel): refused
+        _with_version(file_header(Role.VERIFIER, 0), 1): "version 1.*re-record",
+        _with_version(file_header(Role.VERIFIER, 0), 3): "version 3",
     }
     for raw, msg in cases.items():
         (tmp_path / "h").write_bytes(raw)

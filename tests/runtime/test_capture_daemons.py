@@ -95,15 +95,13 @@ async def test_daemon_capture_replays_and_redecides(tmp_path, side):
     header, recs = read_capture(cap.path)
     assert header.role is Role[side.upper()]
     protocols = sorted(r.meta["protocol"] for r in recs if r.kind.name == "OPEN")
-    # the verifier's context client writes through asyncio streams, past the tap
-    assert protocols == (["context", "wire"] if side == "worker" else ["unknown", "wire"])
+    # one wire connection per session: the context travels in its CONTEXT frames
+    assert protocols == ["wire"]
     kinds = {type(i.message).__name__ for i in decode(header.role, recs) if i.what == "frame"}
-    assert {"Hello", "HelloAnswer", "Step", "Reply", "Completion", "Commit"} <= kinds
+    assert {"Hello", "HelloAnswer", "Context", "Step", "Reply", "Completion", "Commit"} <= kinds
     report = replay_verifier(cap.path, target=_target(), draws=cap.draws)
     assert report.ok, report.divergences
     assert not report.failures and not report.stream_errors
     assert len(report.commits) >= len(REQUESTS) and len(report.ready) == len(report.commits)
-    if side == "worker":  # the worker sees the context channel whole: every round re-decided
-        assert report.rechecked == len(report.commits) and report.not_rechecked == 0
-    else:  # asyncio.open_connection writes past the tap: no SetContext, not re-decided
-        assert report.not_rechecked == len(report.commits)
+    # either side's capture holds every CONTEXT: every round is decided again
+    assert report.rechecked == len(report.commits) and report.not_rechecked == 0

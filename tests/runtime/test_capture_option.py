@@ -1,6 +1,6 @@
 """``--capture FILE`` on the real daemons (child processes): the files they write replay
 through ``pp1q replay --reverify`` with no divergence, and every commit is decided again
-from the captured context (the verifier records its context channel itself)."""
+from the captured CONTEXT frames (on the wire connection since revision 2)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_captures_of_both_daemons_replay_without_divergence(tmp_path):
         assert len(report["commits"]) == verified, side  # one COMMIT per verified round
         assert report["rechecked"] == verified and report["not_rechecked"] == 0, side
         rc, text = _replay(path)  # the analyser reads it too
-        assert rc == 0 and "SET_CONTEXT" in text and "COMMIT" in text, text[-2000:]
+        assert rc == 0 and " CONTEXT " in text and "COMMIT" in text, text[-2000:]
 
 
 def test_reverify_needs_the_draw_secret_and_the_capture_never_holds_it(tmp_path):

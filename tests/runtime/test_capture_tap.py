@@ -4,7 +4,6 @@ import asyncio
 
 from pp1q.runtime.capture import CaptureWriter, Direction, Kind, Role, read_capture, tap
 from pp1q.wire import MAGIC
-from pp1q.wire import context_channel as cc
 
 WAIT_S = 10.0  # loopback echo round trips take milliseconds
 
@@ -61,10 +60,10 @@ def _streams(recs):
 
 
 async def test_plain_protocol_is_recorded_both_ways(tmp_path):
-    msgs = [cc.PREAMBLE + b"abc", b"defgh"]
+    msgs = [MAGIC + b"abc", b"defgh"]
     got, recs = await _exchange(tmp_path, Echo, msgs)
     assert got == b"".join(msgs).upper()  # behaviour unchanged
-    assert recs[0].kind is Kind.OPEN and recs[0].meta["protocol"] == "context"
+    assert recs[0].kind is Kind.OPEN and recs[0].meta["protocol"] == "wire"
     assert recs[0].meta["peer"].startswith("127.0.0.1:")
     assert _streams(recs) == (b"".join(msgs), got)
     assert recs[-1].kind is Kind.CLOSE
@@ -79,11 +78,13 @@ async def test_buffered_protocol_reads_into_its_own_buffer(tmp_path):
     assert max(len(r.body) for r in recs if r.direction is Direction.IN) <= 5
 
 
-async def test_short_or_foreign_connections_are_unknown(tmp_path):
+async def test_every_connection_is_recorded_as_wire_whatever_it_sends(tmp_path):
+    """Revision 2 has one protocol per port: nothing is sniffed; replay's FrameDecoder
+    refuses foreign bytes (bad_magic) where a sniffer used to call them "unknown"."""
     _, recs = await _exchange(tmp_path, Echo, [b"GET / HTTP/1.1\r\n"])
-    assert recs[0].meta["protocol"] == "unknown"
-    _, recs = await _exchange(tmp_path, Echo, [MAGIC[:3]])  # closed before 8 bytes
-    assert recs[0].meta["protocol"] == "unknown" and _streams(recs)[0] == MAGIC[:3]
+    assert recs[0].meta["protocol"] == "wire"
+    _, recs = await _exchange(tmp_path, Echo, [MAGIC[:3]])  # closed after 3 bytes
+    assert recs[0].meta["protocol"] == "wire" and _streams(recs)[0] == MAGIC[:3]
 
 
 def test_no_writer_means_no_wrapper():

@@ -27,7 +27,7 @@ from pp1q.runtime import tls
 from pp1q.runtime.config import resolve
 from pp1q.runtime.settings import VerifierSettings, WorkerSettings
 from pp1q.verifier.daemon import build as build_verifier
-from pp1q.wire import FrameDecoder, HelloAnswer, Refusal, VerifierEndpoint, encode
+from pp1q.wire import WIRE_REVISION, FrameDecoder, HelloAnswer, Refusal, VerifierEndpoint, encode
 from pp1q.wire.session_config import identity, verifier_config
 from pp1q.worker.daemon import serve
 
@@ -208,11 +208,11 @@ def _counted(reason: PeerRefusal):
     return lambda _link, m: m.value(REFUSED, reason=reason.value) >= 1
 
 
-async def test_verifier_link_and_context_channel_come_up_over_mutual_tls(pki):
+async def test_verifier_link_comes_up_over_mutual_tls(pki):
     async with worker(**pki["worker"].settings()) as (port, worker_metrics):
         metrics, ready = await _run_link(port, lambda link, _m: link.ready,
                                          **pki["verifier"].settings())
-        assert ready  # HELLO answered and the context channel open, both over TLS
+        assert ready  # HELLO answered over TLS (the context travels on the same connection)
         assert all(metrics.value(REFUSED, reason=r.value) == 0 for r in PeerRefusal)
         assert all(_refused(worker_metrics(), r) == 0 for r in PeerRefusal)
 
@@ -238,6 +238,7 @@ async def test_verifier_counts_a_worker_identity_that_does_not_match():
         hello = FrameDecoder().feed(await reader.read(65536))[0]
         other = identity(ToySpec(vocab=VOCAB, seed=1))
         writer.write(encode(HelloAnswer(session=hello.session, version=2, identity=other,
+                                        revision=WIRE_REVISION,
                                         limits=hello.limits)))
         await reader.read(65536)
         writer.close()

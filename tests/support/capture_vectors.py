@@ -6,9 +6,10 @@ No daemon is involved: a ``VerifierEndpoint`` and a ``WorkerEndpoint`` are wired
 together in memory, the worker drafting with the worker daemon's proposal chain
 (pp1q.worker.proposer: build_row, sample, proposal_u24) and the verifier deciding like
 its scheduler (pp1q.verifier.rounds: verify_round, greedy argmax, target-only draws).
-The capture is taken on the verifier's side, as ``pp1q verifier --capture`` records,
-with the context channel alongside. A fixed clock and the BLAS-free vector models
-(pp1q.tools.replay.vector_models) make every byte reproducible.
+The capture is taken on the verifier's side, as ``pp1q verifier --capture`` records:
+one wire v2 (revision 2) connection, the request context in its CONTEXT frames. A fixed
+clock and the BLAS-free vector models (pp1q.tools.replay.vector_models) make every byte
+reproducible.
 
 These files are the project's compatibility vectors: a change that makes them fail to
 replay, or regenerate differently, is a wire change and needs a version bump.
@@ -42,10 +43,10 @@ from pp1q.wire import (
     VerifierEndpoint,
     WireConfig,
     WorkerEndpoint,
+    context_of,
     reply_from_row,
 )
-from pp1q.wire import context_channel as cc
-from pp1q.wire.events import Committed, ProposalFailed, ProposalReady, StepRequested
+from pp1q.wire.events import ProposalFailed, ProposalReady, StepRequested
 from pp1q.wire.framing import HEADER_BYTES, read_header
 from pp1q.wire.session_config import PRECISION, VERIFIER_ID
 from pp1q.wire.validate import step_form
@@ -72,7 +73,7 @@ class Request:
     prefix: Prefix = field(init=False)
     generation: int = 1
     round_id: int = 0
-    context_sent: bool = False
+    worker_holds: int = 0  # committed tokens the worker holds (CONTEXT, then COMMITs)
 
     def __post_init__(self) -> None:
         self.prefix = Prefix(self.prompt)
@@ -103,10 +104,6 @@ class Session:
         self.cap.info({"step_timeout_s": STEP_TIMEOUT_S, "generator": "tests/capture_vectors.py"},
                       self.now)
         self.wire = self.cap.open_conn(Protocol.WIRE, "worker.example:7070", self.now)
-        self.ctx = self.cap.open_conn(Protocol.CONTEXT, "worker.example:7070", self.now)
-        self._ctx_preamble = True
-        self.worker_prefix: dict[tuple[int, int], Prefix] = {}
-        self.worker_drafts: dict[tuple[int, int, int], list[int]] = {}
         self.events: list = []
         self.commits: list[dict] = []
         self.reply_hook = None  # (step, reply) -> reply: a worker bug, for fault sessions
@@ -129,11 +126,6 @@ class Session:
         for ev in self.w.receive_data(data, self.now):
             if isinstance(ev, StepRequested):
                 answers.extend(self._draft(ev.step))
-            elif isinstance(ev, Committed):
-                c = ev.commit
-                drafts = self.worker_drafts.pop((c.slot, c.generation, c.round_id))
-                self.worker_prefix[(c.slot, c.generation)].extend(
-                    drafts[:c.accepted] + [c.token])
         out = self.w.data_to_send()
         if out:
             self.deliver(out)
@@ -147,23 +139,19 @@ class Session:
         self.events.extend(events)
         return events
 
-    def set_context(self, req: Request) -> None:
-        msg = cc.SetContext(session=self.v.session, slot=req.slot, generation=req.generation,
-                            tokens=list(req.prefix.tokens), digest=req.prefix.digest)
-        data = (cc.PREAMBLE if self._ctx_preamble else b"") + cc.encode(msg)
-        self._ctx_preamble = False
-        self.tick()
-        self.cap.record(Direction.OUT, self.ctx, self.now, data)
-        self.worker_prefix[(req.slot, req.generation)] = Prefix(msg.tokens)
-        ack = cc.ContextAck(msg.session, msg.slot, msg.generation, len(msg.tokens), msg.digest)
-        self.tick()
-        self.cap.record(Direction.IN, self.ctx, self.now, cc.encode(ack))
-        req.context_sent = True
+    def send_context(self, req: Request) -> None:
+        """What the worker lacks of the committed prefix: all of it first, afterwards a
+        fallback's token (COMMIT extends the worker's copy by itself)."""
+        start = req.worker_holds
+        self.send_to_worker(self.v.send(context_of(
+            session=self.v.session, slot=req.slot, generation=req.generation,
+            tokens=req.prefix.tokens[start:], start=start, digest=req.prefix.digest)))
+        req.worker_holds = len(req.prefix)
 
     # -- the worker ----------------------------------------------------------------
 
     def _draft(self, step: Step) -> list[bytes]:
-        prefix = self.worker_prefix[(step.slot, step.generation)]
+        prefix = Prefix(self.w.context(step.slot))
         assert prefix.digest == step.prefix_digest, "worker and verifier prefixes differ"
         form = step_form(step)
         if form is Form.TOKEN_ONLY:
@@ -184,14 +172,13 @@ class Session:
                 reply = self.reply_hook(step, reply)
             frames.append(self.w.send(reply))
         frames.append(self.w.send(self.w.completion(step.slot)))
-        self.worker_drafts[(step.slot, step.generation, step.round_id)] = [t for t, _ in rows]
         return frames
 
     # -- the verifier (as its scheduler does it) -----------------------------------------
 
     def step(self, req: Request) -> Step:
-        if not req.context_sent:
-            self.set_context(req)
+        if req.worker_holds < len(req.prefix):
+            self.send_context(req)
         req.round_id += 1
         last_committed = req.prefix.last_position
         return Step(session=self.v.session, slot=req.slot, generation=req.generation,
@@ -227,6 +214,7 @@ class Session:
                              "round_id": req.round_id, "accepted": out.accepted,
                              "token": out.token, "committed": commit.committed})
         req.prefix.extend(drafts[:out.accepted] + [out.token])
+        req.worker_holds = len(req.prefix)  # the worker appended the same from the COMMIT
 
     def fall_back(self, req: Request, failed: ProposalFailed) -> None:
         """RESET first, then one target-only token; the next round is a new generation."""
@@ -237,8 +225,7 @@ class Session:
         out = rounds.target_only(p, req.seed, req.generation, req.round_id,
                                  req.prefix.last_position + 1, req.temperature == 0)
         req.prefix.extend([out.token])
-        req.generation += 1
-        req.context_sent = False
+        req.generation += 1  # the worker keeps the prefix: next round appends the token
 
     def settle(self, req: Request, events: list) -> None:
         for ev in events:
@@ -255,7 +242,6 @@ class Session:
                                     self.now) for r in reqs)
         self.send_to_worker(data)
         self.tick()
-        self.cap.close_conn(self.ctx, "request finished", self.now)
         self.cap.close_conn(self.wire, "verifier shutdown", self.now)
         self.cap.close()
 

@@ -5,9 +5,18 @@ from __future__ import annotations
 import numpy as np
 from wire_vectors import IDENTITY, LIMITS, VOCAB
 
+from pp1q.core.prefix import digest_of
 from pp1q.core.q import build_row, sample
 from pp1q.core.rng import proposal_u24
-from pp1q.wire import Form, Step, VerifierEndpoint, WireConfig, WorkerEndpoint, reply_from_row
+from pp1q.wire import (
+    Form,
+    Step,
+    VerifierEndpoint,
+    WireConfig,
+    WorkerEndpoint,
+    context_of,
+    reply_from_row,
+)
 from pp1q.wire.framing import (
     FRAME_VERSION,
     HEADER,
@@ -18,26 +27,38 @@ from pp1q.wire.framing import (
 )
 
 SESSION = 77
+PREFIX = list(range(10))  # the committed context pair() opens on every slot: last position 9
 
 
 def config(versions=(1, 2), identity=IDENTITY, limits=LIMITS) -> WireConfig:
     return WireConfig(identity=identity, limits=limits, versions=versions)
 
 
-def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0):
-    """A verifier and a worker that completed HELLO, wired in memory."""
+def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0, contexts=True):
+    """A verifier and a worker that completed HELLO, wired in memory; ``contexts``: every
+    slot holds ``PREFIX`` (so ``step()``'s defaults pass the worker's context checks)."""
     v = VerifierEndpoint(config(versions), session=SESSION, step_timeout=step_timeout)
     w = WorkerEndpoint(config(worker_versions or versions))
     w.receive_data(v.hello(), 0.0)
     v.receive_data(w.data_to_send(), 0.0)
+    if contexts and v.limits is not None and w.state.value == "ready":
+        for slot in range(v.limits.max_slots):
+            w.receive_data(v.send(context_frame(slot)), 0.0)
     return v, w
+
+
+def context_frame(slot=0, generation=0, tokens=PREFIX, start=0, digest=None):
+    """A CONTEXT for ``slot`` (digest of ``tokens`` unless given: an append passes the
+    digest of the whole prefix)."""
+    return context_of(session=SESSION, slot=slot, generation=generation, tokens=tokens,
+                      start=start, digest=digest_of(tokens) if digest is None else digest)
 
 
 def step(slot=0, generation=1, round_id=1, last_committed=9, depth=3, temperature=0.8, top_k=0,
          **kw) -> Step:
     fields = dict(session=SESSION, slot=slot, generation=generation, round_id=round_id,
                   last_committed=last_committed, first_position=last_committed + 1,
-                  prefix_digest=0, depth=depth,
+                  prefix_digest=digest_of(PREFIX) if last_committed == 9 else 0, depth=depth,
                   temperature=temperature, top_k=top_k, context_version=0, seed=11)
     fields.update(kw)
     return Step(**fields)

@@ -16,10 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from pp1q.core.errors import Reason
+from pp1q.core.prefix import digest_of
 from pp1q.core.q import SEMANTIC_ID, build_row
 from pp1q.core.rng import RNG_ABI_ID
 from pp1q.wire import (
     CONNECTION_SLOT,
+    WIRE_REVISION,
     WIRE_V1,
     WIRE_V2,
     Commit,
@@ -33,6 +35,7 @@ from pp1q.wire import (
     Reset,
     Status,
     Step,
+    context_of,
     encode,
     reply_from_row,
 )
@@ -40,7 +43,7 @@ from pp1q.wire import (
 VECTOR_DIR = Path(__file__).resolve().parents[1] / "vectors"
 VOCAB = 16
 LIMITS = Limits.make(vocab=VOCAB, max_slots=4, max_depth=5, max_support=4, max_inflight=4,
-                     dense_len=20)
+                     dense_len=20, max_context=64)
 IDENTITY = Identity(
     q_semantic_id=SEMANTIC_ID, verifier_id="standard-v1", vocab=VOCAB,
     id_map_hash="xxh3:00c0ffee00c0ffee", draft_id="toy-draft", draft_adapted=False,
@@ -51,6 +54,7 @@ LOGITS = np.array([0.5, -1.0, 2.0, 0.0, -np.inf, 1.5, -2.0, 0.25,
                    -0.5, 1.0, -3.0, 0.75, -np.inf, 0.1, -1.5, 0.3])
 DENSE_ROW = build_row(LOGITS, temperature=0.75)
 SPARSE_ROW = build_row(LOGITS, temperature=0.75, top_k=3)
+CONTEXT_TOKENS = [3, 1, 4, 1, 5, 9, 2, 6]  # a prompt of 8 tokens, then a fallback's 5
 STEP = dict(session=SESSION, slot=2, generation=7, round_id=3, last_committed=41, first_position=42,
             prefix_digest=0x5EED5EED5EED5EED, depth=5, context_version=1, seed=2024)
 
@@ -60,9 +64,14 @@ def messages() -> dict[str, object]:
     reply = dict(session=SESSION, slot=2, generation=7, round_id=3, index=1, position=42)
     return {
         "hello": Hello(session=SESSION, versions=[WIRE_V1, WIRE_V2], identity=IDENTITY,
-                       limits=LIMITS),
+                       limits=LIMITS, revision=WIRE_REVISION),
         "hello_answer": HelloAnswer(session=SESSION, version=WIRE_V2, identity=IDENTITY,
-                                    limits=LIMITS),
+                                    limits=LIMITS, revision=WIRE_REVISION),
+        "context": context_of(session=SESSION, slot=1, generation=2, tokens=CONTEXT_TOKENS,
+                              digest=digest_of(CONTEXT_TOKENS)),
+        "context_append": context_of(session=SESSION, slot=1, generation=3, tokens=[5],
+                                     start=len(CONTEXT_TOKENS),
+                                     digest=digest_of(CONTEXT_TOKENS + [5])),
         "step_dense": Step(**STEP, temperature=0.75, top_k=0),
         "step_sparse": Step(**STEP, temperature=0.75, top_k=3),
         "step_greedy": Step(**STEP, temperature=0.0, top_k=0),

@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import pytest
+import wire_vectors
 from wire_vectors import LIMITS
 
 from pp1q.core.errors import Reason, RemoteProtocolError
@@ -30,7 +31,6 @@ from pp1q.tools.chaos.frames import FrameCutter, Piece, flip_bit, truncate_refra
 from pp1q.tools.chaos.proxy import FaultProxy
 from pp1q.tools.chaos.spec import parse_rule
 from pp1q.wire import Commit, Completion, FrameDecoder, MsgType, Reply, Reset, Step, encode
-from pp1q.wire.context_channel import PREAMBLE
 from pp1q.wire.framing import HEADER_BYTES, set_payload_len
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
@@ -217,7 +217,8 @@ def test_audit_forgets_reset_generations():
 
 # -- the proxy on loopback ------------------------------------------------------------
 
-async def _through(rules, upstream_frames: bytes, *, first=None, audit=None, between=None):
+async def _through(rules, upstream_frames: bytes, *, first=None, audit=None, between=None,
+                   prefix_dropped: bytes = b""):
     """``between(writer, proxy)`` runs in the upstream before it writes the frames."""
     """Client -> proxy -> upstream; the upstream writes ``upstream_frames`` and closes.
     Returns (bytes the client received, proxy)."""
@@ -237,7 +238,7 @@ async def _through(rules, upstream_frames: bytes, *, first=None, audit=None, bet
     proxy.rules = rules
     port = await proxy.start()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(first)
+    writer.write(prefix_dropped + first)  # ``prefix_dropped``: frames a rule drops
     assert await asyncio.wait_for(got_first, TIMEOUT_S) == first
     received = bytearray()
     try:
@@ -287,10 +288,15 @@ async def test_truncate_and_disconnect():
     assert proxy.injections == {FaultKind.DISCONNECT: 1}
 
 
-async def test_context_channel_passes_untouched():
-    payload = bytes(range(200))
-    data, proxy = await _through([Rule(Drop(), every=1, times=0)], payload, first=PREAMBLE)
-    assert data == payload and proxy.connections == 0 and not proxy.injections
+async def test_context_frames_are_frames_a_rule_can_hit():
+    """Revision 2: the context travels as CONTEXT frames on the wire connection, cut and
+    matched like any other frame (there is no second, untouched connection any more)."""
+    ctx = encode(wire_vectors.messages()["context"])
+    data, proxy = await _through([Rule(Drop(), direction=Direction.TO_WORKER,
+                                       msg_type=MsgType.CONTEXT, times=0, every=1)],
+                                 THREE, first=encode(_step()), prefix_dropped=ctx)
+    assert data == THREE and proxy.connections == 1
+    assert proxy.injections == {FaultKind.DROP: 1}
 
 
 async def test_blackhole_discards_and_pause_keeps():

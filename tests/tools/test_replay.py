@@ -12,7 +12,7 @@ import pytest
 from pp1q.core.errors import Reason
 from pp1q.runtime.capture import Direction, Kind, read_capture, write_records
 from pp1q.tools.replay import replay_verifier, target_from_identity
-from pp1q.wire import HEADER_BYTES, MsgType, Stream, read_header, sniff
+from pp1q.wire import HEADER_BYTES, MAGIC, MsgType, read_header
 from pp1q.wire.framing import reseal
 
 DATA = capture_vectors.DATA_DIR
@@ -120,7 +120,7 @@ def test_replay_is_independent_of_record_boundaries(tmp_path, size):
 
 def _frame_type(rec):
     if (rec.kind is not Kind.DATA or len(rec.body) < HEADER_BYTES
-            or sniff(rec.body) is not Stream.WIRE):
+            or rec.body[:len(MAGIC)] != MAGIC):
         return None
     return read_header(rec.body).mtype
 

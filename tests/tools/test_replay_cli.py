@@ -18,10 +18,10 @@ def _run(capsys, *argv):
 
 
 def _frames(name):
-    """Wire frames and context messages in a capture (what the analyser prints)."""
+    """Wire frames in a capture, CONTEXT included (what the analyser prints)."""
     from pp1q.tools.replay import decode
     header, recs = read_capture(DATA / f"{name}.pp1qcap")
-    return [i for i in decode(header.role, recs) if i.what in ("frame", "context")]
+    return [i for i in decode(header.role, recs) if i.what == "frame"]
 
 
 def test_one_line_per_message(capsys):

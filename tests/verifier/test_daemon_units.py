@@ -10,7 +10,7 @@ import pytest
 
 from pp1q.cli import verifier as verifier_cmd
 from pp1q.cli import worker as worker_cmd
-from pp1q.core.errors import ConfigError, Reason, RemoteProtocolError
+from pp1q.core.errors import ConfigError, Reason
 from pp1q.core.outcomes import FallbackCause
 from pp1q.core.prefix import Prefix, digest_of
 from pp1q.models.toy import toy_pair
@@ -20,7 +20,6 @@ from pp1q.tools.theory import expected_accepted
 from pp1q.verifier import rounds
 from pp1q.verifier.link import classify
 from pp1q.wire import FRAME_VERSION, MAGIC
-from pp1q.wire import context_channel as cc
 from pp1q.wire.events import ProposalFailed
 from pp1q.worker.state import StateRefusedError, WorkerState
 
@@ -62,52 +61,28 @@ def test_prefix_digest_is_incremental_and_order_sensitive():
     assert p.last_position == 2 and len(p.copy()) == 3
 
 
-def test_context_channel_round_trip_chunked_and_bounded():
-    msg = cc.SetContext(session=5, slot=1, generation=2, tokens=[1, 2, 3],
-                        digest=digest_of([1, 2, 3]))
-    data = cc.PREAMBLE + cc.encode(msg) + cc.encode(cc.ContextAck(5, 1, 2, 3, 9))
-    dec = cc.ContextDecoder(expect_preamble=True)
-    out = [m for i in range(len(data)) for m in dec.feed(data[i:i + 1])]
-    assert out[0] == msg and isinstance(out[1], cc.ContextAck)
-    with pytest.raises(RemoteProtocolError) as e:
-        cc.ContextDecoder().feed((cc.MAX_FRAME_BYTES + 1).to_bytes(4, "little"))
-    assert e.value.reason is Reason.FRAME_TOO_LARGE
-    with pytest.raises(RemoteProtocolError) as e:
-        cc.ContextDecoder(expect_preamble=True).feed(V2_FRAME_START)
-    assert e.value.reason is Reason.BAD_MAGIC
-    with pytest.raises(RemoteProtocolError) as e:
-        cc.ContextDecoder().feed(b"\x03\x00\x00\x00abc")
-    assert e.value.reason is Reason.MALFORMED_CONTROL
+def test_worker_state_bounds_sessions_and_counts_held_contexts():
+    from wire_helpers import SESSION, pair
 
+    from pp1q.wire import Reset
+    from pp1q.worker.state import MAX_SESSIONS_TRACKED
 
-def test_worker_state_follows_context_commit_reset():
     st = WorkerState()
-    with pytest.raises(StateRefusedError):  # no session yet
-        st.set_context(1, 0, 1, [5, 6], digest_of([5, 6]))
-    st.open_session(1)
-    with pytest.raises(StateRefusedError) as e:
-        st.set_context(1, 0, 1, [5, 6], digest=123)
-    assert e.value.reason is Reason.CHECKSUM_MISMATCH
-    st.set_context(1, 0, 1, [5, 6], digest_of([5, 6]))
-    prefix = st.prefix_for_step(1, 0, 1, last_committed=1, digest=digest_of([5, 6]))
-    assert prefix.tokens == [5, 6]
-    with pytest.raises(StateRefusedError) as e:
-        st.prefix_for_step(1, 0, 1, last_committed=2, digest=digest_of([5, 6]))
-    assert e.value.reason is Reason.BAD_POSITION
-    st.drafted(1, 0, 1, round_id=1, drafts=[7, 8, 9])
-    st.commit(1, 0, 1, round_id=1, accepted=2, token=4, committed=4)
-    assert st.prefix_for_step(1, 0, 1, 4, digest_of([5, 6, 7, 8, 4])).tokens == [5, 6, 7, 8, 4]
-    with pytest.raises(StateRefusedError) as e:  # an older generation never comes back
-        st.set_context(1, 0, 1, [5], digest_of([5]))
-    assert e.value.reason is Reason.STALE_GENERATION
-    st.set_context(1, 0, 3, [9], digest_of([9]))
-    st.reset(1, 0, 2)  # an older RESET arriving late leaves the newer context alone
-    assert st.slots_held() == 1
-    st.reset(1, 0, 3)
-    assert st.slots_held() == 0
-    st.set_context(1, 1, 1, [9], digest_of([9]))
+    v, w = pair()  # every slot holds a context
+    st.open_session(1, w)
+    assert st.slots_held() == len(w.slots)
+    w.receive_data(v.send(Reset(session=SESSION, slot=0, generation=0,
+                                reason=Reason.STEP_TIMEOUT)), 0.0)
+    assert st.slots_held() == len(w.slots)  # a discarded proposal: the prefix stays
+    w.receive_data(v.send(Reset(session=SESSION, slot=1, generation=0,
+                                reason=Reason.CANCELLED)), 0.0)
+    assert st.slots_held() == len(w.slots) - 1  # the request ended
+    for i in range(2, MAX_SESSIONS_TRACKED + 1):
+        st.open_session(i, w)
+    with pytest.raises(StateRefusedError):
+        st.open_session(0, w)
     st.close_session(1)
-    assert st.slots_held() == 0
+    assert st.slots_held() == (MAX_SESSIONS_TRACKED - 1) * (len(w.slots) - 1)
 
 
 def test_greedy_round_accepts_the_matching_prefix():

@@ -18,6 +18,7 @@ from pp1q.verifier import scheduler as scheduler_mod
 from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.decider import Decider
 from pp1q.verifier.http import STATUS_OF, as_http
+from pp1q.verifier.link import Fallback
 from pp1q.verifier.rounds import Outcome
 from pp1q.verifier.scheduler import Scheduler
 
@@ -58,18 +59,25 @@ class FakeDecider(Decider):
 class FakeLink:
     """A worker link that proposes DRAFTS for every greedy STEP (or is down)."""
 
-    def __init__(self, ready: bool = True) -> None:
-        self.ready, self.session = ready, 1
-        self.commits, self.resets = [], []
+    max_context = 1 << 17
 
-    async def set_context(self, slot, generation, prefix):
-        return None
+    def __init__(self, ready: bool = True, outcomes=()) -> None:
+        self.ready, self.session = ready, 1
+        self.commits, self.resets, self.contexts = [], [], []
+        self.outcomes = list(outcomes)  # Fallbacks to answer STEPs with, in turn (None: drafts)
+
+    def send_context(self, slot, generation, prefix, start):
+        self.contexts.append((start, list(prefix.tokens[start:])))
+        return True
 
     async def propose(self, step):
+        if self.outcomes and (out := self.outcomes.pop(0)) is not None:
+            return out
         return SimpleNamespace(draft_ids=DRAFTS, q_rows=(), replies=(), greedy=True)
 
     def commit(self, c):
         self.commits.append(c)
+        return True
 
     def reset(self, slot, generation, reason):
         self.resets.append((slot, generation, reason))
@@ -95,6 +103,21 @@ async def test_speculative_request_through_a_fake_decider():
                                                                          (2, BONUS, 2)]
     assert answer["stats"]["rounds"] == 2 and answer["stats"]["accepted"] == 4
     assert link.resets == [(0, 1, Reason.CANCELLED)]  # the worker's state dropped at release
+
+
+async def test_the_worker_keeps_the_prefix_over_a_fallback_and_gets_it_all_on_a_mismatch():
+    timeout = Fallback(FallbackCause.WATCHDOG_TIMEOUT, Reason.STEP_TIMEOUT)
+    mismatch = Fallback(FallbackCause.WORKER_REFUSED, Reason.CHECKSUM_MISMATCH)
+    decider, link = FakeDecider(), FakeLink(outcomes=[None, timeout, None, mismatch, None])
+    answer = await _scheduler(decider, link).generate(_req(max_tokens=11))
+    tokens = list(PROMPT) + answer["token_ids"]
+    # round 1: the prompt; COMMIT extends the worker's copy; the timeout's token alone
+    # (the worker kept the rest); the digest mismatch: everything, from position 0
+    after_timeout = len(PROMPT) + 3
+    after_mismatch = after_timeout + 1 + 3 + 1
+    assert link.contexts == [(0, list(PROMPT)),
+                             (after_timeout, [ALONE]),
+                             (0, tokens[:after_mismatch])]
 
 
 async def test_target_only_and_fallback_steps_go_to_the_decider():

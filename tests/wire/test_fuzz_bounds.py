@@ -1,7 +1,7 @@
 """Bounds before memory: a declared length beyond the negotiated size is refused from
 the header alone, before anything is allocated for it, on every path a peer's bytes take
-(frame decoder, both endpoints, the BufferedProtocol hooks, the context channel, the
-HTTP head, and live daemons). tracemalloc bounds what each refusal allocated."""
+(frame decoder, both endpoints, the BufferedProtocol hooks, CONTEXT frames, the HTTP
+head, and live daemons). tracemalloc bounds what each refusal allocated."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from pp1q.models.toy import ToySpec
 from pp1q.runtime.settings import VerifierSettings, WorkerSettings
 from pp1q.verifier.daemon import build as build_verifier
 from pp1q.wire import FrameDecoder, VerifierEndpoint, WorkerEndpoint
-from pp1q.wire import context_channel as cc
 from pp1q.wire.framing import HEADER_BYTES
 from pp1q.wire.limits import MAX_CONTROL_BYTES
 from pp1q.wire.messages import MsgType
@@ -119,12 +118,10 @@ def test_one_byte_over_the_negotiated_row_is_refused_too():
     assert e.reason is Reason.FRAME_TOO_LARGE
 
 
-@pytest.mark.parametrize("n", [*DECLARED, cc.MAX_FRAME_BYTES + 1])
-@pytest.mark.parametrize("preamble", [True, False])
-def test_context_channel_refuses_a_declared_length_from_its_4_bytes(n, preamble):
-    dec = cc.ContextDecoder(expect_preamble=preamble)
-    data = (cc.PREAMBLE if preamble else b"") + n.to_bytes(4, "little")
-    e = _refused_without_allocating(dec.feed, data)
+@pytest.mark.parametrize("n", [*DECLARED, LIM.max_context_bytes + 1])
+def test_a_context_frame_declaring_more_than_max_context_is_refused_from_its_header(n):
+    header = forge(MsgType.CONTEXT, control_of(V["context"]), payload_len=n)[:HEADER_BYTES]
+    e = _refused_without_allocating(FrameDecoder(LIM).feed, header)
     assert e.reason is Reason.FRAME_TOO_LARGE
 
 

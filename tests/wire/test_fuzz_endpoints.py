@@ -6,7 +6,7 @@
 - the BufferedProtocol path (get_buffer / buffer_updated) the daemons use: clean traffic
   gives the same events as receive_data at any chunking, mutated traffic raises only
   RemoteProtocolError and never yields a sampled id without its q;
-- the context channel decoder: only RemoteProtocolError, chunking-invariant;
+- CONTEXT frames with any control fields: refused, or held within the bounds;
 - the atheris harness's own property and its checksum fix-up (fuzz/wire_atheris.py).
 """
 
@@ -19,12 +19,22 @@ import msgspec
 import wire_vectors
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from wire_helpers import SESSION, config, control_of, forge, pair, step, worker_frames
+from wire_helpers import (
+    PREFIX,
+    config,
+    context_frame,
+    control_of,
+    forge,
+    pair,
+    step,
+    worker_frames,
+)
 
 from pp1q.core.errors import Reason, RemoteProtocolError
-from pp1q.wire import FrameDecoder, Limits, VerifierEndpoint, WorkerEndpoint
-from pp1q.wire import context_channel as cc
+from pp1q.core.prefix import digest_of
+from pp1q.wire import FrameDecoder, Limits, VerifierEndpoint, WorkerEndpoint, encode
 from pp1q.wire.events import ProposalReady, SessionRefused, SessionStarted
+from pp1q.wire.framing import HEADER_BYTES
 from pp1q.wire.messages import MsgType
 
 V = wire_vectors.build()
@@ -192,46 +202,29 @@ def test_buffered_path_with_mutated_traffic_raises_only_remote_errors(kind, data
 
 # -- the context channel --------------------------------------------------------------------
 
-CTX = [cc.SetContext(session=SESSION, slot=1, generation=2, tokens=[1, 2, 3], digest=9),
-       cc.ContextAck(SESSION, 1, 2, 3, 9), cc.ContextRefused(SESSION, 1, 2, "stale_generation")]
+CONTEXTS = {"open": encode(context_frame(1, generation=2, tokens=[3, 1, 4])),
+            "append": encode(context_frame(1, generation=3, tokens=[5], start=len(PREFIX),
+                                           digest=digest_of([*PREFIX, 5])))}
 
 
 @FUZZ
-@given(st.binary(max_size=300), st.booleans())
-def test_context_decoder_takes_any_bytes_safely(data, preamble):
+@given(st.sampled_from(sorted(CONTEXTS)), st.data())
+def test_context_frames_with_any_fields_are_refused_or_held_within_bounds(name, data):
+    """A CONTEXT with any control fields (checksums valid): a stream error, a refusal
+    (the slot then holds nothing), or a context whose ids are < vocab and whose length
+    is within max_context; never another exception."""
+    v, w = pair()
+    base = CONTEXTS[name]
+    control = data.draw(mutated_tree(control_of(base)))
+    frame = forge(MsgType.CONTEXT, control, base[HEADER_BYTES + len(control_of(base)):])
     try:
-        cc.ContextDecoder(expect_preamble=preamble).feed((cc.PREAMBLE if preamble else b"")
-                                                         + data)
-    except RemoteProtocolError as e:
-        assert e.reason in (Reason.BAD_MAGIC, Reason.FRAME_TOO_LARGE, Reason.MALFORMED_CONTROL)
-
-
-@FUZZ
-@given(st.sampled_from(CTX), st.data())
-def test_context_frames_with_any_fields_decode_or_raise_remote_errors(msg, data):
-    body = data.draw(mutated_tree(cc.encode(msg)[4:]))
-    frame = len(body).to_bytes(4, "little") + body
-    try:
-        out = cc.ContextDecoder().feed(frame)
-    except RemoteProtocolError as e:
-        assert e.reason is Reason.MALFORMED_CONTROL
+        w.receive_data(frame, 0.0)
+    except RemoteProtocolError:
         return
-    assert len(out) == 1 and type(out[0]) in (cc.SetContext, cc.ContextAck, cc.ContextRefused)
-    if isinstance(out[0], cc.SetContext):
-        assert all(0 <= t < 1 << 31 for t in out[0].tokens)
-
-
-@FUZZ
-@given(st.lists(st.sampled_from(CTX), min_size=1, max_size=5),
-       st.lists(st.integers(1, 50), min_size=1, max_size=6))
-def test_context_decoder_is_chunking_invariant(msgs, sizes):
-    data = cc.PREAMBLE + b"".join(cc.encode(m) for m in msgs)
-    dec, out, pos, k = cc.ContextDecoder(expect_preamble=True), [], 0, 0
-    while pos < len(data):
-        n = sizes[k % len(sizes)]
-        out += dec.feed(data[pos:pos + n])
-        pos, k = pos + n, k + 1
-    assert out == msgs
+    for s in w.slots:
+        if s.prefix is not None:
+            assert len(s.prefix) <= w.limits.max_context
+            assert all(0 <= t < w.vocab for t in s.prefix.tokens)
 
 
 # -- the atheris harness ------------------------------------------------------------------

@@ -3,8 +3,19 @@
 import msgspec
 import pytest
 import wire_vectors
-from wire_helpers import SESSION, config, pair, replies_for, rows_for, step, worker_frames
+from wire_helpers import (
+    PREFIX,
+    SESSION,
+    config,
+    context_frame,
+    pair,
+    replies_for,
+    rows_for,
+    step,
+    worker_frames,
+)
 
+from pp1q.core.prefix import digest_of
 from pp1q.wire import (
     Commit,
     Committed,
@@ -151,8 +162,11 @@ def test_round_trip_hands_out_exact_rows_only_after_completion(top_k, temperatur
                     committed=st.last_committed + 3)
     assert w.receive_data(v.send(commit), 0.2) == [Committed(commit)]
     assert v.slots[1].state is w.slots[1].state is SlotState.IDLE
+    # the worker appended the accepted drafts and the token from the COMMIT itself
+    held = PREFIX + list(ready.draft_ids[:2]) + [4]
+    assert w.context(1) == held
     nxt = step(slot=1, round_id=2, last_committed=st.last_committed + 3, top_k=top_k,
-               temperature=temperature)
+               temperature=temperature, prefix_digest=digest_of(held))
     assert w.receive_data(v.send(nxt, now=0.3), 0.3) == [StepRequested(nxt)]
 
 
@@ -320,7 +334,10 @@ def test_a_new_generation_retires_older_ones_without_a_reset():
     commit = Commit(session=SESSION, slot=0, generation=1, round_id=1, accepted=0, token=1,
                     committed=st.last_committed + 1)
     w.receive_data(v.send(commit), 0.0)
-    nxt = step(generation=2, last_committed=100)  # the slot's next request: any last_committed
+    # the slot's next request: its own context, then any last_committed
+    prompt = [i % 16 for i in range(31)]
+    w.receive_data(v.send(context_frame(0, generation=2, tokens=prompt)), 0.0)
+    nxt = step(generation=2, last_committed=30, prefix_digest=digest_of(prompt))
     assert w.receive_data(v.send(nxt, now=0.0), 0.0) == [StepRequested(nxt)]
     replay = v.receive_data(_first_frame(frames), 0.0)  # a replayed frame of generation 1
     assert [(type(e), e.reason) for e in replay] == [(Discarded, Reason.STALE_GENERATION)]

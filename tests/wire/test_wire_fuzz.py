@@ -8,8 +8,19 @@ import wire_vectors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from wire_helpers import SESSION, control_of, forge, pair, payload_of, replies_for, step
+from wire_helpers import (
+    PREFIX,
+    SESSION,
+    context_frame,
+    control_of,
+    forge,
+    pair,
+    payload_of,
+    replies_for,
+    step,
+)
 
+from pp1q.core.prefix import digest_of
 from pp1q.wire import (
     Commit,
     Discarded,
@@ -133,6 +144,8 @@ class Pair(RuleBasedStateMachine):
         self.ready = {}  # (slot, gen, round) -> tokens the worker sent
         self.sent_tokens = {}
         self.dead = set()  # (slot, gen) reset by the verifier
+        self.prefix = [list(PREFIX) for _ in range(n)]  # the committed context, our view
+        self.held = [True] * n  # whether the worker still holds it (pair() opened them)
 
     def _events(self, evs):
         for e in evs:
@@ -149,6 +162,10 @@ class Pair(RuleBasedStateMachine):
                     self.v.slots[e.slot].is_dead(e.generation)
             elif isinstance(e, ProposalFailed):
                 assert e.reason == Reason.STEP_TIMEOUT
+
+    def _new_generation(self, slot):
+        self.gen[slot] += 1
+        self.round[slot] = 0
 
     def _idle(self):
         return [i for i, s in enumerate(self.v.slots) if s.state is SlotState.IDLE]
@@ -170,9 +187,17 @@ class Pair(RuleBasedStateMachine):
           kind=st.sampled_from(["dense", "sparse", "greedy"]))
     def send_step(self, data, depth, kind):
         slot = data.draw(st.sampled_from(self._idle()))
+        if len(self.prefix[slot]) + depth + 1 > self.v.limits.max_context:
+            self._new_generation(slot)  # a new request on the slot: a short prompt again
+            self.prefix[slot], self.last_committed[slot] = list(PREFIX), 9
+            self.held[slot] = False
+        if not self.held[slot]:  # the request ended (RESET cancelled): open it again
+            self.to_w += self.v.send(context_frame(slot, self.gen[slot], self.prefix[slot]))
+            self.held[slot] = True
         self.round[slot] += 1
         stp = step(slot=slot, generation=self.gen[slot], round_id=self.round[slot],
                    last_committed=self.last_committed[slot], depth=depth,
+                   prefix_digest=digest_of(self.prefix[slot]),
                    top_k=3 if kind == "sparse" else 0,
                    temperature=0.0 if kind == "greedy" else 0.9)
         self.to_w += self.v.send(stp, now=self.now)
@@ -223,15 +248,35 @@ class Pair(RuleBasedStateMachine):
                                         round_id=s.round_id, accepted=accepted, token=token,
                                         committed=committed))
         self.last_committed[slot] = committed
+        drafts = self.ready[(slot, s.generation, s.round_id)]
+        self.prefix[slot] += [*drafts[:accepted], token]  # the worker appends the same
+
+    @precondition(lambda self: self._idle())
+    @rule(data=st.data(), token=st.integers(0, 15))
+    def append_context(self, data, token):
+        """A fallback's target-only token: appended, never the prefix again."""
+        slot = data.draw(st.sampled_from(self._idle()))
+        if not self.held[slot] or len(self.prefix[slot]) >= self.v.limits.max_context - 6:
+            return
+        self._new_generation(slot)  # as the scheduler does after a fallback
+        whole = [*self.prefix[slot], token]
+        self.to_w += self.v.send(context_frame(slot, self.gen[slot], [token],
+                                               start=len(self.prefix[slot]),
+                                               digest=digest_of(whole)))
+        self.prefix[slot] = whole
+        self.last_committed[slot] += 1
 
     @precondition(lambda self: self._in_state(SlotState.STEPPING, SlotState.READY,
                                               SlotState.FAILED))
-    @rule(data=st.data())
-    def reset(self, data):
+    @rule(data=st.data(), reason=st.sampled_from([Reason.CANCELLED, Reason.STEP_TIMEOUT]))
+    def reset(self, data, reason):
+        """CANCELLED ends the request (the worker drops its context); any other reason
+        discards the proposal only (the worker keeps the committed prefix)."""
         busy = self._in_state(SlotState.STEPPING, SlotState.READY, SlotState.FAILED)
         slot = data.draw(st.sampled_from(busy))
         self.to_w += self.v.send(Reset(session=SESSION, slot=slot, generation=self.gen[slot],
-                                       reason=Reason.CANCELLED))
+                                       reason=reason))
+        self.held[slot] = self.held[slot] and reason is not Reason.CANCELLED
         self.dead.add((slot, self.gen[slot]))
         self.gen[slot] += 1
         self.round[slot] = 0

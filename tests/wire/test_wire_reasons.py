@@ -45,6 +45,7 @@ def dense(values: dict, n=LIMITS.dense_len):
 
 SPARSE = step(top_k=3, depth=2)
 DENSE = step(top_k=0, depth=2)
+GREEDY = step(temperature=0.0, depth=2)
 HALF = {2: 0.5, 5: 0.5}
 
 ROW_FAULTS = [
@@ -55,6 +56,23 @@ ROW_FAULTS = [
     ("padded id", SPARSE, dict(ids=[2, 17], q=[0.5, 0.5]), Reason.ID_OUT_OF_RANGE),
     ("negative id", SPARSE, dict(ids=[-1, 2], q=[0.5, 0.5]), Reason.ID_OUT_OF_RANGE),
     ("token out of vocab", SPARSE, dict(token=16, ids=[2, 5], q=[0.5, 0.5]),
+     Reason.ID_OUT_OF_RANGE),
+    ("negative token", SPARSE, dict(token=-1, ids=[2, 5], q=[0.5, 0.5]),
+     Reason.ID_OUT_OF_RANGE),
+    # the drafted token is range-checked in every reply form, before anything indexes a
+    # row with it: a dense row padded to 20 must not answer for token 25 (IndexError) or
+    # 17 (a padding entry), and a greedy reply has no row to catch token 1000 at all
+    ("dense token out of vocab", DENSE, dict(token=25, form=Form.DENSE, q=dense(HALF)),
+     Reason.ID_OUT_OF_RANGE),
+    ("dense token in the padding", DENSE, dict(token=17, form=Form.DENSE, q=dense(HALF)),
+     Reason.ID_OUT_OF_RANGE),
+    ("dense negative token", DENSE, dict(token=-1, form=Form.DENSE, q=dense(HALF)),
+     Reason.ID_OUT_OF_RANGE),
+    ("greedy token out of vocab", GREEDY, dict(token=1000, form=Form.TOKEN_ONLY),
+     Reason.ID_OUT_OF_RANGE),
+    ("greedy token at vocab", GREEDY, dict(token=16, form=Form.TOKEN_ONLY),
+     Reason.ID_OUT_OF_RANGE),
+    ("greedy negative token", GREEDY, dict(token=-1, form=Form.TOKEN_ONLY),
      Reason.ID_OUT_OF_RANGE),
     ("missing q", SPARSE, dict(form=Form.TOKEN_ONLY), Reason.MISSING_Q),
     ("NaN", DENSE, dict(form=Form.DENSE, q=dense({2: np.nan, 5: 0.5})), Reason.NON_FINITE),

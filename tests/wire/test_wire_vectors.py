@@ -6,7 +6,7 @@ import pytest
 import wire_vectors
 from wire_helpers import feed_all, splits
 
-from pp1q.wire import FrameDecoder, Reply, encode
+from pp1q.wire import Context, FrameDecoder, Reply, encode
 from pp1q.wire.messages import TYPE_OF
 
 VECTORS = wire_vectors.load()
@@ -29,7 +29,7 @@ def test_every_message_type_and_row_form_has_a_vector():
 
 
 def _same(a, b):
-    if isinstance(a, Reply):
+    if isinstance(a, (Reply, Context)):
         fa, fb = msgspec.structs.astuple(a), msgspec.structs.astuple(b)
         return all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
                    for x, y in zip(fa, fb, strict=True))

@@ -1,5 +1,7 @@
 """The worker daemon in-process, driven by a scripted verifier over real loopback TCP:
-rows in order and exact, a retried STEP never redrawn, RESET drops the slot's state."""
+rows in order and exact, a retried STEP never redrawn, the context on the same connection
+(CONTEXT, COMMIT appends), a RESET of a discarded proposal keeps the committed prefix and
+a RESET ``cancelled`` drops it."""
 
 from __future__ import annotations
 
@@ -10,8 +12,16 @@ import pytest
 from pp1q.core.prefix import Prefix
 from pp1q.models.toy import ToySpec, toy_pair
 from pp1q.runtime.settings import WorkerSettings
-from pp1q.wire import Commit, FrameDecoder, Refusal, Reset, Step, VerifierEndpoint, encode
-from pp1q.wire import context_channel as cc
+from pp1q.wire import (
+    Commit,
+    FrameDecoder,
+    Refusal,
+    Reset,
+    Step,
+    VerifierEndpoint,
+    context_of,
+    encode,
+)
 from pp1q.wire.events import ProposalFailed, ProposalReady, SessionStarted
 from pp1q.wire.session_config import verifier_config
 from pp1q.worker.daemon import serve
@@ -65,16 +75,9 @@ async def _session(port: int) -> ScriptedVerifier:
     return v
 
 
-async def _set_context(port: int, slot: int, generation: int, prefix: Prefix):
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(cc.PREAMBLE + cc.encode(cc.SetContext(99, slot, generation, prefix.tokens,
-                                                       prefix.digest)))
-    dec = cc.ContextDecoder()
-    msgs: list = []
-    while not msgs:
-        msgs = dec.feed(await asyncio.wait_for(reader.read(4096), TIMEOUT_S))
-    writer.close()
-    return msgs[0]
+def _set_context(v: ScriptedVerifier, slot: int, generation: int, prefix: Prefix) -> None:
+    v.send(context_of(session=99, slot=slot, generation=generation, tokens=prefix.tokens,
+                      digest=prefix.digest))
 
 
 def _step(prefix: Prefix, generation: int, round_id: int, seed: int = 5) -> Step:
@@ -88,7 +91,7 @@ def _step(prefix: Prefix, generation: int, round_id: int, seed: int = 5) -> Step
 async def test_rows_are_the_proposers_and_a_retry_is_refused_not_redrawn(worker):
     v = await _session(worker)
     prefix = Prefix([3, 4, 5])
-    assert isinstance(await _set_context(worker, 0, 1, prefix), cc.ContextAck)
+    _set_context(v, 0, 1, prefix)
     step = _step(prefix, 1, 1)
     v.send(step)
     ready = [e for e in await v.events_until(ProposalReady) if isinstance(e, ProposalReady)][0]
@@ -112,7 +115,7 @@ async def test_rows_are_the_proposers_and_a_retry_is_refused_not_redrawn(worker)
 async def test_commit_advances_and_reset_drops_the_slot(worker):
     v = await _session(worker)
     prefix = Prefix([1, 2])
-    await _set_context(worker, 0, 1, prefix)
+    _set_context(v, 0, 1, prefix)
     step = _step(prefix, 1, 1)
     v.send(step)
     ready = [e for e in await v.events_until(ProposalReady) if isinstance(e, ProposalReady)][0]
@@ -122,9 +125,13 @@ async def test_commit_advances_and_reset_drops_the_slot(worker):
     prefix.extend(new)
     v.send(_step(prefix, 1, 2))  # the worker's prefix digest matches the commit
     assert any(isinstance(e, ProposalReady) for e in await v.events_until(ProposalReady))
-    v.send(Reset(session=99, slot=0, generation=1, reason="cancelled"))
-    # a new generation without a context is refused by the worker: its state is gone
-    v.send(_step(prefix, 2, 1))
+    # a discarded proposal: RESET drops the drafts, the committed prefix stays
+    v.send(Reset(session=99, slot=0, generation=1, reason="step_timeout"))
+    v.send(_step(prefix, 2, 1))  # no CONTEXT: the digest alone proves both ends agree
+    assert any(isinstance(e, ProposalReady) for e in await v.events_until(ProposalReady))
+    v.send(Reset(session=99, slot=0, generation=2, reason="cancelled"))
+    # the request ended: a new generation without a context is refused, its state is gone
+    v.send(_step(prefix, 3, 1))
     failed = [e for e in await v.events_until(ProposalFailed) if isinstance(e, ProposalFailed)]
-    assert failed[0].reason.value == "worker_aborted"
+    assert failed[0].reason.value == "no_context" and failed[0].by_peer
     v.writer.close()

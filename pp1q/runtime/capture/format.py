@@ -1,4 +1,4 @@
-"""The capture file format, version 1 (docs/capture.md): layouts, kinds and named limits.
+"""The capture file format, version 2 (docs/capture.md): layouts, kinds and named limits.
 
     file header (32 bytes)
     0   8  magic          b"PP1QCAP\\0"
@@ -36,7 +36,9 @@ from pp1q.wire.framing import HEADER_BYTES
 from pp1q.wire.limits import MAX_CONTROL_BYTES, MAX_PAYLOAD_CAP
 
 MAGIC = b"PP1QCAP\0"
-FORMAT_VERSION = 1
+# 2: wire v2 revision 2 (one connection per session, CONTEXT frames). Version 1 files
+# hold revision-1 sessions (a second "context" connection): refused, not half-read.
+FORMAT_VERSION = 2
 SUFFIX = ".pp1qcap"
 
 FILE_HEADER = struct.Struct("<8sHBBIQ")  # bytes 0..23 of the file header; checksum follows
@@ -49,7 +51,7 @@ RECORD_HEADER_BYTES = RECORD_HEADER.size + CHECKSUM.size
 MAX_DATA_BYTES = MAX_PAYLOAD_CAP + HEADER_BYTES + MAX_CONTROL_BYTES  # one largest frame whole
 MAX_META_BYTES = 4096  # OPEN/CLOSE/INFO bodies are small JSON objects, never a data channel
 MAX_CONN_ID = 0xFFFFFFFF  # the conn field is a u32
-MAX_PROTOCOL_CHARS = 32  # "wire", "context": a short name, not a description
+MAX_PROTOCOL_CHARS = 32  # "wire": a short name, not a description
 
 
 class Role(enum.IntEnum):
@@ -75,8 +77,7 @@ class Direction(enum.IntEnum):
 class Protocol(enum.StrEnum):
     """What an OPEN connection carries (decides how replay decodes it)."""
 
-    WIRE = "wire"  # wire v2 frames (pp1q.wire)
-    CONTEXT = "context"  # the context channel (pp1q.wire.context_channel)
+    WIRE = "wire"  # wire v2 frames (pp1q.wire), revision 2
 
 
 _xxh3 = xxhash.xxh3_64_intdigest

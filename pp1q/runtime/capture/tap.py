@@ -9,14 +9,12 @@ land straight in the wrapped protocol's own buffers; the tap records a view of t
     server = await loop.create_server(tap(lambda: WorkerConnection(...), capture), host, port)
     _, proto = await loop.create_connection(tap(lambda: _WireProtocol(...), capture), h, p)
 
-The protocol name (wire or context channel) is read from the first bytes of the
-connection (``pp1q.wire.sniff``) unless given; records
-wait for those bytes, then OPEN and they are written with their original times.
+Every connection is recorded as ``protocol`` (wire v2 unless given): since revision 2
+the daemons speak nothing else on their sockets, so there is nothing to sniff.
 
 Limit: a client made by ``asyncio.open_connection`` writes through the real transport
 (its StreamWriter is built from what create_connection returns), so only what it
-receives is recorded; such a connection (the verifier's context channel) is named
-"unknown" unless ``protocol`` is given. Record its writes where they are made.
+receives is recorded. No daemon makes one; a tool that does records its writes itself.
 """
 
 from __future__ import annotations
@@ -26,13 +24,9 @@ import time
 
 from pp1q.runtime.capture.format import Direction, Protocol
 from pp1q.runtime.capture.writer import CaptureWriter
-from pp1q.wire import SNIFF_BYTES, Stream, sniff
-
-UNKNOWN = Stream.UNKNOWN.value  # neither preamble nor wire magic first: replay shows it raw
-_PROTOCOL = {Stream.WIRE: Protocol.WIRE, Stream.CONTEXT: Protocol.CONTEXT}
 
 
-def tap(factory, writer: CaptureWriter | None, protocol: Protocol | str | None = None):
+def tap(factory, writer: CaptureWriter | None, protocol: Protocol | str = Protocol.WIRE):
     """A factory for recorded protocols; ``writer`` None: ``factory`` itself (no cost)."""
     if writer is None:
         return factory
@@ -65,11 +59,9 @@ class _TappedTransport:
 class _TapBase:
     def __init__(self, inner, writer: CaptureWriter, protocol) -> None:
         self.inner, self.writer = inner, writer
-        self.name = None if protocol is None else str(protocol)
+        self.name = str(protocol)
         self.conn: int | None = None
         self.peer = ""
-        self._pending: list[tuple[Direction, int, bytes]] = []
-        self._first = bytearray()  # first bytes of the connection, for the protocol name
 
     # -- recording -------------------------------------------------------------
 
@@ -78,24 +70,6 @@ class _TapBase:
             return
         if self.conn is not None:
             self.writer.record(direction, self.conn, None, data)
-            return
-        t = time.monotonic_ns()
-        chunk = bytes(data)
-        self._pending.append((direction, t, chunk))
-        if not self._first or self._pending[0][0] is direction:
-            self._first += chunk[:SNIFF_BYTES - len(self._first)]
-        if len(self._first) >= SNIFF_BYTES:
-            self._open(UNKNOWN)
-
-    def _open(self, fallback: str) -> None:
-        name = self.name
-        if name is None:
-            name = _PROTOCOL.get(sniff(self._first), fallback)
-        t0 = self._pending[0][1] if self._pending else time.monotonic_ns()
-        self.conn = self.writer.open_conn(name, self.peer, t0 / 1e9)
-        for direction, t, chunk in self._pending:
-            self.writer.record(direction, self.conn, t / 1e9, chunk)
-        self._pending.clear()
 
     def __getattr__(self, name):
         # the caller holds the wrapper (create_connection returns it): its attributes
@@ -107,13 +81,11 @@ class _TapBase:
     def connection_made(self, transport) -> None:
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
-        if self.name is not None:
-            self._open(self.name)
+        if not self.writer.stopped:
+            self.conn = self.writer.open_conn(self.name, self.peer, time.monotonic_ns() / 1e9)
         self.inner.connection_made(_TappedTransport(transport, self))
 
     def connection_lost(self, exc) -> None:
-        if self.conn is None and not self.writer.stopped:
-            self._open(UNKNOWN)
         if self.conn is not None:
             self.writer.close_conn(self.conn, "lost: " + repr(exc) if exc else "closed")
         self.inner.connection_lost(exc)

@@ -35,6 +35,7 @@ from pp1q.core.outcomes import FallbackCause
 from pp1q.tools.chaos.faults import (
     BitFlip,
     Delay,
+    Direction,
     Disconnect,
     Drop,
     Duplicate,
@@ -137,6 +138,14 @@ def cases(watchdog_s: float) -> list[Case]:
         return (_equal("late_replies_discarded", d("late_replies_discarded_total"), n)
                 + _equal("fallbacks (all causes)", sum(d.fallbacks().values()), 0))
 
+    def context_refused(d: Deltas, n: int) -> list[str]:
+        # the worker refuses the corrupt CONTEXT, then the STEP after it with its reason:
+        # one worker_refused fallback each, then the whole context is sent again
+        return (_equal("fallbacks{worker_refused}", d("fallbacks_total", cause="worker_refused"),
+                       n)
+                + _equal("fallbacks (other causes)", sum(d.fallbacks().values()), n)
+                + _equal("reconnects", d("reconnects_total"), 0))
+
     def lost(d: Deltas, n: int) -> list[str]:
         short = d("fallbacks_total", cause="connection_lost") + \
             d("fallbacks_total", cause="worker_unavailable")
@@ -154,6 +163,10 @@ def cases(watchdog_s: float) -> list[Case]:
              _rule(Truncate(keep=4)), _reason_row("unexpected_size")),
         Case("duplicate frame", FaultKind.DUPLICATE, "validation_failures{duplicate_round}",
              _rule(Duplicate()), _reason_row("duplicate_round")),
+        Case("context bit flip", FaultKind.BIT_FLIP, "fallbacks{worker_refused}",
+             lambda: [Rule(BitFlip("payload", offset=1, bit=2), direction=Direction.TO_WORKER,
+                           msg_type=MsgType.CONTEXT, nth=2, every=EVERY, times=INJECTIONS)],
+             context_refused),
         Case("stale-generation replay", FaultKind.REPLAY, "late_replies_discarded",
              _rule(Replay(), index=1), replay),
         Case("reorder", FaultKind.REORDER, "validation_failures{out_of_order}",

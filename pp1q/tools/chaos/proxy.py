@@ -2,11 +2,11 @@
 
 Modelled on etcd's pkg/proxy: one listening socket on 127.0.0.1 forwards every accepted
 connection to the upstream (the worker), and each direction can be delayed, paused,
-blackholed or reset. Wire v2 connections are cut into frames (pp1q.tools.chaos.frames), so
-frame faults (``faults.Rule``) hit exactly the frame they name; context-channel
-connections (told apart by ``pp1q.wire.sniff`` on their first bytes) pass through
-untouched. Every injection is counted in ``injections`` when it takes effect on the
-wire, and an optional ``WireAudit`` sees every frame as delivered.
+blackholed or reset. Every connection is a wire v2 session (revision 2: the request
+context travels in CONTEXT frames on it) and is cut into frames
+(pp1q.tools.chaos.frames), so frame faults (``faults.Rule``) hit exactly the frame they
+name, CONTEXT frames included. Every injection is counted in ``injections`` when it
+takes effect on the wire, and an optional ``WireAudit`` sees every frame as delivered.
 
 ``FaultProxy`` runs in the caller's event loop (``pp1q chaos proxy``);
 ``ThreadedProxy`` runs one in its own thread for synchronous code (tests, soak).
@@ -40,7 +40,7 @@ from pp1q.tools.chaos.faults import (
     poisons,
 )
 from pp1q.tools.chaos.frames import FrameCutter, Piece, flip_bit, truncate_reframed
-from pp1q.wire import SNIFF_BYTES, MsgType, Stream, sniff
+from pp1q.wire import MsgType
 
 log = logging.getLogger("pp1q.tools.chaos")
 
@@ -49,13 +49,12 @@ _LINGER_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
 
 
 class _Conn:
-    """One proxied connection: both writers, held frames, and whether it is the wire."""
+    """One proxied connection: both writers and held frames."""
 
     def __init__(self, cid: int, to_verifier: asyncio.StreamWriter,
                  to_worker: asyncio.StreamWriter) -> None:
         self.cid = cid
         self.writers = {Direction.TO_VERIFIER: to_verifier, Direction.TO_WORKER: to_worker}
-        self.wire = False
         self.closed = False
         self.reordered: dict[tuple, list[Piece]] = collections.defaultdict(list)  # (dir, slot)
         self.replays: list[tuple[Direction, Piece, object]] = []  # copy, its control part
@@ -127,7 +126,7 @@ class FaultProxy:
 
     def reset_all(self) -> int:
         """RST every wire connection between frames; returns how many."""
-        conns = [c for c in self._conns if c.wire and not c.closed]
+        conns = [c for c in self._conns if not c.closed]
         for c in conns:
             c.reset()
         self.injections[FaultKind.RESET] += len(conns)
@@ -144,14 +143,11 @@ class FaultProxy:
         conn = _Conn(next(self._ids), v_writer, w_writer)
         self._conns.add(conn)
         try:
-            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-                first = await v_reader.readexactly(SNIFF_BYTES)
-                conn.wire = sniff(first) is not Stream.CONTEXT  # unknown: framed, refused
-                self.connections += conn.wire
-                pumps = [asyncio.ensure_future(self._pump(conn, Direction.TO_WORKER, v_reader,
-                                                          first)),
-                         asyncio.ensure_future(self._pump(conn, Direction.TO_VERIFIER,
-                                                          w_reader, b""))]
+            with contextlib.suppress(ConnectionError):
+                self.connections += 1
+                pumps = [asyncio.ensure_future(self._pump(conn, d, r))
+                         for d, r in ((Direction.TO_WORKER, v_reader),
+                                      (Direction.TO_VERIFIER, w_reader))]
                 await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
                 for p in pumps:
                     p.cancel()
@@ -160,14 +156,13 @@ class FaultProxy:
             conn.closed = True
             for w in conn.writers.values():
                 w.close()
-            if self.audit is not None and conn.wire:
+            if self.audit is not None:
                 self.audit.connection_closed(conn.cid)
 
-    async def _pump(self, conn: _Conn, d: Direction, reader: asyncio.StreamReader,
-                    first: bytes) -> None:
+    async def _pump(self, conn: _Conn, d: Direction, reader: asyncio.StreamReader) -> None:
         writer = conn.writers[d]
-        cutter = FrameCutter() if conn.wire else None
-        data = first
+        cutter = FrameCutter()
+        data = b""
         with contextlib.suppress(ConnectionError):
             while True:
                 if data:
@@ -179,11 +174,8 @@ class FaultProxy:
                     if d in self._blackholed:
                         self.blackholed_bytes += len(data)
                     else:
-                        if cutter is None:
-                            writer.write(data)
-                        else:
-                            for piece in cutter.feed(data):
-                                self._forward(conn, d, piece)
+                        for piece in cutter.feed(data):
+                            self._forward(conn, d, piece)
                         await writer.drain()
                 data = await reader.read(READ_BYTES)
                 if not data:  # EOF: frames still delayed are written before the close

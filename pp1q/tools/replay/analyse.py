@@ -20,6 +20,7 @@ from pp1q.tools.replay.streams import Item
 from pp1q.wire import (
     Commit,
     Completion,
+    Context,
     Form,
     Hello,
     HelloAnswer,
@@ -29,7 +30,6 @@ from pp1q.wire import (
     Status,
     Step,
 )
-from pp1q.wire import context_channel as cc
 from pp1q.wire.events import (
     Discarded,
     ProposalFailed,
@@ -46,7 +46,8 @@ def _key(m) -> str:
 
 
 def _limits(lim) -> str:
-    return f"slots={lim.max_slots} depth={lim.max_depth} support={lim.max_support}"
+    return (f"slots={lim.max_slots} depth={lim.max_depth} support={lim.max_support} "
+            f"context={lim.max_context}")
 
 
 def _step_form(m: Step) -> str:
@@ -57,6 +58,7 @@ def _step_form(m: Step) -> str:
 
 def _hello(m: Hello) -> str:
     return (f"session={m.session:016x} versions={','.join(map(str, m.versions))} "
+            f"rev={m.revision} "
             f"vocab={m.identity.vocab} {_limits(m.limits)} target={m.identity.target_id}")
 
 
@@ -82,12 +84,8 @@ DESCRIBE = {  # message class -> (type label, key fields)
                                  f"committed={m.committed}"),
     Reset: ("RESET", lambda m: f"s{m.slot} g{m.generation} reason={m.reason}"),
     Refusal: ("REFUSAL", lambda m: f"{_key(m)} reason={m.reason} {m.detail!r}"),
-    cc.SetContext: ("SET_CONTEXT", lambda m: f"s{m.slot} g{m.generation} "
-                                             f"tokens={len(m.tokens)} digest={m.digest:016x}"),
-    cc.ContextAck: ("CONTEXT_ACK", lambda m: f"s{m.slot} g{m.generation} length={m.length} "
-                                             f"digest={m.digest:016x}"),
-    cc.ContextRefused: ("CONTEXT_REFUSED", lambda m: f"s{m.slot} g{m.generation} "
-                                                     f"reason={m.reason}"),
+    Context: ("CONTEXT", lambda m: f"s{m.slot} g{m.generation} start={m.start} "
+                                   f"tokens={m.count} digest={m.digest:016x}"),
 }
 
 

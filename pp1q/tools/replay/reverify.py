@@ -1,7 +1,8 @@
 """Re-deciding captured rounds: the target's p, the validated q, the same keyed draws.
 
-The prefix of each (session, slot, generation) comes from the context channel's
-SetContext and grows by every COMMIT; each STEP's ``prefix_digest`` must match it. A
+The prefix of each (session, slot) comes from the captured CONTEXT frames (start 0
+opens it, start > 0 appends a fallback's token) and grows by every COMMIT, as on the
+worker; each STEP's ``prefix_digest`` must match it. A
 validated proposal is then decided again exactly as the verifier daemon decides
 (pp1q.verifier.rounds: standard verification for sampled rounds, argmax for greedy
 ones) and the captured COMMIT must carry the same accepted count and token.
@@ -78,18 +79,25 @@ class Reverifier:
     def __init__(self, target: TargetModel, draws: DrawKeys | None) -> None:
         self.target = target
         self.draws = draws  # None: a capture from before verifier-owned draws
-        self._prefixes: dict[tuple, Prefix] = {}  # (session, slot, generation) -> prefix
+        self._prefixes: dict[tuple, Prefix] = {}  # (session, slot) -> committed prefix
         self._pending: dict[tuple, tuple[list[int], rounds.Outcome]] = {}
         self.checked = 0
         self.skipped = 0  # validated rounds whose prefix the capture does not show
 
-    def on_context(self, session: int, slot: int, generation: int, tokens) -> None:
-        self._prefixes[(session, slot, generation)] = Prefix(tokens)
+    def on_context(self, session: int, slot: int, start: int, tokens) -> None:
+        key = (session, slot)
+        held = self._prefixes.get(key)
+        if start == 0:
+            self._prefixes[key] = Prefix(tokens)
+        elif held is not None and len(held) == start:
+            held.extend(tokens)
+        else:  # an append to a prefix the capture does not show: nothing to re-decide after
+            self._prefixes.pop(key, None)
 
     def on_ready(self, session: int, step: Step, ev: ProposalReady) -> str:
         """Decide the round now; returns a problem description, or "" if none."""
-        prefix = self._prefixes.get((session, step.slot, step.generation))
-        if prefix is None:  # e.g. a verifier capture without its context channel
+        prefix = self._prefixes.get((session, step.slot))
+        if prefix is None:  # e.g. a capture that began after the request's CONTEXT
             self.skipped += 1
             return ""
         if prefix.digest != step.prefix_digest:
@@ -114,7 +122,9 @@ class Reverifier:
             return None
         drafts, out = pending
         self.checked += 1
-        prefix = self._prefixes[key[:3]]
+        prefix = self._prefixes.get(key[:2])
+        if prefix is None:
+            return None
         prefix.extend(drafts[:commit.accepted] + [commit.token])
         if (out.accepted, out.token) != (commit.accepted, commit.token):
             return Recheck(key, out.accepted, out.token,

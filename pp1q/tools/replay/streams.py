@@ -1,7 +1,7 @@
 """Capture records -> decoded messages, per connection and direction, in record order.
 
-Each direction of each connection has its own decoder (wire v2 ``FrameDecoder`` or the
-context channel's ``ContextDecoder``), fed the DATA bodies in order, so frames split
+Each direction of each connection has its own wire v2 ``FrameDecoder``, fed the DATA
+bodies in order, so frames split
 across records or packed several to a record decode the same. A stream that breaks
 (``RemoteProtocolError``) yields one ``error`` item and is ignored from then on.
 """
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pp1q.core.errors import RemoteProtocolError
 from pp1q.runtime.capture import Direction, Kind, Protocol, Record, Role
 from pp1q.wire import DEFAULT_LIMITS, Frame, FrameDecoder, Hello, HelloAnswer
-from pp1q.wire import context_channel as cc
 
 
 class Flow(enum.StrEnum):
@@ -34,7 +33,7 @@ def flow_of(role: Role, direction: Direction) -> Flow:
 class Item:
     """One line of the analysis: a connection event, a message, or a stream error.
 
-    ``what``: "open", "close", "info", "frame" (wire), "context", "error", "bytes"
+    ``what``: "open", "close", "info", "frame" (wire), "error", "bytes"
     (a stream of an unknown protocol, or bytes after its error). ``raw`` is the frame's
     exact bytes for wire frames toward the worker (small control frames only).
     """
@@ -61,16 +60,11 @@ class _Stream:
         self._pending = bytearray()  # undecoded raw bytes (kept only when keep_raw)
         if protocol == Protocol.WIRE:
             self.wire = FrameDecoder(DEFAULT_LIMITS)
-        elif protocol == Protocol.CONTEXT:
-            self.context = cc.ContextDecoder(expect_preamble=flow is Flow.TO_WORKER)
 
     def feed(self, rec: Record, conn: int) -> list[Item]:
-        if self.broken or self.protocol not in (Protocol.WIRE, Protocol.CONTEXT):
+        if self.broken or self.protocol != Protocol.WIRE:
             return [Item(rec.time_ns, conn, self.flow, "bytes", nbytes=len(rec.body))]
         try:
-            if self.protocol == Protocol.CONTEXT:
-                return [Item(rec.time_ns, conn, self.flow, "context", message=m)
-                        for m in self.context.feed(rec.body)]
             return self._feed_wire(rec, conn)
         except RemoteProtocolError as e:
             self.broken = True
@@ -116,9 +110,11 @@ class StreamSet:
         return items
 
     def _tighten(self, conn: int, msg) -> None:
-        # REPLY payload bounds come from the session's limits, as on the endpoints
-        if isinstance(msg, (Hello, HelloAnswer)):
-            self._streams[(conn, Flow.TO_VERIFIER)].wire.limits = msg.limits
+        # payload bounds (REPLY, CONTEXT) come from the session's limits, as on the
+        # endpoints: the HELLO's offer, then the answer's negotiated minimum
+        if isinstance(msg, (Hello, HelloAnswer)) and msg.limits.max_context:
+            for flow in Flow:
+                self._streams[(conn, flow)].wire.limits = msg.limits
 
 
 def decode(role: Role, records: Iterable[Record]) -> Iterator[Item]:

@@ -21,8 +21,7 @@ from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.runtime.capture import CaptureReader, Kind, Protocol, Record
 from pp1q.tools.replay.reverify import DRAW_KEY_INFO, Reverifier, draws_for
 from pp1q.tools.replay.streams import Flow, StreamSet, flow_of
-from pp1q.wire import Commit, Hello, VerifierEndpoint, WireConfig
-from pp1q.wire import context_channel as cc
+from pp1q.wire import WIRE_REVISION, Commit, Context, Hello, VerifierEndpoint, WireConfig
 from pp1q.wire.events import ProposalFailed, ProposalReady
 from pp1q.wire.messages import type_of
 from pp1q.wire.table import Conn
@@ -71,7 +70,7 @@ class ReplayReport:
     divergences: list[Divergence] = field(default_factory=list)
     stream_errors: list[Happened] = field(default_factory=list)  # RemoteProtocolError
     rechecked: int = 0  # commits re-decided from the target (with a Reverifier)
-    not_rechecked: int = 0  # validated rounds without a known prefix (no context captured)
+    not_rechecked: int = 0  # validated rounds without a known prefix (CONTEXT not captured)
     start_ns: int | None = None  # time of the capture's first record
 
     @property
@@ -140,16 +139,15 @@ class VerifierReplay:
                               f"{item.error}", item.error.reason)
             elif item.what == "frame":
                 self._send(rec.conn, c, t, item.message, item.raw)
-            elif item.what == "context" and isinstance(item.message, cc.SetContext):
-                m = item.message
-                if self.reverifier is not None:
-                    self.reverifier.on_context(m.session, m.slot, m.generation, m.tokens)
 
     # -- verifier -> worker: drive the endpoint's state ---------------------------
 
     def _send(self, conn: int, c: _Conn, t: int, msg, raw: bytes) -> None:
         kind = type_of(msg).name
         try:
+            if isinstance(msg, Hello) and msg.revision != WIRE_REVISION:
+                raise LocalProtocolError(Reason.BAD_REVISION,
+                                         f"HELLO of wire v2 revision {msg.revision}")
             if isinstance(msg, Hello):
                 c.endpoint = _endpoint_for(msg, self.step_timeout)
                 frame = c.endpoint.hello()
@@ -165,6 +163,8 @@ class VerifierReplay:
             self._diverge(t, conn, f"{kind} re-encodes to different bytes (a wire change)")
         if isinstance(msg, Commit):
             self._commit(conn, t, msg)
+        elif isinstance(msg, Context) and self.reverifier is not None:
+            self.reverifier.on_context(msg.session, msg.slot, msg.start, msg.tokens)
 
     def _commit(self, conn: int, t: int, m: Commit) -> None:
         self.report.commits.append(CommitRecord(t, conn, m.session, m.slot, m.generation,
