@@ -41,7 +41,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
     "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "steps": WORKER,
-    "context_tokens": VERIFIER,
+    "context_tokens": VERIFIER, "speculation": BOTH,
 }
 
 
@@ -66,7 +66,7 @@ class Metrics:
         self.info.info({"role": role, "version": __version__, **(identity or {})})
         self.speculation = Info(f"{PREFIX}_speculation",
                                 "Speculation mode this daemon was configured with (mode: "
-                                "off, greedy or sampled)", registry=r)
+                                "off, greedy or sampled)", registry=reg("speculation"))
         # verifier: rounds and tokens
         self.rounds = counter("rounds", "Verification steps completed, by kind", ("kind",))
         self.drafted_tokens = counter("drafted_tokens", "Draft tokens received and verified")
