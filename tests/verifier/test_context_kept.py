@@ -20,6 +20,7 @@ from pp1q.cli import worker as worker_cmd
 from pp1q.core.errors import DistributionError, Reason
 from pp1q.runtime.capture import CaptureWriter, Role, read_capture, tap
 from pp1q.runtime.config import resolve
+from pp1q.runtime.draw_secret import write_secret_file
 from pp1q.tools.client import Client
 from pp1q.tools.replay import decode
 from pp1q.verifier.daemon import serve as serve_verifier
@@ -69,14 +70,18 @@ async def test_after_a_fallback_only_the_new_token_crosses_and_nothing_prefills_
     stop = asyncio.Event()
     worker_ready, verifier_ready = loop.create_future(), loop.create_future()
     w_task = loop.create_task(functools.partial(serve_worker, proposer=FlakyCountingProposer)(
-        _settings(worker_cmd, "worker", ["--listen", "127.0.0.1:0", "--vocab", str(VOCAB)]),
+        _settings(worker_cmd, "worker", ["--listen", "127.0.0.1:0", "--vocab", str(VOCAB),
+                                         "--speculation", "sampled"]),
         stop, lambda port, _m: worker_ready.set_result(port)))
     port = await asyncio.wait_for(worker_ready, START_TIMEOUT_S)
     real_connect = loop.create_connection
     loop.create_connection = lambda factory, *a, **kw: real_connect(tap(factory, cap), *a, **kw)
+    secret = str(tmp_path / "draw.secret")
+    write_secret_file(secret)
     v_task = loop.create_task(serve_verifier(_settings(verifier_cmd, "verifier", [
         "--worker", f"127.0.0.1:{port}", "--http", "127.0.0.1:0", "--vocab", str(VOCAB),
-        "--slots", "1"]), stop, lambda http, _m: verifier_ready.set_result(http)))
+        "--slots", "1", "--speculation", "sampled", "--draw-secret-file", secret]), stop,
+        lambda http, _m: verifier_ready.set_result(http)))
     http = await asyncio.wait_for(verifier_ready, START_TIMEOUT_S)
     answers = []
     try:
