@@ -39,6 +39,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "fallbacks": VERIFIER, "validation_failures": BOTH, "watchdog_timeouts": VERIFIER,
     "generation_invalidations": BOTH, "late_replies_discarded": VERIFIER,
     "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
+    "context_tokens": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
     "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "steps": WORKER,
     "context_tokens": VERIFIER, "speculation": BOTH,

@@ -36,9 +36,6 @@ import xxhash
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.wire.limits import (
     DEFAULT_LIMITS,
-    ENTRY_BYTES_DENSE,
-    ENTRY_BYTES_SPARSE,
-    ENTRY_BYTES_TOKEN,
     MAX_CONTROL_BYTES,
     MAX_PAYLOAD_CAP,
     Limits,
@@ -55,6 +52,7 @@ from pp1q.wire.messages import (
     type_of,
 )
 from pp1q.wire.pool import PayloadPool
+from pp1q.wire.sizes import context_sizes, payload_cap, reply_sizes
 
 MAGIC = b"PP1Q"
 FRAME_VERSION = 2
@@ -317,7 +315,7 @@ class FrameDecoder:
             raise RemoteProtocolError(Reason.MALFORMED_CONTROL, "empty control part")
         if control_len > MAX_CONTROL_BYTES:
             raise RemoteProtocolError(Reason.FRAME_TOO_LARGE, f"control_len {control_len}")
-        cap = _payload_cap(mtype, self.limits)
+        cap = payload_cap(mtype, self.limits)
         if payload_len > cap:
             raise RemoteProtocolError(
                 Reason.FRAME_TOO_LARGE, f"{MsgType(mtype).name} payload_len {payload_len} > {cap}"
@@ -337,9 +335,9 @@ class FrameDecoder:
         self._control = control
         self._filled = 0
         if mtype is MsgType.REPLY:
-            self._pending_error = self._check_reply_sizes(control, payload_len)
+            self._pending_error = reply_sizes(control, payload_len, self.limits)
         elif mtype is MsgType.CONTEXT:
-            self._pending_error = _check_context_sizes(control, payload_len, self.limits)
+            self._pending_error = context_sizes(control, payload_len, self.limits)
         if self._pending_error is not None or payload_len == 0:
             self._skip = payload_len  # nothing to keep: drop without allocating
             if payload_len == 0:
@@ -348,34 +346,6 @@ class FrameDecoder:
         # bounds were checked at the header and against the control part: allocate now
         self._payload = self.pool.take(payload_len)
         self._payload_mv = memoryview(self._payload)
-        return None
-
-    def _check_reply_sizes(self, head, payload_len: int) -> RemoteProtocolError | None:
-        try:
-            form = Form(head.form)
-        except ValueError:
-            raise RemoteProtocolError(Reason.MALFORMED_CONTROL, f"form {head.form}") from None
-        n, lim = head.entries, self.limits
-        if form is Form.TOKEN_ONLY:
-            expect = 0 if n == 0 else -1
-        elif form is Form.DENSE:
-            if n != lim.dense_len:
-                return RemoteProtocolError(
-                    Reason.UNEXPECTED_SIZE, f"dense entries {n} != {lim.dense_len}"
-                )
-            expect = n * ENTRY_BYTES_DENSE
-        else:
-            if n == 0:
-                return RemoteProtocolError(Reason.MISSING_Q, "sparse reply with no entries")
-            if n > lim.max_support:
-                return RemoteProtocolError(
-                    Reason.SUPPORT_TOO_LARGE, f"{n} entries > {lim.max_support}"
-                )
-            expect = n * ENTRY_BYTES_SPARSE
-        if payload_len != expect:
-            return RemoteProtocolError(
-                Reason.UNEXPECTED_SIZE, f"{form.name} payload {payload_len} for {n} entries"
-            )
         return None
 
     def _finish_payload(self) -> Frame:
@@ -409,27 +379,3 @@ class FrameDecoder:
                 fields["q"] = np.frombuffer(payload, dtype="<f4", count=n)
         return Frame(Reply(**fields), nbytes, declared, error)
 
-
-def _payload_cap(mtype: int, limits: Limits) -> int:
-    """The largest payload a frame of this type may declare (checked from the header)."""
-    if mtype == MsgType.REPLY:
-        return limits.max_payload
-    if mtype == MsgType.CONTEXT:
-        return limits.max_context_bytes
-    return 0
-
-
-def _check_context_sizes(head, payload_len: int, limits: Limits) -> RemoteProtocolError | None:
-    """A CONTEXT's declared sizes, before its payload is buffered: slot, count, total
-    length. Frame-aligned: the payload is skipped unread and the context refused."""
-    if head.slot >= limits.max_slots:
-        return RemoteProtocolError(Reason.SLOT_OUT_OF_RANGE,
-                                   f"context slot {head.slot} >= {limits.max_slots}")
-    if head.count == 0 or payload_len != head.count * ENTRY_BYTES_TOKEN:
-        return RemoteProtocolError(
-            Reason.UNEXPECTED_SIZE, f"context payload {payload_len} for {head.count} tokens")
-    if head.start + head.count > limits.max_context:
-        return RemoteProtocolError(
-            Reason.CONTEXT_TOO_LONG,
-            f"context of {head.start + head.count} tokens > {limits.max_context}")
-    return None

@@ -1,0 +1,69 @@
+"""Declared sizes, checked before a payload is buffered (bounds before memory).
+
+The frame decoder (pp1q.wire.framing) asks these with the header (``payload_cap``) and
+then with the decoded control part (``reply_sizes``, ``context_sizes``); an error from
+the latter two is frame-aligned: the payload is skipped unread, and only the proposal
+(REPLY) or the context (CONTEXT) it belongs to fails.
+"""
+
+from __future__ import annotations
+
+from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.wire.limits import ENTRY_BYTES_DENSE, ENTRY_BYTES_SPARSE, ENTRY_BYTES_TOKEN, Limits
+from pp1q.wire.messages import Form, MsgType
+
+
+def payload_cap(mtype: int, limits: Limits) -> int:
+    """The largest payload a frame of this type may declare (checked from the header)."""
+    if mtype == MsgType.REPLY:
+        return limits.max_payload
+    if mtype == MsgType.CONTEXT:
+        return limits.max_context_bytes
+    return 0
+
+
+def context_sizes(head, payload_len: int, limits: Limits) -> RemoteProtocolError | None:
+    """A CONTEXT's declared sizes, before its payload is buffered: slot, count, total
+    length. Frame-aligned: the payload is skipped unread and the context refused."""
+    if head.slot >= limits.max_slots:
+        return RemoteProtocolError(Reason.SLOT_OUT_OF_RANGE,
+                                   f"context slot {head.slot} >= {limits.max_slots}")
+    if head.count == 0 or payload_len != head.count * ENTRY_BYTES_TOKEN:
+        return RemoteProtocolError(
+            Reason.UNEXPECTED_SIZE, f"context payload {payload_len} for {head.count} tokens")
+    if head.start + head.count > limits.max_context:
+        return RemoteProtocolError(
+            Reason.CONTEXT_TOO_LONG,
+            f"context of {head.start + head.count} tokens > {limits.max_context}")
+    return None
+
+
+def reply_sizes(head, payload_len: int, limits: Limits) -> RemoteProtocolError | None:
+    """A REPLY's declared sizes against its form and the limits, before its payload is
+    buffered; an error here is frame-aligned (the payload is skipped, the proposal fails)."""
+    try:
+        form = Form(head.form)
+    except ValueError:
+        raise RemoteProtocolError(Reason.MALFORMED_CONTROL, f"form {head.form}") from None
+    n, lim = head.entries, limits
+    if form is Form.TOKEN_ONLY:
+        expect = 0 if n == 0 else -1
+    elif form is Form.DENSE:
+        if n != lim.dense_len:
+            return RemoteProtocolError(
+                Reason.UNEXPECTED_SIZE, f"dense entries {n} != {lim.dense_len}"
+            )
+        expect = n * ENTRY_BYTES_DENSE
+    else:
+        if n == 0:
+            return RemoteProtocolError(Reason.MISSING_Q, "sparse reply with no entries")
+        if n > lim.max_support:
+            return RemoteProtocolError(
+                Reason.SUPPORT_TOO_LARGE, f"{n} entries > {lim.max_support}"
+            )
+        expect = n * ENTRY_BYTES_SPARSE
+    if payload_len != expect:
+        return RemoteProtocolError(
+            Reason.UNEXPECTED_SIZE, f"{form.name} payload {payload_len} for {n} entries"
+        )
+    return None
