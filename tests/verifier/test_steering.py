@@ -34,6 +34,8 @@ from pp1q.verifier import rounds
 from pp1q.wire import Step
 from pp1q.worker.drafting import Proposer
 
+pytestmark = pytest.mark.experiment  # thousands of rounds per arm
+
 VOCAB = 16
 PROMPT = [3, 7]
 DEPTH = 3
