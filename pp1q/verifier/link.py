@@ -68,8 +68,10 @@ def classify(ev: ProposalFailed) -> FallbackCause:
         return FallbackCause.WATCHDOG_TIMEOUT
     if ev.reason is Reason.CONNECTION_LOST:
         return FallbackCause.CONNECTION_LOST
-    if ev.reason is Reason.WORKER_ABORTED or ev.by_peer:
-        return FallbackCause.WORKER_REFUSED  # a REFUSAL or an ABORTED completion
+    if ev.reason in (Reason.WORKER_ABORTED, Reason.PEER_REFUSED) or ev.by_peer:
+        # a REFUSAL of the step, an ABORTED completion, or the session refused (slot -1)
+        # with the step open: the worker's own word, not a fault we detected
+        return FallbackCause.WORKER_REFUSED
     return FallbackCause.INVALID_REPLY
 
 
@@ -128,6 +130,8 @@ class WorkerLink:
         self._flush_scheduled = False
         self._watchdog = Watchdog(self._on_timeouts)
         self.sessions_started = 0
+        self.refused: Reason | None = None  # the worker's last refusal of a session
+        self._ended_by_refusal = False
         # Slot buffers, sized once from the bounds we offer: two in-flight batches of
         # every slot's dense rows (the seed's 2 x 4 x 5 x 517 KB at 129280 tokens). Small
         # rows come from malloc (see PayloadPool); every session reuses these buffers.
@@ -175,6 +179,7 @@ class WorkerLink:
             return False
         self.endpoint, self._proto = endpoint, proto
         self._started = loop.create_future()
+        self._ended_by_refusal = False
         proto.transport.write(endpoint.hello())
         try:
             done, _ = await asyncio.wait({self._started, proto.closed}, timeout=HELLO_TIMEOUT_S,
@@ -187,7 +192,9 @@ class WorkerLink:
                 await asyncio.wait({proto.closed, stopping}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopping.cancel()
-            return True
+            # a worker that ends each session with a REFUSAL is retried with backoff, not
+            # at once: it counts as a failed connection
+            return not self._ended_by_refusal
         finally:
             self._go_down(quiet=stop.is_set())
 
@@ -196,6 +203,7 @@ class WorkerLink:
         if self.sessions_started > 1:
             self.metrics.reconnects.inc()
         self.version = self.endpoint.version
+        self.refused = None
         self._ready = True
         self._ready_event.set()
         self._watchdog.attach(self.endpoint)
@@ -238,8 +246,12 @@ class WorkerLink:
             elif isinstance(ev, SessionRefused):
                 log.error("worker refused the session (%s): %s", ev.reason.value, ev.detail)
                 self.metrics.validation_failure(ev.reason)
+                self.refused = ev.reason
                 if self._started is not None and not self._started.done():
                     self._started.set_result(False)
+                elif self._proto is not None:  # mid-session (slot -1): the session is over;
+                    self._ended_by_refusal = True  # close, reconnect with backoff (wire.md)
+                    self._proto.transport.close()
         self._watchdog.arm()
 
     def _check_session(self, ev: SessionStarted) -> None:
@@ -338,8 +350,10 @@ class WorkerLink:
 
     def _writable(self) -> bool:
         """Ready and the transport not closing: after a stream error closed it, the session
-        stays ready until connection_lost runs, and a write then raises (uvloop)."""
-        return self._ready and not self._proto.transport.is_closing()
+        stays ready until connection_lost runs, and a write then raises (uvloop); a session
+        the worker refused (slot -1) is closed on the endpoint before the transport goes."""
+        return (self._ready and not self._proto.transport.is_closing()
+                and self.endpoint.state is Conn.READY)
 
     def _send_control(self, msg) -> bool:
         if not self._writable() or msg.session != self.endpoint.session:
