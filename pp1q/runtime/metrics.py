@@ -39,10 +39,10 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "fallbacks": VERIFIER, "validation_failures": BOTH, "watchdog_timeouts": VERIFIER,
     "generation_invalidations": BOTH, "late_replies_discarded": VERIFIER,
     "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
-    "context_tokens": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
     "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "steps": WORKER,
-    "context_tokens": VERIFIER, "speculation": BOTH,
+    "context_tokens": VERIFIER, "speculation": BOTH, "circuit_trips": VERIFIER,
+    "circuit_state": VERIFIER,
 }
 
 
@@ -102,6 +102,12 @@ class Metrics:
         self.context_tokens = counter(
             "context_tokens", "Committed-context token ids in CONTEXT frames: sent (verifier)."
             " A fallback sends its one token, a digest mismatch the whole prefix again")
+        self.circuit_trips = counter(
+            "circuit_trips", "Times the worker link's circuit breaker opened (consecutive "
+            "watchdog timeouts, or a failed probe)")
+        self.circuit_state = gauge(
+            "circuit_state", "Worker link circuit breaker: 0 closed, 1 open, 2 half-open, "
+            "3 probing")
         self.requests = counter("requests", "Generation requests finished, by outcome",
                                 ("outcome",))
         self.slots_in_use = gauge("slots_in_use", "Request slots currently held")

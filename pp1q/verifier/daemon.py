@@ -21,6 +21,7 @@ from pp1q.runtime.draw_secret import load_draw_keys
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostport
 from pp1q.verifier.api import decode_generate
+from pp1q.verifier.breaker import BreakerConfig
 from pp1q.verifier.decider import Decider
 from pp1q.verifier.engine_decider import EngineDecider
 from pp1q.verifier.http import HttpError
@@ -69,7 +70,8 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     draws = load_draw_keys(settings.draw_secret_file)
     needs = Needs(slots=slots, depth=depth, support=min(top_k, spec.vocab))
     link = WorkerLink(host, port, config, needs, metrics, settings.watchdog_ms / 1000.0,
-                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics))
+                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics),
+                      breaker=breaker_config(settings))
     delay_s = settings.target_delay_ms / 1000.0
     if ranked:
         from pp1q.verifier.ranks.decider import RankedDecider
@@ -100,13 +102,19 @@ def _build_engine(settings: VerifierSettings, deciders: Deciders, ranked: bool):
     needs = Needs(slots=settings.slots, depth=settings.depth,
                   support=min(settings.top_k, loaded.vocab))
     link = WorkerLink(host, port, config, needs, metrics, settings.watchdog_ms / 1000.0,
-                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics))
+                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics),
+                      breaker=breaker_config(settings))
     decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
                               draws=load_draw_keys(settings.draw_secret_file),
                               target_delay_s=settings.target_delay_ms / 1000.0)
     scheduler = Scheduler(link, decider, metrics, slots=settings.slots, depth=settings.depth,
                           text=TextCodec(loaded.tokenizer))
     return link, scheduler, metrics, config
+
+
+def breaker_config(settings: VerifierSettings) -> BreakerConfig:
+    return BreakerConfig(after_timeouts=settings.breaker_after_timeouts,
+                         open_s=settings.breaker_open_s, open_max_s=settings.breaker_open_max_s)
 
 
 def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config) -> dict:

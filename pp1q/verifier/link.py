@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ from pp1q.core.prefix import Prefix
 from pp1q.runtime.capture import Protocol, tap
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.tls import ClientTls, connect_kwargs
+from pp1q.verifier.breaker import DEFAULT_BREAKER, Breaker, BreakerConfig
+from pp1q.verifier.circuit import Circuit
+from pp1q.verifier.outcome import Fallback
 from pp1q.verifier.watchdog import Watchdog
 from pp1q.wire import Commit, Reset, Step, VerifierEndpoint, WireConfig, context_of
 from pp1q.wire.events import (
@@ -43,15 +47,6 @@ log = logging.getLogger("pp1q.verifier")
 MAX_BATCHES_IN_FLIGHT = 2  # the design's two in-flight STEP batches
 HELLO_TIMEOUT_S = 5.0  # a worker that does not answer HELLO by then is treated as down
 FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_s
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """Why a proposal produced nothing consumable."""
-
-    cause: FallbackCause
-    reason: Reason
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,7 +106,8 @@ class _WireProtocol(asyncio.BufferedProtocol):
 class WorkerLink:
     def __init__(self, host: str, port: int, config: WireConfig, needs: Needs, metrics: Metrics,
                  step_timeout: float, reconnect_max_s: float, capture=None,
-                 tls: ClientTls | None = None) -> None:
+                 tls: ClientTls | None = None,
+                 breaker: BreakerConfig = DEFAULT_BREAKER) -> None:
         self.host, self.port, self.config, self.needs = host, port, config, needs
         self.tls = tls  # mutual TLS for the connection to the worker; None: plain TCP
         self.capture = capture  # pp1q.runtime.capture.CaptureWriter or None
@@ -131,6 +127,7 @@ class WorkerLink:
         self._watchdog = Watchdog(self._on_timeouts)
         self.sessions_started = 0
         self.refused: Reason | None = None  # the worker's last refusal of a session
+        self.circuit = Circuit(Breaker(breaker), metrics)  # consulted before each STEP
         self._ended_by_refusal = False
         # Slot buffers, sized once from the bounds we offer: two in-flight batches of
         # every slot's dense rows (the seed's 2 x 4 x 5 x 517 KB at 129280 tokens). Small
@@ -303,11 +300,22 @@ class WorkerLink:
         self.metrics.context_tokens.inc(msg.count)
         return True
 
+    def circuit_open(self) -> bool:
+        """The breaker lets no round speculate now: serve target-only, send nothing."""
+        return self.circuit.blocks(asyncio.get_running_loop().time())
+
     def propose(self, step: Step) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         if not self._ready:
             fut.set_result(Fallback(FallbackCause.WORKER_UNAVAILABLE, Reason.CONNECTION_LOST))
             return fut
+        probe = self.circuit.permit(loop.time())
+        if probe is None:  # another round took the probe meanwhile
+            fut.set_result(Fallback(FallbackCause.CIRCUIT_OPEN, Reason.STEP_TIMEOUT,
+                                    "circuit open"))
+            return fut
+        fut.add_done_callback(functools.partial(self.circuit.step_ended, probe))
         self._queued.append((step, fut))
         self._schedule_flush()
         return fut

@@ -155,6 +155,10 @@ class Scheduler:
             await self._fallback(job, Fallback(FallbackCause.WORKER_UNAVAILABLE,
                                                Reason.CONNECTION_LOST), job.next_round())
             return
+        if link.circuit_open():  # the worker hung K rounds in a row: no STEP, no waiting
+            await self._fallback(job, Fallback(FallbackCause.CIRCUIT_OPEN, Reason.STEP_TIMEOUT,
+                                               "circuit open"), job.next_round())
+            return
         if len(job.prefix) + self.depth + 1 > link.max_context:  # the worker could not hold it
             await self._target_only_step(job, job.generation, job.next_round(), None)
             return

@@ -10,50 +10,20 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fake_decider import ALONE, BONUS, FakeDecider
 
 from pp1q.core.errors import Pp1qError, Reason, ServiceError
-from pp1q.core.outcomes import FallbackCause, StepKind
+from pp1q.core.outcomes import FallbackCause
 from pp1q.runtime.metrics import Metrics
 from pp1q.verifier import scheduler as scheduler_mod
 from pp1q.verifier.api import GenerateRequest
-from pp1q.verifier.decider import Decider
 from pp1q.verifier.http import STATUS_OF, as_http
 from pp1q.verifier.link import Fallback
-from pp1q.verifier.rounds import Outcome
 from pp1q.verifier.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [3, 1, 4]
 DRAFTS = (5, 9)
-BONUS = 11  # the fake decider's token after accepted drafts
-ALONE = 7  # the fake decider's target-only token
-
-
-class FakeDecider(Decider):
-    """Accepts every draft, then BONUS; target-only steps give ALONE. Logs each call."""
-
-    def __init__(self, fail_open: Reason | None = None) -> None:
-        self.calls: list[tuple] = []
-        self.fail_open = fail_open
-
-    async def open(self, job):
-        self.calls.append(("open", job.slot))
-        if self.fail_open is not None:
-            raise ServiceError(self.fail_open, "the fake says no")
-
-    async def decide_round(self, job, step, ready):
-        self.calls.append(("round", step.generation, step.round_id, tuple(ready.draft_ids)))
-        return Outcome(len(ready.draft_ids), BONUS), StepKind.GREEDY
-
-    async def decide_target_only(self, job, generation, round_id):
-        self.calls.append(("target_only", generation, round_id))
-        return Outcome(0, ALONE)
-
-    async def invalidate(self, job, generation, reason):
-        self.calls.append(("invalidate", generation, reason))
-
-    def close(self, job):
-        self.calls.append(("close", job.slot))
 
 
 class FakeLink:
@@ -82,6 +52,9 @@ class FakeLink:
     def reset(self, slot, generation, reason):
         self.resets.append((slot, generation, reason))
         return True
+
+    def circuit_open(self):
+        return False
 
 
 def _req(speculative=True, max_tokens=6, greedy=True) -> GenerateRequest:
