@@ -1,6 +1,8 @@
 """The breaker's adapter on the worker link: it reads the loop's clock, maps each
 permitted STEP's end to a breaker outcome, and publishes the state (a gauge, a counter
-of trips, one log line per change). The decisions are pp1q.verifier.breaker's."""
+of trips, one log line per change). The decisions are pp1q.verifier.breaker's. It also
+keeps the run of consecutive failed proposals /healthz reports (a worker refusing every
+step: no waiting, so no trip, but no speculation either)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ class Circuit:
     def __init__(self, breaker: Breaker, metrics: Metrics) -> None:
         self.breaker, self.metrics = breaker, metrics
         self._published = (breaker.state, 0)  # (state, trips) the metrics show
+        self.failing = 0  # consecutive permitted STEPs that ended without a proposal
+        self.last_failure: str | None = None  # the last one's fallback cause
 
     def blocks(self, now: float) -> bool:
         blocked = self.breaker.blocks(now)
@@ -35,6 +39,11 @@ class Circuit:
         """A permitted STEP's future resolved (a done callback). A cancelled one: its
         request went away, which proves nothing about the worker."""
         out = None if fut.cancelled() else fut.result()
+        if isinstance(out, Fallback):
+            self.failing += 1
+            self.last_failure = out.cause.value
+        elif out is not None:
+            self.failing = 0
         if isinstance(out, ProposalReady):
             outcome = Outcome.SUCCESS
         elif isinstance(out, Fallback) and out.cause is FallbackCause.WATCHDOG_TIMEOUT:

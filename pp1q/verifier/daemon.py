@@ -147,7 +147,12 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
         return 200, await scheduler.generate(req)
 
     async def healthz(request):
-        answer = {"status": "ok", "worker": "connected" if link.ready else "disconnected",
+        # 200 while requests are served (degraded: target-only, exact, slower); 503 when
+        # they are not (ranks lost, stopping): what a load balancer routes by
+        link_health = (link.health() if mode != "off" else
+                       {"worker": "disconnected", "cause": "speculation_off", "detail": None})
+        degraded = mode != "off" and link_health["worker"] != "connected"
+        answer = {"status": "degraded" if degraded else "ok", **link_health,
                   "wire_version": link.version if link.ready else None,
                   "speculation": mode,
                   "target": config.identity.target_id, "slots": scheduler.pool.size,

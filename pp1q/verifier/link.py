@@ -27,7 +27,7 @@ from pp1q.core.prefix import Prefix
 from pp1q.runtime.capture import Protocol, tap
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.tls import ClientTls, connect_kwargs
-from pp1q.verifier.breaker import DEFAULT_BREAKER, Breaker, BreakerConfig
+from pp1q.verifier.breaker import DEFAULT_BREAKER, Breaker, BreakerConfig, State
 from pp1q.verifier.circuit import Circuit
 from pp1q.verifier.outcome import Fallback
 from pp1q.verifier.watchdog import Watchdog
@@ -47,6 +47,13 @@ log = logging.getLogger("pp1q.verifier")
 MAX_BATCHES_IN_FLIGHT = 2  # the design's two in-flight STEP batches
 HELLO_TIMEOUT_S = 5.0  # a worker that does not answer HELLO by then is treated as down
 FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_s
+# consecutive failed proposals (refused, invalid, lost) before /healthz says degraded: a
+# worker refusing every step costs no waiting, but speculation is not happening
+DEGRADED_AFTER_FAILURES = 8
+
+
+def _health(worker: str, cause: str | None, detail: str | None) -> dict:
+    return {"worker": worker, "cause": cause, "detail": detail}
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class _WireProtocol(asyncio.BufferedProtocol):
             self.link.metrics.validation_failure(e.reason)
             if handshaking:  # its HELLO answer (identity, version, limits) refused
                 self.link.metrics.hello_refused(e.reason)
+                self.link.refused = e.reason
             self.link.on_events(self.endpoint.close(e.reason), stream_error=True)
             self.transport.close()
             return
@@ -146,6 +154,22 @@ class WorkerLink:
     @property
     def session(self) -> int | None:
         return self.endpoint.session if self._ready else None
+
+    def health(self) -> dict:
+        """What /healthz says of the link: ``worker`` is "connected" only while rounds
+        can speculate; else "degraded" (a session, but no speculation) or "disconnected",
+        with the ``cause`` and a ``detail``."""
+        c = self.circuit
+        if not self._ready:
+            if self.refused is not None:  # the last HELLO (or the session) was refused
+                return _health("disconnected", "session_refused", self.refused.value)
+            return _health("disconnected", "no_session", f"{self.host}:{self.port}")
+        if c.breaker.state is not State.CLOSED:
+            return _health("degraded", "circuit_open", c.breaker.name)
+        if c.failing >= DEGRADED_AFTER_FAILURES:
+            return _health("degraded", "proposals_failing",
+                           f"{c.failing} in a row, the last {c.last_failure}")
+        return _health("connected", None, None)
 
     async def wait_ready(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):
@@ -263,6 +287,7 @@ class WorkerLink:
                       ", ".join(short))
             self.metrics.validation_failure(Reason.UNEXPECTED_SIZE)
             self.metrics.hello_refused(Reason.UNEXPECTED_SIZE)
+            self.refused = Reason.UNEXPECTED_SIZE
             self._proto.transport.close()
         if self._started is not None and not self._started.done():
             self._started.set_result(ok)

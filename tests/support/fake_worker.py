@@ -23,9 +23,10 @@ MODES = ("answer", "hang", "refuse")
 
 
 class FakeWorker:
-    def __init__(self, mode: str = "answer") -> None:
+    def __init__(self, mode: str = "answer", versions=(2,)) -> None:
         assert mode in MODES
         self.mode = mode
+        self.versions = versions  # wire versions it accepts: (1,) refuses a v2 HELLO
         self.hellos = 0  # HELLOs received (each connection says one)
         self.steps: list[Step] = []  # STEPs accepted, in order
         self._conns: list[tuple[WorkerEndpoint, asyncio.Transport]] = []
@@ -67,7 +68,7 @@ class FakeWorker:
 class _Conn(asyncio.Protocol):
     def __init__(self, owner: FakeWorker) -> None:
         self.owner = owner
-        self.ep = WorkerEndpoint(config(versions=(2,)))
+        self.ep = WorkerEndpoint(config(versions=owner.versions))
         self.transport = None
 
     def connection_made(self, transport) -> None:

@@ -50,6 +50,8 @@ async def test_k_watchdog_fallbacks_open_the_circuit_and_a_probe_closes_it():
         assert metrics.value("pp1q_circuit_trips_total") == 1
         assert metrics.value("pp1q_circuit_state") == State.OPEN
         assert link.ready  # the connection itself is fine: only speculation stopped
+        assert link.health() == {"worker": "degraded", "cause": "circuit_open",
+                                 "detail": "open"}
 
         # the worker recovers; once the open period is over one probe goes and closes it
         worker.mode = "answer"
@@ -57,6 +59,7 @@ async def test_k_watchdog_fallbacks_open_the_circuit_and_a_probe_closes_it():
         answer = await asyncio.wait_for(scheduler.generate(request(8)), WAIT_S)
         assert len(worker.steps) > K and answer["stats"]["rounds"] >= 1
         assert metrics.value("pp1q_circuit_state") == State.CLOSED
+        assert link.health()["worker"] == "connected"
         assert metrics.value("pp1q_circuit_trips_total") == 1
     finally:
         stop.set()
