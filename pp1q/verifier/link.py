@@ -357,6 +357,8 @@ class WorkerLink:
         now = asyncio.get_running_loop().time()
         frames, batch = [], set()
         for step, fut in self._queued:
+            if fut.done():  # its request went away (cancelled) and was RESET: never send it
+                continue
             try:
                 frames.append(self.endpoint.send(step, now))
             except LocalProtocolError as e:  # a scheduler bug: fail closed, never send

@@ -17,7 +17,7 @@ from wire_helpers import config, worker_frames
 
 from pp1q.core.errors import Reason
 from pp1q.wire import CONNECTION_SLOT, Refusal, Step, WorkerEndpoint, encode
-from pp1q.wire.events import StepRequested
+from pp1q.wire.events import SlotReset, StepRequested
 
 MODES = ("answer", "hang", "refuse")
 
@@ -29,6 +29,7 @@ class FakeWorker:
         self.versions = versions  # wire versions it accepts: (1,) refuses a v2 HELLO
         self.hellos = 0  # HELLOs received (each connection says one)
         self.steps: list[Step] = []  # STEPs accepted, in order
+        self.resets: list[SlotReset] = []  # RESETs received, in order
         self._conns: list[tuple[WorkerEndpoint, asyncio.Transport]] = []
         self._server: asyncio.base_events.Server | None = None
         self.port = 0
@@ -86,6 +87,8 @@ class _Conn(asyncio.Protocol):
         for ev in events:
             if isinstance(ev, StepRequested):
                 self.owner.on_step(self.ep, self.transport, ev.step)
+            elif isinstance(ev, SlotReset):
+                self.owner.resets.append(ev)
 
     def connection_lost(self, exc) -> None:
         self.owner._conns = [c for c in self.owner._conns if c[1] is not self.transport]
