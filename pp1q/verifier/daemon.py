@@ -157,6 +157,8 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
                   "speculation": mode,
                   "target": config.identity.target_id, "slots": scheduler.pool.size,
                   "depth": scheduler.depth}
+        if scheduler.stopping:  # SIGTERM: draining; route new requests elsewhere
+            return 503, {**answer, "status": "stopping"}
         ranks = scheduler.decider.health()  # --ranks N: the group's state
         if ranks is not None:
             answer["ranks"] = ranks
@@ -197,7 +199,8 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         if group is None:  # the ranks did not all join in time: let the supervisor retry
             return EXIT_RANKS_LOST
     # a target with a tokenizer takes text (scheduler.text; the toy has none)
-    http = HttpServer(routes(settings, link, scheduler, config))
+    http = HttpServer(routes(settings, link, scheduler, config),
+                      on_refused=metrics.request_refused)
     host, port = parse_hostport(settings.http)
     try:
         port = await http.start(host, port)
@@ -213,8 +216,9 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         "draw_key": {"id": DRAW_KEY_ID,
                      "fingerprint": draws.fingerprint if draws is not None else None}})
     speculating = settings.speculation != "off"
+    link_stop = asyncio.Event()  # set after the drain: requests draining still speculate
     link_task = asyncio.get_running_loop().create_task(
-        link.run(stop) if speculating else stop.wait())  # off: the worker is never dialled
+        link.run(link_stop) if speculating else link_stop.wait())  # off: never dialled
     log.info("speculation %s: %s", settings.speculation, {
         "off": "every request target-only, no worker link",
         "greedy": "greedy (v1) speculation; sampled requests are refused (422)",
@@ -224,8 +228,11 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings.worker}"
         if group is not None:
             banner += f", ranks {group.world}"
-        await serve_until_stopped(metrics, settings, banner, port, stop, ready)
+        await serve_until_stopped(metrics, settings, banner, port, stop, ready,
+                                  draining=lambda: drain(http, scheduler,
+                                                         settings.drain_timeout_s))
     finally:
+        link_stop.set()
         await http.close()
         link_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -235,6 +242,17 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         if group is not None:
             await group.close()
     return group.exit_status if group is not None else 0
+
+
+async def drain(http: HttpServer, scheduler: Scheduler, timeout: float) -> None:
+    """SIGTERM: accept no connection, answer queued requests 503 ``stopping``, let the
+    running ones finish within ``timeout`` (docs/operations.md, "Stopping")."""
+    http.stop_accepting()
+    log.info("stopping: accepting no new connections; draining up to %g s", timeout)
+    d = await scheduler.drain(timeout)
+    (log.warning if d.cut else log.info)(
+        "stopped: %d in-flight requests finished, %d cut at the %g s deadline (503 stopping), "
+        "%d queued answered 503 stopping", d.finished, d.cut, timeout, d.queued)
 
 
 async def _serve_follower(settings: VerifierSettings, plan, stop: asyncio.Event,

@@ -136,8 +136,27 @@ async def test_a_full_queue_is_a_service_error(monkeypatch):
     assert await waiter == 0
 
 
+async def test_requests_answered_503_are_counted_by_reason(monkeypatch):
+    monkeypatch.setattr(scheduler_mod, "MAX_QUEUED_REQUESTS", 0)
+    s = _scheduler(FakeDecider())
+    held = await s.pool.acquire()  # the only slot, and no room to wait
+    with pytest.raises(ServiceError) as e:
+        await s.generate(_req())
+    assert e.value.reason is Reason.QUEUE_FULL
+    assert s.metrics.value("pp1q_requests_refused_total", reason="queue_full") == 1
+    s.pool.release(held)
+    drained = await s.drain(1.0)  # stopping: every new request refused, counted
+    assert (drained.finished, drained.cut, drained.queued) == (0, 0, 0)
+    with pytest.raises(ServiceError) as e:
+        await s.generate(_req())
+    assert e.value.reason is Reason.STOPPING
+    assert s.metrics.value("pp1q_requests_refused_total", reason="stopping") == 1
+    assert s.metrics.value("pp1q_requests_total", outcome="error") == 0  # never started
+
+
 def test_reasons_map_to_todays_statuses_in_one_table():
     assert STATUS_OF == {Reason.QUEUE_FULL: (503, "busy"),
+                         Reason.STOPPING: (503, "stopping"),
                          Reason.RANKS_LOST: (503, "ranks_lost"),
                          Reason.RANK_DISAGREEMENT: (500, "rank_disagreement"),
                          Reason.GENERATIONS_EXHAUSTED: (500, "generations_exhausted")}
