@@ -12,6 +12,7 @@ from fake_decider import FakeDecider
 from fake_worker import FakeWorker
 from test_link_refusal import WAIT_S, make_link, until
 
+from pp1q.core.errors import Reason
 from pp1q.core.outcomes import FallbackCause
 from pp1q.runtime.metrics import Metrics
 from pp1q.verifier.api import GenerateRequest
@@ -47,6 +48,11 @@ async def test_k_watchdog_fallbacks_open_the_circuit_and_a_probe_closes_it():
         assert fallbacks[FallbackCause.WATCHDOG_TIMEOUT.value] == K
         assert fallbacks[FallbackCause.CIRCUIT_OPEN.value] == 20 - K
         assert metrics.value("pp1q_watchdog_timeouts_total") == K
+        # each timed-out STEP was invalidated (RESET) and counted; the circuit's rounds
+        # sent nothing, so nothing of theirs is
+        assert metrics.value("pp1q_generation_invalidations_total") == K
+        assert [r.reason for r in worker.resets] == [Reason.STEP_TIMEOUT] * K + [
+            Reason.CANCELLED]  # and the release's, which is not an invalidation
         assert metrics.value("pp1q_circuit_trips_total") == 1
         assert metrics.value("pp1q_circuit_state") == State.OPEN
         assert link.ready  # the connection itself is fine: only speculation stopped
