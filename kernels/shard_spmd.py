@@ -6,7 +6,7 @@ request (``Gather``, ``Sum``, ``Bcast``) with this rank's contribution and is se
 what the collective delivers. The step never touches a socket or torch.distributed:
 
 - ``drive(step, comm)`` runs it on one real rank (``comm``: gloo or NCCL through
-  pp1q.verifier.ranks.shard_collective, or anything with ``gather/sum/bcast``);
+  pp1q.verifier.ranks.shard_collective, or anything with ``run(request)``);
 - ``lockstep(steps)`` runs N ranks' generators in one process, in lockstep, and checks
   that every rank asked for the same collective with the same shape (a step whose
   ranks diverge is a bug, reported as ``RanksDiverged``). Ranks that raise must all
@@ -122,7 +122,8 @@ def _advance(step: Step, value):
         return "error", e
 
 
-def _deliver(reqs: list[Request]) -> list[torch.Tensor]:
+def deliver(reqs: list[Request]) -> list[torch.Tensor]:
+    """What each simulated rank receives for one collective (every rank's request)."""
     kind = type(reqs[0])
     if any(type(r) is not kind or r.t.shape != reqs[0].t.shape or r.t.dtype != reqs[0].t.dtype
            for r in reqs):
@@ -140,10 +141,11 @@ def _deliver(reqs: list[Request]) -> list[torch.Tensor]:
 
 
 def lockstep(steps: list[Step], log: CollectiveLog | None = None,
-             tap: Callable[[list[Request]], None] | None = None) -> list[object]:
+             collective: Callable[[list[Request]], list[torch.Tensor]] = deliver) -> list[object]:
     """Run N ranks' steps together in this process; their return values by rank.
 
-    ``tap(requests)`` sees every collective's requests (all ranks) before delivery."""
+    ``collective``: the simulated collective (``deliver``; a test may wrap it, to watch
+    the traffic or to plant a faulty rank, the way a real collective is swapped)."""
     states = [_advance(s, None) for s in steps]
     while True:
         kinds = {k for k, _ in states}
@@ -159,6 +161,10 @@ def lockstep(steps: list[Step], log: CollectiveLog | None = None,
         reqs = [r for _, r in states]
         if log is not None:
             log.note(reqs[0])
-        if tap is not None:
-            tap(reqs)
-        states = [_advance(s, v) for s, v in zip(steps, _deliver(reqs), strict=True)]
+        states = [_advance(s, v) for s, v in zip(steps, collective(reqs), strict=True)]
+
+
+def simulate(bounds, make: Callable[[Place], Step], **kw) -> list[object]:
+    """``lockstep`` over one simulated rank per (lo, hi) of ``bounds``: ``make(place)``
+    builds each rank's step."""
+    return lockstep([make(Place.of(bounds, r)) for r in range(len(bounds))], **kw)
