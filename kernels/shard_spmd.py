@@ -9,7 +9,7 @@ what the collective delivers. The step never touches a socket or torch.distribut
   pp1q.verifier.ranks.shard_collective, or anything with ``run(request)``);
 - ``lockstep(steps)`` runs N ranks' generators in one process, in lockstep, and checks
   that every rank asked for the same collective with the same shape (a step whose
-  ranks diverge is a bug, reported as ``RanksDiverged``). Ranks that raise must all
+  ranks diverge is a bug, reported as ``RanksDivergedError``). Ranks that raise must all
   raise, at the same collective, the same reason: a refusal is decided together.
 
 Every request is logged with its per-rank element count (``CollectiveLog``) so tests
@@ -95,10 +95,10 @@ class CollectiveLog:
 
     def bytes_sent(self) -> int:
         """Bytes one rank hands to the collectives (its contributions)."""
-        return sum(n * 8 for _, _, n in self.entries)  # every request is 64-bit
+        return sum(n * getattr(torch, dt).itemsize for _, dt, n in self.entries)
 
 
-class RanksDiverged(AssertionError):
+class RanksDivergedError(AssertionError):
     """Simulated ranks asked for different collectives, or failed differently (a bug)."""
 
 
@@ -127,7 +127,8 @@ def deliver(reqs: list[Request]) -> list[torch.Tensor]:
     kind = type(reqs[0])
     if any(type(r) is not kind or r.t.shape != reqs[0].t.shape or r.t.dtype != reqs[0].t.dtype
            for r in reqs):
-        raise RanksDiverged(f"ranks asked for {[(type(r).__name__, tuple(r.t.shape)) for r in reqs]}")
+        asked = [(type(r).__name__, tuple(r.t.shape)) for r in reqs]
+        raise RanksDivergedError(f"ranks asked for {asked}")
     if kind is Gather:
         out = torch.stack([r.t for r in reqs])
         return [out.clone() for _ in reqs]
@@ -136,7 +137,7 @@ def deliver(reqs: list[Request]) -> list[torch.Tensor]:
         return [out.clone() for _ in reqs]
     src = reqs[0].src
     if any(r.src != src for r in reqs) or not 0 <= src < len(reqs):
-        raise RanksDiverged(f"broadcast sources {[r.src for r in reqs]}")
+        raise RanksDivergedError(f"broadcast sources {[r.src for r in reqs]}")
     return [reqs[src].t.clone() for _ in reqs]
 
 
@@ -154,10 +155,10 @@ def lockstep(steps: list[Step], log: CollectiveLog | None = None,
         if kinds == {"error"}:
             reasons = {e.reason for _, e in states}
             if len(reasons) != 1:
-                raise RanksDiverged(f"ranks refused for different reasons {reasons}")
+                raise RanksDivergedError(f"ranks refused for different reasons {reasons}")
             raise states[0][1]
         if kinds != {"req"}:
-            raise RanksDiverged(f"ranks out of step: {[k for k, _ in states]}")
+            raise RanksDivergedError(f"ranks out of step: {[k for k, _ in states]}")
         reqs = [r for _, r in states]
         if log is not None:
             log.note(reqs[0])

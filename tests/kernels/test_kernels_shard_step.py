@@ -12,73 +12,30 @@ import torch
 from pp1q_kernels import shard_step as ss
 from pp1q_kernels.lookup import dense_counts, from_rows
 from pp1q_kernels.shard_comm import ShardLayout
-from pp1q_kernels.shard_spmd import CollectiveLog, Gather, Place, Sum, deliver, simulate
+from pp1q_kernels.shard_spmd import CollectiveLog, Gather, Sum, deliver, simulate
+from shard_cases import (
+    ONE,
+    SPLITS,
+    Case,
+    D,
+    V,
+    cases,
+    greedy_on,
+    round_keys,
+    round_on,
+    target_only_on,
+)
 from stats import chi_square
 
 from pp1q.core import reference as ref
 from pp1q.core.errors import DistributionError, LocalProtocolError, Reason
 from pp1q.core.q import build_row, sample
 from pp1q.core.rng import proposal_u24
-from pp1q.core.verify import RoundKeys, round_draws, target_only_draw
+from pp1q.core.verify import RoundKeys, target_only_draw
 from pp1q.verifier.kernel_rounds import KernelRounds
 
-V, D = 53, 3
-ONE = ShardLayout(V, ((0, V),))
-SPLITS = [ShardLayout.cuts(V, [9]), ShardLayout.cuts(V, [30, 31])]  # uneven; a 1-id shard
-ROUNDS = 600  # default run (~10 s on two cores); --runslow runs the issue's 10^4
-ROUNDS_SLOW = 10_000
-
-
-class Case:
-    """A fixed target and draft chain: logits [D+1, V], q rows, drafts (the q's own draws)."""
-
-    def __init__(self, g, sparse: bool, adversarial: bool, close: bool = False) -> None:
-        self.logits = torch.tensor(g.normal(0, 2.5, (D + 1, V)))
-        ql = -self.logits[:D].numpy() if adversarial else g.normal(0, 2.5, (D, V))
-        if close:  # a drafter near the target: long acceptances, bonus picks
-            ql = self.logits[:D].numpy() + g.normal(0, 0.2, (D, V))
-        self.rows = [build_row(ql[i], top_k=6 if sparse else None) for i in range(D)]
-        seed = int(g.integers(0, 2**63))
-        self.drafts = [sample(r, proposal_u24(seed, 1, 1, 10 + i)) for i, r in enumerate(self.rows)]
-        self.sparse = sparse
-        self.q_sparse = from_rows(self.rows)
-        self.q_dense = dense_counts(self.q_sparse)
-        self.p = simulate(ONE.bounds, lambda pl: ss.probs(pl, self.logits))[0]
-
-    def q_for(self, pl: Place):
-        return self.q_sparse if self.sparse else self.q_dense[:, pl.lo:pl.hi]
-
-
-def cases(seed=7, n=24):
-    g = np.random.default_rng(seed)
-    return [Case(g, sparse=k % 2 == 0, adversarial=k % 3 == 0, close=k % 3 == 1)
-            for k in range(n)]
-
-
-def round_on(layout, case: Case, keys: RoundKeys, **kw):
-    ua, uc, ub = (np.asarray(u)[0] for u in round_draws([keys], D))
-    drafts = torch.tensor(case.drafts)
-    out = simulate(layout.bounds, lambda pl: ss.sampled_round(
-        pl, case.logits[:, pl.lo:pl.hi], case.q_for(pl), drafts, torch.tensor(ua),
-        torch.tensor(uc), int(ub)), **kw)
-    assert len(set(out)) == 1, out  # every rank returns the same decision
-    return out[0]
-
-
-def target_only_on(layout, case: Case, u53: int, **kw):
-    out = simulate(layout.bounds, lambda pl: ss.target_only(pl, case.logits[0, pl.lo:pl.hi],
-                                                            u53), **kw)
-    assert len(set(out)) == 1
-    return out[0]
-
-
-def greedy_on(layout, case: Case, **kw):
-    drafts = torch.tensor(case.drafts)
-    out = simulate(layout.bounds, lambda pl: ss.greedy_round(
-        pl, case.logits[:, pl.lo:pl.hi], drafts), **kw)
-    assert len(set(out)) == 1
-    return out[0]
-
+ROUNDS = 600  # default run (~10 s on two cores)
+ROUNDS_SLOW = 10_000  # the issue's count: --runslow
 
 def bit_identical_run(n_rounds: int) -> dict:
     kr = KernelRounds()
@@ -86,7 +43,7 @@ def bit_identical_run(n_rounds: int) -> dict:
     seen = {"correction": 0, "bonus": 0, "under": 0, "target_only": 0}
     for k in range(n_rounds):
         case = pool[k % len(pool)]
-        keys = RoundKeys(0x5EED + k * 7919, 1 + k % 5, k, 100 + k % 13)
+        keys = round_keys(k)
         if k % 10 == 9:  # a target-only step (the bonus pick's path with no drafts)
             u = target_only_draw(keys, keys.first_position)
             want = int(KernelRounds().target_only(case.p[0].numpy(), keys,
@@ -146,11 +103,12 @@ def test_no_collective_carries_a_vocabulary_row():
             # six collectives; the widest is the (D+1) x 2 limb sum, never a shard of V
             assert len(log.entries) == 6 and log.max_elements() == 2 * (D + 1) < widest
             assert log.bytes_sent() < V * 8 / 2  # a whole round: under half a float64 row
-            for step in (lambda lg: target_only_on(lay, case, 12345 + k, log=lg),
-                         lambda lg: greedy_on(lay, case, log=lg)):
-                log = CollectiveLog()
-                step(log)
-                assert log.max_elements() <= 2 * (D + 1)
+            log = CollectiveLog()
+            target_only_on(lay, case, 12345 + k, log=log)
+            assert log.max_elements() <= 2 * (D + 1)
+            log = CollectiveLog()
+            greedy_on(lay, case, log=log)
+            assert log.max_elements() <= 2 * (D + 1)
 
 
 def test_a_rank_without_residual_mass_is_never_picked():
@@ -160,7 +118,7 @@ def test_a_rank_without_residual_mass_is_never_picked():
     owners = set()
     for t in range(8):
         u = -(-(t << 53) // 8)  # the smallest u with floor(u * 8 / 2^53) == t
-        tok, under = simulate(layout.bounds, lambda pl: ss.pick(
+        tok, under = simulate(layout.bounds, lambda pl, u=u: ss.pick(
             pl, R[pl.lo:pl.hi], R[pl.lo:pl.hi] + 1, u))[0]
         owners.add(tok // 2)
         assert not under and R[tok] > 0
