@@ -210,9 +210,10 @@ async def start_group(settings: VerifierSettings, launch, decider, config,
         limits_of,
         share_draw_secret,
     )
+    from pp1q.verifier.ranks.sharded import sharded_state
 
     rv = launch.plan.rv
-    limits = limits_of(config, rv.world)
+    limits = limits_of(config, rv.world, settings.shard_vocab)
     record = identity(decider.target.identity, limits, rv.backend, None)
     record[DRAW_SECRET] = decider.draws.hex()
     try:
@@ -222,9 +223,13 @@ async def start_group(settings: VerifierSettings, launch, decider, config,
         return None
     metrics = decider.metrics
     metrics.rank_world_size.set(rv.world)
-    decisions = decider.decisions(decider.target, limits)
-    decisions.draws = share_draw_secret(records)
-    state = RankState(0, limits, decisions, decider.target_delay_s)
+    if limits.sharded:
+        state = sharded_state(0, limits, decider.target, decider.target_delay_s)
+    else:
+        state = RankState(0, limits, decider.decisions(decider.target, limits),
+                          decider.target_delay_s)
+    state.decisions.draws = share_draw_secret(records)
+    state.joined(coll)
     group = RankGroup(coll, state, metrics, settings.rank_timeout_s)
     group.peers, group.children = records, launch.children
     loop = asyncio.get_running_loop()
