@@ -52,7 +52,10 @@ def _group(world: int, design: str, form: str, rounds: int) -> tuple[float, floa
                     p.wait()
         if codes != [0] * world:
             raise RuntimeError(f"ranks exited {codes}")
-        runs = [json.load(open(o)) for o in outs]
+        runs = []
+        for o in outs:
+            with open(o) as f:
+                runs.append(json.load(f))
     ms = float(np.median(runs[0]["times"])) * 1e3
     return ms, sum(r["sent"] for r in runs) / rounds
 

@@ -1,6 +1,8 @@
 """One rank of ``pp1q bench ranks``, run as a child process:
 
-    python -m pp1q.tools.bench.ranks_peer RANK WORLD PORT {replicated,sharded} {dense,sparse} ROUNDS OUT
+    python -m pp1q.tools.bench.ranks_peer RANK WORLD PORT DESIGN FORM ROUNDS OUT
+
+(DESIGN: replicated or sharded; FORM: dense or sparse q.)
 
 Joins a gloo group as a verifier rank does, then runs ROUNDS exchanges of one ROUND op
 (one request, depth 5, vocabulary 129280, q from the toy drafter) through the real
