@@ -52,7 +52,7 @@ def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
         while True:
             seq += 1
             decided, invalidated = state.decided, state.invalidations
-            _, _, flags = coll.exchange(state, seq)
+            _, _, flags = coll.exchange(state, seq)  # (timed on rank 0: here it waits too)
             metrics.rank_exchanges.inc()
             metrics.rank_decisions.inc(state.decided - decided)
             metrics.generation_invalidations.inc(state.invalidations - invalidated)

@@ -31,6 +31,7 @@ import collections
 import contextlib
 import logging
 import threading
+import time
 
 from pp1q.core.errors import Pp1qError, Reason
 from pp1q.core.outcomes import RankFailure
@@ -145,9 +146,11 @@ class RankGroup:
                 batch, stop = self._take()
                 self._seq += 1
                 decided = self.state.decided
+                t0 = time.perf_counter()
                 _, verdicts, _ = self.coll.exchange(self.state, self._seq,
                                                     [op for op, _ in batch],
                                                     FLAG_STOP if stop else 0)
+                self.metrics.rank_exchange_seconds.observe(time.perf_counter() - t0)
                 self.metrics.rank_exchanges.inc()
                 self.metrics.rank_decisions.inc(self.state.decided - decided)
                 self._loop.call_soon_threadsafe(self._resolve, batch, verdicts)
