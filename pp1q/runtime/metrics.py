@@ -45,8 +45,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "context_tokens": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
     "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "rank_exchange_seconds": VERIFIER,
-    "steps": WORKER,
-    "context_tokens": VERIFIER, "speculation": BOTH,
+    "steps": WORKER, "speculation": BOTH,
 }
 
 
