@@ -68,6 +68,10 @@ def add_rank_arguments(p) -> None:
                 "how long ranks wait for each other at start-up")
     add_setting(p, v, "rank_exit_grace_s", "S",
                 "after losing the group, answer 503 this long, then exit with status 3")
+    add_setting(p, v, "shard_vocab", None,
+                "each rank holds one vocabulary shard of the target (its LM head rows) and "
+                "every rank takes part in each exact decision; dense q is scattered by "
+                "slices (docs/operations.md)")
 
 
 def run(args) -> int:

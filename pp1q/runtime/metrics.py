@@ -26,6 +26,9 @@ PREFIX = "pp1q"
 MAX_DEPTH_BUCKET = 8  # accepted-length buckets 0..8 cover the fixed depth 5 with room
 ROUND_LATENCY_BUCKETS = (  # seconds: loopback toy rounds are ms, dense 129280 rounds tens of ms
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# an idle heartbeat takes ~1 ms on loopback; rank_timeout_s (default 5 s) loses the group
+RANK_EXCHANGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                         5.0)
 
 
 # Which daemon exports each family (docs/operations.md, "Metrics", lists the same; a test
@@ -40,9 +43,9 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "generation_invalidations": BOTH, "late_replies_discarded": VERIFIER,
     "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
-    "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "steps": WORKER,
-    "context_tokens": VERIFIER, "speculation": BOTH, "circuit_trips": VERIFIER,
-    "circuit_state": VERIFIER, "requests_refused": VERIFIER,
+    "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "rank_exchange_seconds": VERIFIER,
+    "steps": WORKER, "context_tokens": VERIFIER, "speculation": BOTH,
+    "circuit_trips": VERIFIER, "circuit_state": VERIFIER, "requests_refused": VERIFIER,
     "requests_queued": VERIFIER,
 }
 # Why the verifier answered a request 503 before it took a slot (requests_refused's labels)
@@ -128,6 +131,11 @@ class Metrics:
                                       "Exchanges among verifier ranks (op batches, heartbeats)")
         self.rank_decisions = counter("rank_decisions",
                                       "Rounds and target-only steps this rank decided")
+        self.rank_exchange_seconds = Histogram(
+            f"{PREFIX}_rank_exchange_seconds",
+            "One exchange among verifier ranks, timed on rank 0 (which starts it): every "
+            "collective and the decisions made inside them",
+            buckets=RANK_EXCHANGE_BUCKETS, registry=reg("rank_exchange_seconds"))
         # worker
         self.steps = counter("steps", "STEP messages accepted for drafting (worker)")
         for cause in FallbackCause:  # expose zeros: a scrape shows every cause

@@ -134,9 +134,16 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     rank_timeout_s: Positive = 5.0
     rank_join_timeout_s: Positive = 120.0
     rank_exit_grace_s: NonNegative = 2.0
+    shard_vocab: bool = False  # ranks hold vocabulary shards (pp1q.verifier.ranks.sharded)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.shard_vocab and self.ranks < 2:
+            raise ConfigError("shard_vocab needs ranks >= 2 (one rank holds the whole "
+                              "vocabulary)", key="shard_vocab")
+        if self.shard_vocab and self.vocab < self.ranks:
+            raise ConfigError(f"shard_vocab: {self.ranks} ranks need a vocab of at least "
+                              f"{self.ranks} ids", key="shard_vocab")
         if self.breaker_open_max_s < self.breaker_open_s:
             raise refusal("breaker_open_max_s", self.breaker_open_max_s,
                           f"must be >= breaker_open_s ({self.breaker_open_s:g})")

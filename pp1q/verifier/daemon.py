@@ -76,7 +76,8 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     if ranked:
         from pp1q.verifier.ranks.decider import RankedDecider
 
-        decider = RankedDecider(target, metrics, draws, delay_s, deciders.rank)
+        decider = RankedDecider(target, metrics, draws, delay_s, deciders.rank,
+                                sharded=settings.shard_vocab)
     else:
         decider = deciders.local(target, slots=slots, depth=depth, draws=draws,
                                  target_delay_s=delay_s)
@@ -267,5 +268,6 @@ async def _serve_follower(settings: VerifierSettings, plan, stop: asyncio.Event,
     target = ToyTarget(spec)
     metrics = Metrics("verifier", {"target": target.identity, "rank": str(plan.rv.rank)})
     metrics.rank_world_size.set(plan.rv.world)
-    return await serve_follower(settings, plan, limits_of(config, plan.rv.world), target,
-                                metrics, stop, deciders.rank)
+    return await serve_follower(settings, plan,
+                                limits_of(config, plan.rv.world, settings.shard_vocab),
+                                target, metrics, stop, deciders.rank)
