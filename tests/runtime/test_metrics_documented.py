@@ -20,7 +20,8 @@ from pp1q.runtime.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "docs" / "operations.md", ROOT / "RELIABILITY.md"]
-NAME = re.compile(r"\b(pp1q_[a-z0-9_]+)(\{[^}]*\})?")
+# a metric name, not a module path such as pp1q_kernels.shard_step
+NAME = re.compile(r"\b(pp1q_[a-z0-9_]++)(?!\.\w)(\{[^}]*\})?")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 SUFFIXES = ("_total", "_info", "_bucket", "_sum", "_count", "_created")
 # closed label sets (pp1q.runtime.metrics): a value the code can never write is a doc bug
