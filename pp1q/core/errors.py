@@ -71,6 +71,14 @@ class Reason(enum.StrEnum):
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
     MODEL_MISSING = "model_missing"  # a model file (the embedded one, say) is not installed
     CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
+    # -- the worker's bounds on its peers (pp1q.wire.sessions); each closes a connection --
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # a newer connection took its place pre-HELLO
+    TOO_MANY_SESSIONS = "too_many_sessions"  # every session held by one that sent a STEP
+    SESSION_IN_USE = "session_in_use"  # HELLO names a session id live on another connection
+    HELLO_TIMEOUT = "hello_timeout"  # no HELLO within hello_timeout_s of the connect
+    IDLE_TIMEOUT = "idle_timeout"  # a session that never sent a STEP, silent idle_timeout_s
+    EVICTED = "evicted"  # a session that never sent a STEP, evicted for a newer HELLO
+    NO_HELLO = "no_hello"  # the peer closed the connection before its HELLO was answered
     # -- the verifier's service (pp1q.verifier.http maps each to an HTTP status) --
     QUEUE_FULL = "queue_full"  # every slot taken and the wait queue at its bound
     RANKS_LOST = "ranks_lost"  # the verifier rank group failed (a rank died, hung, desynced)
