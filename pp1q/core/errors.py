@@ -143,7 +143,6 @@ class ConfigError(Pp1qError):
 
 
 # Other members of the set live beside their raisers, each a Pp1qError with a Reason:
-# HttpError (pp1q.verifier.http), ApiError (pp1q.tools.client), StateRefusedError
-# (pp1q.worker.state), CaptureError (pp1q.runtime.capture.reader), GroupError
-# (pp1q.verifier.ranks.collective), GroupLostError and OpRefusedError
-# (pp1q.verifier.ranks.group).
+# HttpError (pp1q.verifier.http), ApiError (pp1q.tools.client), CaptureError
+# (pp1q.runtime.capture.reader), GroupError (pp1q.verifier.ranks.collective),
+# GroupLostError and OpRefusedError (pp1q.verifier.ranks.group).

@@ -33,6 +33,10 @@ DEFAULT_MAX_PENDING_SESSIONS = 8  # HELLO'd, no STEP yet: a verifier starting or
 DEFAULT_HELLO_TIMEOUT_S = 10.0  # a verifier says HELLO in its first round trip
 DEFAULT_IDLE_TIMEOUT_S = 300.0  # a verifier with no request yet reconnects this often
 
+# why a connection ends without serving a session (pp1q_connections_closed_total{reason})
+CLOSE_REASONS = (Reason.TOO_MANY_CONNECTIONS, Reason.HELLO_TIMEOUT, Reason.NO_HELLO,
+                 Reason.IDLE_TIMEOUT, Reason.EVICTED)
+
 
 @dataclass(frozen=True)
 class PeerBounds:
@@ -101,6 +105,10 @@ class SessionTable:
         self._owners.pop(endpoint, None)
         if endpoint.session is not None and self._sessions.get(endpoint.session) is endpoint:
             del self._sessions[endpoint.session]
+
+    def owners(self) -> list:
+        """Every admitted connection's owner, oldest first (a daemon closes them to stop)."""
+        return list(self._owners.values())
 
     def take_victims(self) -> list[tuple[object, Reason]]:
         out, self._victims = self._victims, []
