@@ -10,8 +10,8 @@ import asyncio
 import gc
 import os
 
+import numpy as np
 import pytest
-from wire_helpers import forge
 
 from pp1q.core.errors import DistributionError, Reason
 from pp1q.core.prefix import Prefix
@@ -27,8 +27,8 @@ from pp1q.wire import (
     context_of,
 )
 from pp1q.wire.events import ProposalFailed, SessionStarted
-from pp1q.wire.framing import HEADER_BYTES
-from pp1q.wire.messages import MsgType
+from pp1q.wire.framing import encode
+from pp1q.wire.messages import Form, Reply
 from pp1q.wire.session_config import verifier_config
 from pp1q.worker.connection import WorkerConnection
 from pp1q.worker.daemon import serve
@@ -155,13 +155,18 @@ async def test_a_connection_closed_before_hello_is_counted(worker):
     assert worker.count("pp1q_connections_closed_total", reason="no_hello") == 1
 
 
-def _dense_reply_head() -> bytes:
-    return forge(MsgType.REPLY, b"\x91\x00", payload_len=4 * VOCAB)[:HEADER_BYTES]
+def _half_dense_reply() -> bytes:
+    """A well-formed dense REPLY (VOCAB entries) but its last payload byte: the issue's
+    probe, which once made the worker allocate and hold the row before any HELLO."""
+    frame = encode(Reply(session=1, slot=0, generation=0, round_id=0, index=1, position=0,
+                         token=0, form=Form.DENSE, entries=VOCAB,
+                         q=np.zeros(VOCAB, "<f4")))
+    return frame[:-1]
 
 
 async def test_a_reply_before_hello_is_refused_at_its_header(worker):
     reader, writer = await worker.connect()
-    writer.write(_dense_reply_head() + bytes(4 * VOCAB - 1))
+    writer.write(_half_dense_reply())
     assert await asyncio.wait_for(reader.read(65536), TIMEOUT_S) == b""  # closed on us
     writer.close()
     assert worker.count("pp1q_validation_failures_total", reason="state_not_allowed") == 1
@@ -188,7 +193,7 @@ async def test_1000_closed_connections_leave_nothing_behind(worker):
     async def one(i: int) -> None:
         reader, writer = await worker.connect()
         if i % 3 == 0:  # the issue's probe: a dense REPLY half sent before HELLO
-            writer.write(_dense_reply_head() + bytes(4 * VOCAB - 1))
+            writer.write(_half_dense_reply())
         elif i % 3 == 1:  # a session, then gone
             writer.write(VerifierEndpoint(CONFIG, session=10_000 + i).hello())
             await asyncio.wait_for(reader.read(65536), TIMEOUT_S)
