@@ -33,6 +33,14 @@ def add_arguments(p) -> None:
     add_setting(p, v, "top_k", "K", "default proposal support: sparse top-k, 0 = dense")
     add_setting(p, v, "watchdog_ms", "MS", "deadline for a STEP's validated COMPLETION")
     add_setting(p, v, "reconnect_max_s", "S", "longest backoff between reconnection attempts")
+    add_setting(p, v, "breaker_after_timeouts", "K",
+                "consecutive watchdog fallbacks that open the circuit: target-only, no STEP "
+                "sent, for breaker-open-s")
+    add_setting(p, v, "breaker_open_s", "S",
+                "first open period of the circuit; doubles after each failed probe")
+    add_setting(p, v, "breaker_open_max_s", "S", "longest open period of the circuit")
+    add_setting(p, v, "drain_timeout_s", "S",
+                "on SIGTERM: how long in-flight requests may finish (queued ones get 503)")
     add_setting(p, v, "target_delay_ms", "MS",
                 "simulated forward-pass latency of the embedded toy target per call "
                 "(the demo uses it to model a large target)")

@@ -72,7 +72,6 @@ class Reason(enum.StrEnum):
     MODEL_MISSING = "model_missing"  # a model file (the embedded one, say) is not installed
     CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
     # -- the worker's bounds on its peers (pp1q.wire.sessions); each closes a connection --
-    TOO_MANY_CONNECTIONS = "too_many_connections"  # a newer connection took its place pre-HELLO
     TOO_MANY_SESSIONS = "too_many_sessions"  # every session held by one that sent a STEP
     SESSION_IN_USE = "session_in_use"  # HELLO names a session id live on another connection
     HELLO_TIMEOUT = "hello_timeout"  # no HELLO within hello_timeout_s of the connect
@@ -85,6 +84,10 @@ class Reason(enum.StrEnum):
     RANK_DISAGREEMENT = "rank_disagreement"  # a rank refused an op: nothing was committed
     GENERATIONS_EXHAUSTED = "generations_exhausted"  # a slot used all its 24-bit generations
     BAD_REQUEST = "bad_request"  # the HTTP layer refused a request (status and code say how)
+    STOPPING = "stopping"  # the verifier is stopping (SIGTERM): queued and new requests refused
+    # HTTP connections at their bound: one 503; worker: a newer wire connection took the
+    # place of this one before its HELLO (pp1q.wire.sessions)
+    TOO_MANY_CONNECTIONS = "too_many_connections"
     # -- the HTTP client (pp1q.tools.client) --
     UNREACHABLE = "unreachable"  # no answer from the verifier's HTTP API
     BAD_RESPONSE = "bad_response"  # an answer that is not the API's JSON

@@ -40,12 +40,14 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "fallbacks": VERIFIER, "validation_failures": BOTH, "watchdog_timeouts": VERIFIER,
     "generation_invalidations": BOTH, "late_replies_discarded": VERIFIER,
     "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
-    "context_tokens": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
     "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "steps": WORKER,
-    "speculation": BOTH, "connections_closed": WORKER,
-    "drafting_aborts": WORKER,
+    "context_tokens": VERIFIER, "speculation": BOTH, "circuit_trips": VERIFIER,
+    "circuit_state": VERIFIER, "requests_refused": VERIFIER,
+    "requests_queued": VERIFIER, "connections_closed": WORKER, "drafting_aborts": WORKER,
 }
+# Why the verifier answered a request 503 before it took a slot (requests_refused's labels)
+REFUSED_REQUESTS = (Reason.QUEUE_FULL, Reason.STOPPING, Reason.TOO_MANY_CONNECTIONS)
 
 
 class Metrics:
@@ -104,8 +106,18 @@ class Metrics:
         self.context_tokens = counter(
             "context_tokens", "Committed-context token ids in CONTEXT frames: sent (verifier)."
             " A fallback sends its one token, a digest mismatch the whole prefix again")
+        self.circuit_trips = counter(
+            "circuit_trips", "Times the worker link's circuit breaker opened (consecutive "
+            "watchdog timeouts, or a failed probe)")
+        self.circuit_state = gauge(
+            "circuit_state", "Worker link circuit breaker: 0 closed, 1 open, 2 half-open, "
+            "3 probing")
         self.requests = counter("requests", "Generation requests finished, by outcome",
                                 ("outcome",))
+        self.requests_refused = counter(
+            "requests_refused", "Requests answered 503 before they took a slot, by reason "
+            "(queue_full, stopping, too_many_connections)", ("reason",))
+        self.requests_queued = gauge("requests_queued", "Requests waiting for a slot")
         self.slots_in_use = gauge("slots_in_use", "Request slots currently held")
         # verifier ranks (--ranks N)
         self.rank_world_size = gauge("rank_world_size",
@@ -136,6 +148,8 @@ class Metrics:
             self.rank_failures.labels(cause=failure.value)
         for refusal in PeerRefusal:
             self.peers_refused.labels(reason=refusal.value)
+        for reason in REFUSED_REQUESTS:
+            self.requests_refused.labels(reason=reason.value)
 
     def validation_failure(self, reason: Reason) -> None:
         self.validation_failures.labels(reason=Reason(reason).value).inc()
@@ -150,6 +164,9 @@ class Metrics:
                            Reason.SESSION_IN_USE: PeerRefusal.SESSION_IN_USE,
                            Reason.TOO_MANY_SESSIONS: PeerRefusal.TOO_MANY_SESSIONS,
                            }.get(reason, PeerRefusal.HELLO_INCOMPATIBLE))
+
+    def request_refused(self, reason: Reason) -> None:
+        self.requests_refused.labels(reason=Reason(reason).value).inc()
 
     def connection_closed(self, reason: Reason) -> None:
         self.connections_closed.labels(reason=Reason(reason).value).inc()
@@ -187,12 +204,15 @@ class Metrics:
 
 
 async def serve_until_stopped(metrics: Metrics, settings: DaemonSettings, banner: str, port: int,
-                              stop: asyncio.Event, ready=None) -> None:
+                              stop: asyncio.Event, ready=None, draining=None) -> None:
     """A daemon's main wait: /metrics up, one banner line naming the ports on stdout
-    (pp1q.runtime.launcher reads it), ``ready(port, metrics_port)``, then wait for ``stop``."""
+    (pp1q.runtime.launcher reads it), ``ready(port, metrics_port)``, then wait for ``stop``;
+    ``draining()``: awaited after ``stop``, /metrics still up (the verifier's drain)."""
     host = settings.metrics_host
     with metrics.served(host, settings.metrics_port) as mport:
         print(banner + (f", metrics on {host}:{mport}" if mport else ""), flush=True)
         if ready is not None:
             ready(port, mport)
         await stop.wait()
+        if draining is not None:
+            await draining()
