@@ -33,6 +33,16 @@ def add_arguments(p) -> None:
     add_setting(p, "worker", "check_outgoing", help=(
         "validate every REPLY row before it leaves, as the verifier will (costs one "
         "dense-row validation per dense row)"))
+    add_setting(p, "worker", "max_connections", "N",
+                "connections held at once; a new one replaces the oldest without HELLO")
+    add_setting(p, "worker", "max_sessions", "N",
+                "verifier sessions held at once (below max_connections)")
+    add_setting(p, "worker", "max_pending_sessions", "N",
+                "sessions that sent no STEP yet; a new HELLO evicts the oldest")
+    add_setting(p, "worker", "hello_timeout_s", "S",
+                "a connection without HELLO after S seconds is closed")
+    add_setting(p, "worker", "idle_timeout_s", "S",
+                "a session that sent no STEP yet, silent for S seconds, is closed")
 
 
 def add_common_arguments(p, role: str) -> None:

@@ -71,6 +71,13 @@ class Reason(enum.StrEnum):
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
     MODEL_MISSING = "model_missing"  # a model file (the embedded one, say) is not installed
     CANCELLED = "cancelled"  # RESET without a fault: request finished or cancelled by its user
+    # -- the worker's bounds on its peers (pp1q.wire.sessions); each closes a connection --
+    TOO_MANY_SESSIONS = "too_many_sessions"  # every session held by one that sent a STEP
+    SESSION_IN_USE = "session_in_use"  # HELLO names a session id live on another connection
+    HELLO_TIMEOUT = "hello_timeout"  # no HELLO within hello_timeout_s of the connect
+    IDLE_TIMEOUT = "idle_timeout"  # a session that never sent a STEP, silent idle_timeout_s
+    EVICTED = "evicted"  # a session that never sent a STEP, evicted for a newer HELLO
+    NO_HELLO = "no_hello"  # the peer closed the connection before its HELLO was answered
     # -- the verifier's service (pp1q.verifier.http maps each to an HTTP status) --
     QUEUE_FULL = "queue_full"  # every slot taken and the wait queue at its bound
     RANKS_LOST = "ranks_lost"  # the verifier rank group failed (a rank died, hung, desynced)
@@ -78,7 +85,9 @@ class Reason(enum.StrEnum):
     GENERATIONS_EXHAUSTED = "generations_exhausted"  # a slot used all its 24-bit generations
     BAD_REQUEST = "bad_request"  # the HTTP layer refused a request (status and code say how)
     STOPPING = "stopping"  # the verifier is stopping (SIGTERM): queued and new requests refused
-    TOO_MANY_CONNECTIONS = "too_many_connections"  # HTTP connections at their bound: one 503
+    # HTTP connections at their bound: one 503; worker: a newer wire connection took the
+    # place of this one before its HELLO (pp1q.wire.sessions)
+    TOO_MANY_CONNECTIONS = "too_many_connections"
     # -- the HTTP client (pp1q.tools.client) --
     UNREACHABLE = "unreachable"  # no answer from the verifier's HTTP API
     BAD_RESPONSE = "bad_response"  # an answer that is not the API's JSON
@@ -137,7 +146,6 @@ class ConfigError(Pp1qError):
 
 
 # Other members of the set live beside their raisers, each a Pp1qError with a Reason:
-# HttpError (pp1q.verifier.http), ApiError (pp1q.tools.client), StateRefusedError
-# (pp1q.worker.state), CaptureError (pp1q.runtime.capture.reader), GroupError
-# (pp1q.verifier.ranks.collective), GroupLostError and OpRefusedError
-# (pp1q.verifier.ranks.group).
+# HttpError (pp1q.verifier.http), ApiError (pp1q.tools.client), CaptureError
+# (pp1q.runtime.capture.reader), GroupError (pp1q.verifier.ranks.collective),
+# GroupLostError and OpRefusedError (pp1q.verifier.ranks.group).

@@ -30,6 +30,9 @@ class PeerRefusal(enum.StrEnum):
     HELLO_INCOMPATIBLE = "hello_incompatible"  # no common wire version, or limits too small
     # sampled speculation offered to a side that did not enable it (--speculation)
     SPECULATION_NOT_ENABLED = "speculation_not_enabled"
+    # worker: its HELLO names a session id live on another connection (pp1q.wire.sessions)
+    SESSION_IN_USE = "session_in_use"
+    TOO_MANY_SESSIONS = "too_many_sessions"  # worker: every session place held by a stepper
 
 
 class StepKind(enum.StrEnum):

@@ -21,6 +21,7 @@ from pp1q import __version__
 from pp1q.core.errors import Reason
 from pp1q.core.outcomes import FallbackCause, PeerRefusal, RankFailure, StepKind
 from pp1q.runtime.settings import DaemonSettings, cannot_listen
+from pp1q.wire.sessions import CLOSE_REASONS
 
 PREFIX = "pp1q"
 MAX_DEPTH_BUCKET = 8  # accepted-length buckets 0..8 cover the fixed depth 5 with room
@@ -46,7 +47,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "rank_exchange_seconds": VERIFIER,
     "steps": WORKER, "context_tokens": VERIFIER, "speculation": BOTH,
     "circuit_trips": VERIFIER, "circuit_state": VERIFIER, "requests_refused": VERIFIER,
-    "requests_queued": VERIFIER,
+    "requests_queued": VERIFIER, "connections_closed": WORKER, "drafting_aborts": WORKER,
 }
 # Why the verifier answered a request 503 before it took a slot (requests_refused's labels)
 REFUSED_REQUESTS = (Reason.QUEUE_FULL, Reason.STOPPING, Reason.TOO_MANY_CONNECTIONS)
@@ -138,6 +139,15 @@ class Metrics:
             buckets=RANK_EXCHANGE_BUCKETS, registry=reg("rank_exchange_seconds"))
         # worker
         self.steps = counter("steps", "STEP messages accepted for drafting (worker)")
+        self.connections_closed = counter(
+            "connections_closed", "Connections that ended without a session, or whose session"
+            " never sent a STEP, closed by the worker's bounds or by the peer, by reason",
+            ("reason",))
+        for reason in CLOSE_REASONS:
+            self.connections_closed.labels(reason=reason.value)
+        self.drafting_aborts = counter(
+            "drafting_aborts", "STEPs the worker aborted while drafting (COMPLETION status"
+            " ABORTED), by reason", ("reason",))
         for cause in FallbackCause:  # expose zeros: a scrape shows every cause
             self.fallbacks.labels(cause=cause.value)
         for kind in StepKind:
@@ -159,10 +169,15 @@ class Metrics:
         """We refused the peer's HELLO (or its answer) for ``reason``."""
         self.peer_refused({Reason.WRONG_IDENTITY: PeerRefusal.IDENTITY_MISMATCH,
                            Reason.SPECULATION_NOT_ENABLED: PeerRefusal.SPECULATION_NOT_ENABLED,
+                           Reason.SESSION_IN_USE: PeerRefusal.SESSION_IN_USE,
+                           Reason.TOO_MANY_SESSIONS: PeerRefusal.TOO_MANY_SESSIONS,
                            }.get(reason, PeerRefusal.HELLO_INCOMPATIBLE))
 
     def request_refused(self, reason: Reason) -> None:
         self.requests_refused.labels(reason=Reason(reason).value).inc()
+
+    def connection_closed(self, reason: Reason) -> None:
+        self.connections_closed.labels(reason=Reason(reason).value).inc()
 
     def fallback(self, cause: FallbackCause) -> None:
         self.fallbacks.labels(cause=FallbackCause(cause).value).inc()

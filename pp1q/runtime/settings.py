@@ -32,9 +32,18 @@ from pp1q.models.toy import (
 )
 from pp1q.wire import WIRE_V1, WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT
+from pp1q.wire.sessions import (
+    DEFAULT_HELLO_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_PENDING_SESSIONS,
+    DEFAULT_MAX_SESSIONS,
+    PeerBounds,
+)
 
 MAX_SLOTS = 64  # the scheduler preallocates target rows per slot; bound that memory
 MAX_DEPTH = 16  # the design fixes depth 5; a larger value is an experiment, bounded
+MAX_CONNECTIONS = 16384  # file descriptors; each connection costs ~70 KiB before HELLO
 MAX_RANKS = 16  # vote rows grow with ranks; a tensor-parallel group is one or two nodes' GPUs
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # off: target-only; greedy: v1 (temperature 0) speculation; sampled: v2 with exact q.
@@ -98,6 +107,29 @@ class WorkerSettings(DaemonSettings, frozen=True, kw_only=True):
     draft_distance: Annotated[float, Meta(ge=0, le=1)] | None = None  # None: the preset's
     max_support: Annotated[int, Meta(ge=1, le=MAX_VOCAB)] = DEFAULT_MAX_SUPPORT
     check_outgoing: bool = True
+    # bounds on what any peer may hold (pp1q.wire.sessions; docs/operations.md, "Bounds
+    # on the worker"): max_pending_sessions <= max_sessions < max_connections
+    max_connections: Annotated[int, Meta(ge=2, le=MAX_CONNECTIONS)] = DEFAULT_MAX_CONNECTIONS
+    max_sessions: Annotated[int, Meta(ge=1, le=MAX_CONNECTIONS - 1)] = DEFAULT_MAX_SESSIONS
+    max_pending_sessions: Annotated[int, Meta(ge=1, le=MAX_CONNECTIONS - 1)] = (
+        DEFAULT_MAX_PENDING_SESSIONS)
+    hello_timeout_s: Positive = DEFAULT_HELLO_TIMEOUT_S
+    idle_timeout_s: Positive = DEFAULT_IDLE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_sessions >= self.max_connections:
+            raise refusal("max_sessions", self.max_sessions,
+                          f"must be below max_connections ({self.max_connections}): a new"
+                          " connection needs room to say HELLO")
+        if self.max_pending_sessions > self.max_sessions:
+            raise refusal("max_pending_sessions", self.max_pending_sessions,
+                          f"must be at most max_sessions ({self.max_sessions})")
+
+    @property
+    def peer_bounds(self) -> PeerBounds:
+        return PeerBounds(self.max_connections, self.max_sessions, self.max_pending_sessions,
+                          self.hello_timeout_s, self.idle_timeout_s)
 
     @property
     def versions(self) -> tuple[int, ...]:

@@ -24,6 +24,7 @@ from pp1q.wire.table import (
     check_receiving,
     check_usable,
     conn_event,
+    receivable,
 )
 
 
@@ -105,18 +106,28 @@ class Endpoint:
         """``pool``: payload buffers to share across connections (e.g. preallocated at
         start-up and kept over reconnects); by default each endpoint has its own."""
         self.config = config
+        self.decoder = FrameDecoder(config.limits, pool)
         self.state = Conn.IDLE  # every change after this one is wire/table.py's
         self.version: int | None = None
         self.session: int | None = None
         self.limits: Limits = config.limits  # becomes the negotiated limits
         self.peer: Identity | None = None
         self.slots: list[SlotTrack] = []
-        self.decoder = FrameDecoder(config.limits, pool)
         self.discarded: collections.Counter = collections.Counter()  # Reason -> frames
         self.failures: collections.Counter = collections.Counter()  # Reason -> proposals
         self._outbox: list[bytes] = []
 
     # -- public -------------------------------------------------------------
+
+    @property
+    def state(self) -> Conn:
+        return self._state
+
+    @state.setter
+    def state(self, new: Conn) -> None:
+        # the decoder refuses, at its header, any frame this state would refuse once read
+        self._state = new
+        self.decoder.accepts = receivable(self.role, new)
 
     @property
     def vocab(self) -> int:
@@ -138,7 +149,7 @@ class Endpoint:
 
     def buffer_updated(self, nbytes: int, now: float) -> list:
         """asyncio.BufferedProtocol hook: ``nbytes`` landed in ``get_buffer()``'s view."""
-        return self._consume(lambda: self.decoder.buffer_updated(nbytes), now)
+        return self._consume(lambda: self.decoder.iter_buffer_updated(nbytes), now)
 
     # -- shared internals ---------------------------------------------------
 

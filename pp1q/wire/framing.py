@@ -163,6 +163,12 @@ def payload_checksum_of(frame: bytes) -> int:
     return _U64.unpack_from(frame, PAYLOAD_SUM_AT)[0]
 
 
+def _unraised(e: RemoteProtocolError) -> RemoteProtocolError:
+    """A copy of ``e`` without its traceback, to keep (and raise again): a raised error's
+    traceback holds our frames, and so ourselves, in a reference cycle."""
+    return type(e)(e.reason, e.detail)
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """A decoded frame: the message, its total size, its payload checksum field, and
@@ -190,6 +196,9 @@ class FrameDecoder:
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, pool: PayloadPool | None = None) -> None:
         self.limits = limits
+        # message types the reader's state allows now (None: any); another type is refused
+        # at its header, so a peer cannot make us buffer a frame we would refuse anyway
+        self.accepts: frozenset[MsgType] | None = None
         # two generations of every in-flight row: the one being consumed, the next arriving
         self.pool = pool or PayloadPool(2 * limits.max_inflight * limits.max_depth
                                         * limits.max_payload)
@@ -211,7 +220,7 @@ class FrameDecoder:
         out = []
         for f in self.feed_frames(data):
             if f.error is not None:
-                self._error = f.error
+                self._error = _unraised(f.error)
                 raise f.error
             out.append(f.message)
         return out
@@ -223,11 +232,11 @@ class FrameDecoder:
         """Frames as they complete, so a consumer can validate each payload while it is
         still in cache. Consume it fully: unconsumed input stays unread."""
         if self._error is not None:
-            raise self._error
+            raise _unraised(self._error)
         try:
             yield from self._frames(memoryview(data).cast("B"))
         except RemoteProtocolError as e:
-            self._error = e
+            self._error = _unraised(e)
             raise
 
     @property
@@ -247,18 +256,24 @@ class FrameDecoder:
         return self._scratch
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
+        return list(self.iter_buffer_updated(nbytes))
+
+    def iter_buffer_updated(self, nbytes: int) -> Iterator[Frame]:
+        """``buffer_updated`` frame by frame: a consumer that changes ``accepts`` on a
+        frame (a HELLO) has it applied to the next header of the same read."""
         if self._error is not None:
-            raise self._error
+            raise _unraised(self._error)
         if not self._handed_payload:
-            return self.feed_frames(self._scratch[:nbytes])
+            yield from self.iter_frames(self._scratch[:nbytes])
+            return
         self._handed_payload = False
         self._filled += nbytes
         if self._filled < len(self._payload_mv):
-            return []
+            return
         try:
-            return [self._finish_payload()]
+            yield self._finish_payload()
         except RemoteProtocolError as e:
-            self._error = e
+            self._error = _unraised(e)
             raise
 
     # -- internals ----------------------------------------------------------
@@ -309,6 +324,9 @@ class FrameDecoder:
             raise RemoteProtocolError(Reason.BAD_VERSION, f"frame version {version}")
         if mtype not in _decoders:
             raise RemoteProtocolError(Reason.UNKNOWN_MESSAGE_TYPE, f"type {mtype}")
+        if self.accepts is not None and mtype not in self.accepts:
+            raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED,
+                                      f"{MsgType(mtype).name} not allowed now")
         if flags:
             raise RemoteProtocolError(Reason.BAD_FLAGS, f"flags {flags:#06x}")
         if control_len == 0:  # every control part is a non-empty msgpack array

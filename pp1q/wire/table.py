@@ -78,6 +78,8 @@ CONN_TABLE: dict[tuple, Conn] = {
     **{(W, Conn.READY, S, t): Conn.READY for t in (T.REPLY, T.COMPLETION, T.REFUSAL)},
     # pseudo events
     (W, Conn.IDLE, Pseudo.REFUSE): Conn.CLOSED,  # HELLO refused (the REFUSAL is sent next)
+    # the worker's bounds close a connection (deadline, eviction; the REFUSAL is sent next)
+    **{(W, c, Pseudo.CLOSE): Conn.CLOSED for c in (Conn.IDLE, Conn.READY)},
     **{(V, c, Pseudo.CLOSE): Conn.CLOSED for c in (Conn.IDLE, Conn.HELLO_SENT, Conn.READY,
                                                    Conn.CLOSED)},
     (V, Conn.ERROR, Pseudo.CLOSE): Conn.ERROR,  # a broken stream stays broken
@@ -121,6 +123,26 @@ def conn_next(role: Role, state: Conn, d: Dir | Pseudo, t: MsgType | None = None
     except KeyError:
         what = d if t is None else f"{d} {t.name}"
         raise _refusal(d)(Reason.STATE_NOT_ALLOWED, f"{role} {state}: {what}") from None
+
+
+def _receivable() -> dict[tuple[Role, Conn], frozenset[MsgType]]:
+    out: dict = {}
+    for key in CONN_TABLE:
+        if len(key) == 4 and key[2] is Dir.RECV:
+            out.setdefault(key[:2], set()).add(key[3])
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+RECEIVABLE = _receivable()  # (role, state) -> message types the peer may send now
+
+
+def receivable(role: Role, state: Conn) -> frozenset[MsgType] | None:
+    """What may arrive in ``state`` (the frame decoder refuses any other type at its
+    header, before buffering it); None after close or error: those states refuse frames
+    themselves (check_receiving, check_usable)."""
+    if state in (Conn.CLOSED, Conn.ERROR):
+        return None
+    return RECEIVABLE.get((role, state), frozenset())
 
 
 def slot_next(role: Role, state: SlotState, d: Dir | Pseudo, t: MsgType | None = None):

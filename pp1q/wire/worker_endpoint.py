@@ -44,6 +44,7 @@ from pp1q.wire.messages import (
     type_of,
 )
 from pp1q.wire.pool import PayloadPool
+from pp1q.wire.sessions import SessionTable
 from pp1q.wire.table import (
     Conn,
     Dir,
@@ -70,15 +71,50 @@ class WorkerEndpoint(Endpoint):
     role = Role.WORKER
 
     def __init__(self, config: WireConfig, *, check_outgoing: bool = True,
-                 pool: PayloadPool | None = None) -> None:
+                 pool: PayloadPool | None = None, sessions: SessionTable | None = None,
+                 now: float = 0.0) -> None:
         """``check_outgoing``: run the verifier's row checks on every REPLY we send
-        (a bug here then fails locally, before the peer sees it)."""
+        (a bug here then fails locally, before the peer sees it). ``sessions``: the
+        daemon's table (bounds and deadlines, pp1q.wire.sessions; None: unbounded, for
+        tests and benchmarks); ``now``: when the connection was accepted."""
         super().__init__(config, pool)
         self.check_outgoing = check_outgoing
+        self.sessions = sessions
+        self.opened_at = self.last_heard = now
+        self.stepped = False  # a STEP was accepted: the session is no longer pending
+
+    # -- deadlines (the caller's clock) -------------------------------------
+
+    def deadline(self) -> tuple[float, Reason] | None:
+        """When this connection expires unless it speaks, and why: no HELLO yet, or a
+        session that never sent a STEP and went silent. None: no deadline."""
+        if self.sessions is None:
+            return None
+        b = self.sessions.bounds
+        if self.state is Conn.IDLE:
+            return self.opened_at + b.hello_timeout_s, Reason.HELLO_TIMEOUT
+        if self.state is Conn.READY and not self.stepped:
+            return self.last_heard + b.idle_timeout_s, Reason.IDLE_TIMEOUT
+        return None
+
+    def expired(self, now: float) -> Reason | None:
+        due = self.deadline()
+        return due[1] if due is not None and now >= due[0] else None
+
+    def expire(self, reason: Reason) -> None:
+        """Close the connection on our own bounds; the REFUSAL saying why is queued
+        (write ``data_to_send()``, then close). A session id the peer has not sent yet is 0."""
+        if self.state not in (Conn.IDLE, Conn.READY):
+            return
+        conn_event(self, Pseudo.CLOSE)
+        self._outbox.append(encode(Refusal(
+            session=self.session or 0, slot=CONNECTION_SLOT, generation=0, round_id=0,
+            reason=reason, detail="closed by the worker's bounds on its peers")))
 
     # -- receiving ----------------------------------------------------------
 
     def _on_frame(self, frame: Frame, now: float, events: list) -> None:
+        self.last_heard = now
         msg = frame.message
         t = type_of(msg)
         if self.state is Conn.IDLE and t is MsgType.HELLO:
@@ -106,6 +142,8 @@ class WorkerEndpoint(Endpoint):
             check_identity(ours.identity, hello.identity)
             hello.limits.check(hello.identity.vocab)
             limits = ours.limits.meet(hello.limits)
+            if self.sessions is not None:  # last: a session is held once this passes
+                self.sessions.open(self, hello.session)
         except RemoteProtocolError as e:
             conn_event(self, Pseudo.REFUSE)
             self._outbox.append(encode(Refusal(
@@ -131,6 +169,7 @@ class WorkerEndpoint(Endpoint):
             self._refuse(step, e.reason, e.detail, events)
             return
         s.begin(step)
+        self.stepped = True
         events.append(StepRequested(step))
 
     def _check_step_keys(self, step: Step, s: SlotTrack) -> None:
@@ -170,8 +209,9 @@ class WorkerEndpoint(Endpoint):
             prefix.extend(ids.tolist())
             if prefix.digest != ctx.digest:
                 raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "context digest")
-        except RemoteProtocolError as e:
-            s.prefix, s.context_error = None, e  # nothing half-applied: the verifier resends
+        except RemoteProtocolError as e:  # a copy: the raised one's traceback holds us
+            s.prefix = None  # nothing half-applied: the verifier resends
+            s.context_error = RemoteProtocolError(e.reason, e.detail)
             events.append(ContextRefused(ctx.slot, ctx.generation, e.reason, e.detail))
             return
         s.prefix, s.context_error = prefix, None

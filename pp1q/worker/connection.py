@@ -23,30 +23,47 @@ from pp1q.wire.events import (
     StepRefused,
     StepRequested,
 )
+from pp1q.wire.sessions import SessionTable
+from pp1q.wire.table import Conn
 from pp1q.worker.drafting import Proposer, StepDrafter
-from pp1q.worker.state import StateRefusedError, WorkerState
 
 log = logging.getLogger("pp1q.worker")
 
 
 class WorkerConnection(asyncio.BufferedProtocol):
-    def __init__(self, config: WireConfig, state: WorkerState, proposer: Proposer,
-                 metrics: Metrics, on_close=None, check_outgoing: bool = True) -> None:
-        self.config, self.state, self.proposer, self.metrics = config, state, proposer, metrics
+    """One connection. What it may hold and for how long is ``sessions``' decision
+    (pp1q.wire.sessions: admission, eviction) and its endpoint's (deadlines); this
+    adapter applies them: one timer for the endpoint's next deadline, a close (after
+    the REFUSAL the endpoint queued) for each connection the table names."""
+
+    def __init__(self, config: WireConfig, sessions: SessionTable, proposer: Proposer,
+                 metrics: Metrics, check_outgoing: bool = True) -> None:
+        self.config, self.sessions, self.proposer, self.metrics = (
+            config, sessions, proposer, metrics)
         self._check_outgoing = check_outgoing
-        self._on_close = on_close
         self.transport: asyncio.Transport | None = None
-        self.endpoint = WorkerEndpoint(config, check_outgoing=check_outgoing)
+        self.endpoint = WorkerEndpoint(config, check_outgoing=check_outgoing, sessions=sessions,
+                                       now=asyncio.get_running_loop().time())
         self.drafter = StepDrafter(self.endpoint, proposer, metrics, self._write,
                                    lambda: self._drain)
         self._drain: asyncio.Future | None = None
         self._out: list[bytes] = []  # frames of this loop tick, not yet written
         self._session: int | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._shut = False  # closed by our bounds (counted there)
 
     # -- asyncio.BufferedProtocol ------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        now = asyncio.get_running_loop().time()
+        try:
+            victims = self.sessions.admit(self.endpoint, self, now)
+        except RemoteProtocolError as e:  # no connection to replace (see SessionTable.admit)
+            self.shut(e.reason)
+            return
+        self._close_victims(victims)
+        self._arm()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.endpoint.get_buffer(sizehint)
@@ -56,9 +73,11 @@ class WorkerConnection(asyncio.BufferedProtocol):
         try:
             self._on_wire_events(self.endpoint.buffer_updated(nbytes, now))
         except RemoteProtocolError as e:
-            log.warning("closing connection: %s", e)
+            log.warning("closing connection: %s", str(e))  # str: a record keeps no traceback
             self.metrics.validation_failure(e.reason)
             self.close()
+        self._close_victims(self.sessions.take_victims())
+        self._arm()
 
     def pause_writing(self) -> None:
         if self._drain is None:
@@ -70,15 +89,53 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self._drain = None
 
     def connection_lost(self, exc) -> None:
-        if self._on_close is not None:
-            self._on_close(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.endpoint.state is Conn.IDLE and not self._shut:
+            self.metrics.connection_closed(Reason.NO_HELLO)  # gone before its HELLO
         self.drafter.cancel_all()
-        if self._session is not None:
+        self.drafter.detach()  # its write hooks are ours: no cycle outlives the connection
+        if self._session is not None:  # only the owner of a session: ids are unique (table)
             for slot in range(len(self.endpoint.slots)):
                 self.proposer.discard((self._session, slot))
-            self.state.close_session(self._session)
-            self.metrics.slots_in_use.set(self.state.slots_held())
+        self.sessions.release(self.endpoint)
+        self.metrics.slots_in_use.set(self.sessions.slots_held())
         self.resume_writing()
+
+    # -- the bounds ----------------------------------------------------------
+
+    def _arm(self) -> None:
+        """One timer at a time, at the endpoint's deadline; it re-arms if the deadline
+        moved on (a frame heard, HELLO said) and stops once there is none."""
+        due = self.endpoint.deadline()
+        if due is not None and self._timer is None and not self._shut:
+            self._timer = asyncio.get_running_loop().call_at(due[0], self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        reason = self.endpoint.expired(asyncio.get_running_loop().time())
+        if reason is None:
+            self._arm()
+            return
+        log.info("closing connection: %s", reason.value)
+        self.shut(reason)
+
+    def shut(self, reason: Reason) -> None:
+        """Close on our bounds: the endpoint's REFUSAL (if it can still send one) first."""
+        if self._shut:
+            return
+        self._shut = True
+        self.metrics.connection_closed(reason)
+        self.endpoint.expire(reason)
+        self._write(self.endpoint.data_to_send())
+        self.close()
+
+    @staticmethod
+    def _close_victims(victims) -> None:
+        for owner, reason in victims:
+            log.info("closing an older connection: %s", reason.value)
+            owner.shut(reason)
 
     # -- wire ----------------------------------------------------------------
 
@@ -90,7 +147,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
             elif isinstance(ev, ContextReceived):
                 if ev.full:  # a whole prefix: the drafter fills its state once, here
                     self.proposer.prefill((ep.session, ev.slot), ep.context(ev.slot))
-                self.metrics.slots_in_use.set(self.state.slots_held())
+                self.metrics.slots_in_use.set(self.sessions.slots_held())
             elif isinstance(ev, ContextRefused):
                 log.info("context for slot %d refused: %s", ev.slot, ev.reason.value)
                 self.metrics.validation_failure(ev.reason)
@@ -99,11 +156,14 @@ class WorkerConnection(asyncio.BufferedProtocol):
                 self.proposer.discard((ep.session, ev.slot))
                 if ev.reason is not Reason.CANCELLED:  # a discarded proposal, not a release
                     self.metrics.generation_invalidations.inc()
-                self.metrics.slots_in_use.set(self.state.slots_held())
+                self.metrics.slots_in_use.set(self.sessions.slots_held())
             elif isinstance(ev, StepRefused):
                 self.metrics.validation_failure(ev.reason)
             elif isinstance(ev, SessionStarted):
-                self._open_session(ev)
+                self._session = ev.session  # the table bound it to this connection
+                log.info("session %016x started: wire v%d, %d slots, depth <= %d, "
+                         "support <= %d", ev.session, ev.version, ev.limits.max_slots,
+                         ev.limits.max_depth, ev.limits.max_support)
             elif isinstance(ev, SessionRefused):
                 log.warning("HELLO refused (%s): %s", ev.reason.value, ev.detail)
                 self.metrics.validation_failure(ev.reason)
@@ -112,20 +172,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
         out = ep.data_to_send()
         if out:
             self._write(out)
-        if isinstance(events, list) and any(isinstance(e, SessionRefused) for e in events):
+        if any(isinstance(e, SessionRefused) for e in events):
             self.close()
-
-    def _open_session(self, ev: SessionStarted) -> None:
-        try:
-            self.state.open_session(ev.session, self.endpoint)
-        except StateRefusedError as e:
-            log.warning("session refused: %s", e)
-            self.close()
-            return
-        self._session = ev.session
-        log.info("session %016x started: wire v%d, %d slots, depth <= %d, support <= %d",
-                 ev.session, ev.version, ev.limits.max_slots, ev.limits.max_depth,
-                 ev.limits.max_support)
 
     # -- output ------------------------------------------------------------
 

@@ -16,10 +16,10 @@ from pp1q.runtime.config import open_capture
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import WorkerSettings, cannot_listen, parse_hostport
 from pp1q.wire.session_config import engine_identity, worker_config
+from pp1q.wire.sessions import SessionTable
 from pp1q.worker.connection import WorkerConnection
 from pp1q.worker.drafting import Proposer
 from pp1q.worker.engine_proposer import EngineProposer
-from pp1q.worker.state import WorkerState
 
 log = logging.getLogger("pp1q.worker")
 
@@ -68,14 +68,11 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
     config, drafter, metrics = build(settings)
     proposal = proposer(drafter)
     host, port = parse_hostport(settings.listen)
-    state = WorkerState()
-    connections: set[WorkerConnection] = set()
+    sessions = SessionTable(settings.peer_bounds)  # every connection, bounded
 
     def accept() -> WorkerConnection:
-        conn = WorkerConnection(config, state, proposal, metrics, on_close=connections.discard,
+        return WorkerConnection(config, sessions, proposal, metrics,
                                 check_outgoing=settings.check_outgoing)
-        connections.add(conn)
-        return conn
 
     tls_context = tls.server_context(settings, metrics)  # None: plain TCP
     # draws are the verifier's (pp1q.core.drawkey): a worker never knows their secret
@@ -100,7 +97,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
         await serve_until_stopped(metrics, settings, banner, port, stop, ready)
     finally:
         server.close()
-        open_conns = list(connections)
+        open_conns = sessions.owners()
         for conn in open_conns:  # verifiers see the close and fail over at once
             conn.close()
         log.info("stopping: listening no more; closed %d verifier connection(s)",

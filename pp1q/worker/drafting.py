@@ -88,6 +88,10 @@ class StepDrafter:
         for slot in list(self.tasks):
             self.cancel(slot)
 
+    def detach(self) -> None:
+        """The connection is gone: drop its hooks (bound to it: a reference cycle)."""
+        self._write, self._writable = _drop, _always_writable
+
     def _done(self, slot: int, task: asyncio.Task) -> None:
         if self.tasks.get(slot) is task:
             del self.tasks[slot]
@@ -117,7 +121,7 @@ class StepDrafter:
                     await waiter  # the peer reads slower than we draft: back-pressure
                 await asyncio.sleep(0)  # let a RESET for this slot in before the next row
         except Pp1qError as e:
-            log.warning("drafting slot %d failed: %s", step.slot, e)
+            log.warning("drafting slot %d failed: %s", step.slot, str(e))
             self._abort(step, e.reason)
             return
         if not ep.is_live(step.slot, step.generation, step.round_id):
@@ -126,9 +130,18 @@ class StepDrafter:
         self.metrics.round_latency.observe(time.perf_counter() - t0)
 
     def _abort(self, step: Step, reason: Reason) -> None:
+        self.metrics.drafting_aborts.labels(reason=Reason(reason).value).inc()
         ep = self.endpoint
         if ep.is_live(step.slot, step.generation, step.round_id):
             self._send(ep.send(ep.completion(step.slot, Status.ABORTED, Reason(reason))))
 
     def _send(self, frame: bytes) -> None:
         self._write(frame)
+
+
+def _drop(_data: bytes) -> None:
+    """Where a detached drafter's frames go: the connection is closed."""
+
+
+def _always_writable() -> None:
+    return None

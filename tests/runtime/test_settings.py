@@ -139,6 +139,11 @@ BAD_OPTIONS = [  # (role, options, the key named, the value shown)
     ("verifier", ["--breaker-open-s", "90"], "breaker_open_max_s", None),  # max below it
     ("verifier", ["--drain-timeout-s", "-1"], "drain_timeout_s", "-1.0"),
     ("verifier", ["--drain-timeout-s", "inf"], "drain_timeout_s", "inf"),
+    ("worker", ["--max-connections", "1"], "max_connections", "1"),
+    ("worker", ["--hello-timeout-s", "nan"], "hello_timeout_s", "nan"),
+    ("worker", ["--idle-timeout-s", "0"], "idle_timeout_s", "0.0"),
+    ("worker", ["--max-sessions", "128"], "max_sessions", None),  # below max_connections
+    ("worker", ["--max-pending-sessions", "65"], "max_pending_sessions", None),  # <= sessions
 ]
 
 BAD_FILES = [  # (role, TOML text, the key named, the value shown, the scope named)
@@ -152,6 +157,7 @@ BAD_FILES = [  # (role, TOML text, the key named, the value shown, the scope nam
     ("verifier", '[verifier]\nslots = "4"\n', "slots", "'4'", "[verifier]"),
     ("verifier", "[verifier]\ndepth = 5.0\n", "depth", "5.0", "[verifier]"),
     ("worker", "[worker]\ncheck_outgoing = 1\n", "check_outgoing", "1", "[worker]"),
+    ("worker", "[worker]\nmax_pending_sessions = 0\n", "max_pending_sessions", "0", "[worker]"),
     ("verifier", "vocab = true\n", "vocab", "True", "top level"),
     # unknown and misplaced keys, for both daemons alike
     ("verifier", "[verifier]\nbogus = 1\n", "bogus", None, "[verifier]"),

@@ -21,7 +21,7 @@ from pp1q.verifier import rounds
 from pp1q.verifier.link import classify
 from pp1q.wire import FRAME_VERSION, MAGIC
 from pp1q.wire.events import ProposalFailed
-from pp1q.worker.state import StateRefusedError, WorkerState
+from pp1q.wire.sessions import SessionTable
 
 V2_FRAME_START = MAGIC + bytes([FRAME_VERSION, 0, 0, 0])  # a wire frame's first 8 bytes
 
@@ -61,15 +61,17 @@ def test_prefix_digest_is_incremental_and_order_sensitive():
     assert p.last_position == 2 and len(p.copy()) == 3
 
 
-def test_worker_state_bounds_sessions_and_counts_held_contexts():
+def test_session_table_counts_held_contexts():
+    """The slots-in-use gauge: contexts held by live sessions (the table's bounds are
+    tests/wire/test_wire_hostile.py's)."""
     from wire_helpers import SESSION, pair
 
     from pp1q.wire import Reset
-    from pp1q.worker.state import MAX_SESSIONS_TRACKED
 
-    st = WorkerState()
+    st = SessionTable()
     v, w = pair()  # every slot holds a context
-    st.open_session(1, w)
+    st.admit(w, "conn", 0.0)
+    st.open(w, w.session)
     assert st.slots_held() == len(w.slots)
     w.receive_data(v.send(Reset(session=SESSION, slot=0, generation=0,
                                 reason=Reason.STEP_TIMEOUT)), 0.0)
@@ -77,12 +79,8 @@ def test_worker_state_bounds_sessions_and_counts_held_contexts():
     w.receive_data(v.send(Reset(session=SESSION, slot=1, generation=0,
                                 reason=Reason.CANCELLED)), 0.0)
     assert st.slots_held() == len(w.slots) - 1  # the request ended
-    for i in range(2, MAX_SESSIONS_TRACKED + 1):
-        st.open_session(i, w)
-    with pytest.raises(StateRefusedError):
-        st.open_session(0, w)
-    st.close_session(1)
-    assert st.slots_held() == (MAX_SESSIONS_TRACKED - 1) * (len(w.slots) - 1)
+    st.release(w)
+    assert st.slots_held() == 0
 
 
 def test_greedy_round_accepts_the_matching_prefix():

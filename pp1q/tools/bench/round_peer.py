@@ -19,15 +19,14 @@ import sys
 import msgspec
 import numpy as np
 
-from pp1q.core.prefix import Prefix
 from pp1q.core.q import build_row, sample
 from pp1q.models.toy import ToySpec
 from pp1q.runtime.metrics import Metrics
 from pp1q.wire import Completion, Form, Status, Step, encode, reply_from_row
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, worker_config
+from pp1q.wire.sessions import SessionTable
 from pp1q.worker.connection import WorkerConnection
 from pp1q.worker.drafting import Proposer
-from pp1q.worker.state import WorkerState
 
 VOCAB = 129280
 REQUESTS = 4
@@ -83,14 +82,6 @@ class CannedProposer(Proposer):
         yield from self.canned[step.top_k][step.slot % REQUESTS][: step.depth]
 
 
-class ContextFreeState(WorkerState):
-    """The benchmark's STEPs come without a context (no context channel): every STEP
-    drafts after an empty prefix."""
-
-    def prefix_for_step(self, session, slot, generation, last_committed, digest) -> Prefix:
-        return Prefix()
-
-
 def serve_ours(form: str, check_outgoing: bool = True) -> None:
     import uvloop
 
@@ -100,7 +91,7 @@ def serve_ours(form: str, check_outgoing: bool = True) -> None:
     config = worker_config(spec, (2,), DEFAULT_MAX_SUPPORT)
 
     async def main() -> None:
-        metrics, state = Metrics("worker"), ContextFreeState()
+        metrics, state = Metrics("worker"), SessionTable()
         server = await asyncio.get_running_loop().create_server(
             lambda: WorkerConnection(config, state, proposer, metrics,
                                      check_outgoing=check_outgoing), "127.0.0.1", 0)
