@@ -24,6 +24,11 @@ def run_daemon(args, role: str, serve) -> int:
         return refuse(role, e)
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    if settings.speculation == "sampled":  # q rows will arrive: load the checker now
+        try:
+            warm_up_checks(role)
+        except ConfigError as e:
+            return refuse(role, e)
     try:
         import uvloop
     except ImportError:  # non-Linux: the standard loop works, only slower
@@ -42,6 +47,16 @@ def run_daemon(args, role: str, serve) -> int:
         return int(asyncio.run(main()) or 0)
     except ConfigError as e:
         return refuse(role, e)
+
+
+def warm_up_checks(role: str) -> None:
+    """Choose and load the dense-row checker (pp1q.core.q_backend) before serving, so
+    the first q row does not pay numba's import and kernel load (about 1-2 s)."""
+    from pp1q.core.q_backend import warm_up
+
+    name, why, seconds = warm_up()
+    logging.getLogger(f"pp1q.{role}").info("dense q rows checked by %s (%s), loaded in %.2f s",
+                                           name, why, seconds)
 
 
 def refuse(role: str, e: Exception) -> int:
