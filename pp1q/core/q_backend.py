@@ -36,8 +36,7 @@ CHOICES = ("auto", "numba", "numpy")
 _chosen: tuple[str, str, object] | None = None  # (backend, why, dense_scan module or None)
 
 
-def _choose() -> tuple[str, str, object]:
-    want = os.environ.get(ENV, "auto").strip().lower() or "auto"
+def _choose(want: str) -> tuple[str, str, object]:
     if want not in CHOICES:
         raise ConfigError(f"{ENV}={want!r}: must be one of {', '.join(CHOICES)}", ENV)
     if want == "numpy":
@@ -60,8 +59,17 @@ def chosen() -> tuple[str, str, object]:
     """(backend name, why, kernels module or None), decided on the first call."""
     global _chosen
     if _chosen is None:
-        _chosen = _choose()
+        _chosen = _choose(os.environ.get(ENV, "auto").strip().lower() or "auto")
     return _chosen
+
+
+def select(want: str) -> str:
+    """Choose explicitly for this process, as ``PP1Q_VALIDATE=want`` would (``pp1q
+    bench`` times both checkers in one run); returns the previous choice's name."""
+    global _chosen
+    before = backend()
+    _chosen = _choose(want)
+    return before
 
 
 def backend() -> str:

@@ -19,7 +19,7 @@ import sys
 import msgspec
 import numpy as np
 
-from pp1q.core.prefix import Prefix
+from pp1q.core import q_backend
 from pp1q.core.q import build_row, sample
 from pp1q.models.toy import ToySpec
 from pp1q.runtime.metrics import Metrics
@@ -83,14 +83,6 @@ class CannedProposer(Proposer):
         yield from self.canned[step.top_k][step.slot % REQUESTS][: step.depth]
 
 
-class ContextFreeState(WorkerState):
-    """The benchmark's STEPs come without a context (no context channel): every STEP
-    drafts after an empty prefix."""
-
-    def prefix_for_step(self, session, slot, generation, last_committed, digest) -> Prefix:
-        return Prefix()
-
-
 def serve_ours(form: str, check_outgoing: bool = True) -> None:
     import uvloop
 
@@ -99,8 +91,10 @@ def serve_ours(form: str, check_outgoing: bool = True) -> None:
     spec = ToySpec(vocab=VOCAB, seed=0)
     config = worker_config(spec, (2,), DEFAULT_MAX_SUPPORT)
 
+    q_backend.warm_up()  # as the worker daemon does at start (PP1Q_VALIDATE chooses)
+
     async def main() -> None:
-        metrics, state = Metrics("worker"), ContextFreeState()
+        metrics, state = Metrics("worker"), WorkerState()
         server = await asyncio.get_running_loop().create_server(
             lambda: WorkerConnection(config, state, proposer, metrics,
                                      check_outgoing=check_outgoing), "127.0.0.1", 0)
