@@ -50,12 +50,12 @@ def run_daemon(args, role: str, serve) -> int:
 
 
 def warm_up_checks(role: str) -> None:
-    """Choose and load the dense-row checker (pp1q.core.q_backend) before serving, so
+    """Choose and load the q-row checker (pp1q.core.q_backend) before serving, so
     the first q row does not pay numba's import and kernel load (about 1-2 s)."""
     from pp1q.core.q_backend import warm_up
 
     name, why, seconds = warm_up()
-    logging.getLogger(f"pp1q.{role}").info("dense q rows checked by %s (%s), loaded in %.2f s",
+    logging.getLogger(f"pp1q.{role}").info("q rows checked by %s (%s), loaded in %.2f s",
                                            name, why, seconds)
 
 

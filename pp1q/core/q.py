@@ -389,10 +389,14 @@ def parse_sparse(ids, q, vocab: int) -> DyadicRow:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, "sparse ids and q differ in length")
     if id_arr.size == 0:
         raise RowValidationError(Reason.MISSING_Q, "empty sparse row")
-    _check_support(id_arr, vocab, RowValidationError)
-    counts = _counts_from_q(q_arr)
-    if not counts.all():
-        raise RowValidationError(Reason.NON_CANONICAL, "sparse entry with zero q")
+    k = q_backend.kernels()
+    if k is not None and id_arr.flags.c_contiguous and q_arr.flags.c_contiguous:
+        counts = q_backend.parse_sparse_fused(k, id_arr, q_arr, vocab)  # same checks, one call
+    else:
+        _check_support(id_arr, vocab, RowValidationError)
+        counts = _counts_from_q(q_arr)
+        if not counts.all():
+            raise RowValidationError(Reason.NON_CANONICAL, "sparse entry with zero q")
     # every invariant of DyadicRow is proven above: skip re-checking it
     return DyadicRow._proven(vocab, np.ascontiguousarray(id_arr, dtype=np.int32),
                              np.ascontiguousarray(counts, dtype=np.int64))

@@ -1,19 +1,20 @@
-"""Which implementation checks dense q rows: one fused numba pass, or numpy's passes.
+"""Which implementation checks q rows: fused numba kernels, or numpy's passes (a dense
+row: one pass instead of about ten; a sparse row: one call instead of about fifteen).
 
 Both make exactly the same decision (accept or refuse, and the same closed-set
-``Reason``): tests/core/test_dense_backends.py feeds both the same corpus of bad rows
+``Reason``): tests/core/test_q_backends.py feeds both the same corpus of bad rows
 and random rows. The fused pass is several times faster (BENCHMARKS.md, "Wire v2"):
 numpy needs about ten passes over a 517 KB row where one suffices.
 
 The choice is made once per process, from the environment variable ``PP1Q_VALIDATE``:
 
 - ``auto`` (default, also when unset): numba when it imports (the ``fast`` extra),
-  else numpy. Which one runs, and why, is in the daemons' start-up log line ("dense q
+  else numpy. Which one runs, and why, is in the daemons' start-up log line ("q
   rows checked by numba (PP1Q_VALIDATE=auto), loaded in 1.9 s").
 - ``numba``: numba or a ``ConfigError`` (never quietly numpy).
 - ``numpy``: numpy's passes.
 
-Nothing is imported or compiled until the first dense row or ``warm_up()``; the daemons
+Nothing is imported or compiled until the first q row or ``warm_up()``; the daemons
 call ``warm_up()`` at start when speculation is sampled (only then do q rows arrive), so
 the first frame does not pay numba's import and the kernel load (1-2 s on the reference
 machine; the compiled kernels are cached in ``__pycache__``, compiling them afresh takes
@@ -33,7 +34,7 @@ from pp1q.core.errors import ConfigError, Reason, RowValidationError
 ENV = "PP1Q_VALIDATE"
 CHOICES = ("auto", "numba", "numpy")
 
-_chosen: tuple[str, str, object] | None = None  # (backend, why, dense_scan module or None)
+_chosen: tuple[str, str, object] | None = None  # (backend, why, q_scan module or None)
 
 
 def _choose(want: str) -> tuple[str, str, object]:
@@ -47,12 +48,12 @@ def _choose(want: str) -> tuple[str, str, object]:
                               "(pip install 'pp1q[fast]')", ENV)
         return "numpy", "numba not installed", None
     try:
-        from pp1q.core import dense_scan
+        from pp1q.core import q_scan
     except Exception as e:  # any failure to load the kernels (a broken llvmlite, say)
         if want == "numba":
             raise ConfigError(f"{ENV}=numba but numba failed to load: {e}", ENV) from e
         return "numpy", f"numba failed to load: {type(e).__name__}", None
-    return "numba", f"{ENV}={want}", dense_scan
+    return "numba", f"{ENV}={want}", q_scan
 
 
 def chosen() -> tuple[str, str, object]:
@@ -73,7 +74,7 @@ def select(want: str) -> str:
 
 
 def backend() -> str:
-    """'numba' or 'numpy': what checks dense rows in this process."""
+    """'numba' or 'numpy': what checks q rows in this process."""
     return chosen()[0]
 
 
@@ -90,9 +91,12 @@ def warm_up() -> tuple[str, str, float]:
     if k is not None:
         row = np.zeros(8, np.float32)
         row[0] = 1.0
-        for arr in (row, np.frombuffer(row.tobytes(), np.float32)):
+        ids = np.arange(8, dtype=np.int32)
+        for arr, i in ((row, ids), (np.frombuffer(row.tobytes(), np.float32),
+                                    np.frombuffer(ids.tobytes(), np.int32))):
             k.scan(arr, arr.view(np.uint32), 4)
             k.extract(arr, arr.view(np.uint32), 4)
+            k.sparse(i, arr, arr.view(np.uint32), 8)
     return name, why, time.perf_counter() - t0
 
 
@@ -106,6 +110,19 @@ def validate_fused(k, arr: np.ndarray, vocab: int) -> None:
         raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {1 << 24}")
     reason, what = k.FAILURES[code]
     raise RowValidationError(reason, f"{what} at index {i}: {arr[i]!r}")
+
+
+def parse_sparse_fused(k, ids: np.ndarray, q: np.ndarray, vocab: int) -> np.ndarray:
+    """The int64 counts of a sparse row after every check of ``parse_sparse`` in one
+    kernel call; ``ids`` int32 and ``q`` FP32, C-contiguous, equal lengths, not empty."""
+    code, i, counts = k.sparse(ids, q, q.view(np.uint32), vocab)
+    if code == k.OK:
+        return counts
+    if code == k.MASS_WRONG:
+        total = int((q.astype(np.float64) * (1 << 24)).astype(np.int64).sum())  # all dyadic
+        raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {1 << 24}")
+    reason, what = k.FAILURES[code]
+    raise RowValidationError(reason, f"{what} at index {i}: {(ids[i], q[i])!r}")
 
 
 def extract(k, arr: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:

@@ -105,9 +105,9 @@ def run(quick: bool) -> list[str]:
     for form, rounds, target, target_full in (("sparse", 30 if quick else 300, 1.5, 5.0),
                                               ("dense", 8 if quick else 40, 2.0, 3.0)):
         raw = time_raw(form, rounds)
-        for checker in checkers() if form == "dense" else [None]:  # sparse: no dense rows
+        for checker in checkers():
             ours, full = time_ours(form, rounds, checker=checker)
-            by = f", {checker}" if checker else ""
+            by = f", {checker}"
             lines.append(_row(f"{form} round / raw ({ours:.2f} / {raw:.2f} ms{by})",
                               ours / raw, target))
             lines.append(_row(f"{form} round + verification and COMMIT / raw{by}", full / raw,

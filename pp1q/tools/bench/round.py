@@ -125,7 +125,7 @@ def time_zmq(form: str, rounds: int) -> float | None:
 def time_ours(form: str, rounds: int, check_outgoing: bool = True,
               checker: str | None = None) -> tuple[float, float]:
     """(transport + validation, + verification and commit) median ms per round.
-    ``checker``: the dense-row checker both ends use (pp1q.core.q_backend; None: this
+    ``checker``: the q-row checker both ends use (pp1q.core.q_backend; None: this
     process's choice, PP1Q_VALIDATE or auto)."""
     import uvloop
 

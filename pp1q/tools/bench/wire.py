@@ -109,7 +109,7 @@ def _best(fn, reps: int) -> float:
 
 
 def checkers() -> list[str]:
-    """The dense-row checkers this machine can run (pp1q.core.q_backend)."""
+    """The q-row checkers this machine can run (pp1q.core.q_backend)."""
     return ["numpy"] + (["numba"] if importlib.util.find_spec("numba") else [])
 
 
@@ -191,8 +191,10 @@ def run(quick: bool = False) -> list[str]:
     lines.append(f"  {'decode only (framing, checksums)':<36} {t_dec * 1e3:7.2f} ms  = "
                  f"{t_dec / t_copy:5.1f}x np.copy")
 
-    def show(name: str, best: dict[str, float], scale: float = 1.0) -> None:
-        cells = "  |".join(f" {best[n] * 1e3:7.2f} ms = {best[n] * scale / t_copy:5.1f}x"
+    def show(name: str, best: dict[str, float], rows: int = 0) -> None:
+        """``rows``: ``best`` is per row; the ratio is for that many rows."""
+        unit = " ms/row" if rows else " ms"
+        cells = "  |".join(f" {best[n] * 1e3:7.2f}{unit} = {best[n] * (rows or 1) / t_copy:5.1f}x"
                            for n in names)
         lines.append(f"  {name:<36}{cells}")
 
@@ -207,8 +209,6 @@ def run(quick: bool = False) -> list[str]:
          _best_per_checker(lambda: parse_dense(q, VOCAB), reps * 4), rows)
     show(f"validate_dense x{rows}", _best_per_checker(lambda: validate_dense(q, VOCAB),
                                                        reps * 4), rows)
-    lines[-2] = lines[-2].replace(" ms =", " ms/row =", len(names))
-    lines[-1] = lines[-1].replace(" ms =", " ms/row =", len(names))
 
     fresh_s, stream_s = _round(top_k=32)
 

@@ -1,7 +1,7 @@
-"""The fused numba check of dense rows and numpy's passes decide alike: the same rows
-accepted (and parsed to the same counts), the same closed-set Reason for every refused
-row, over a corpus of bad rows (each with its expected reason, so both being wrong the
-same way fails too) and over random rows (hypothesis). The choice of backend goes
+"""The fused numba checks of q rows (dense and sparse) and numpy's passes decide alike:
+the same rows accepted (and parsed to the same counts), the same closed-set Reason for
+every refused row, over a corpus of bad rows (each with its expected reason, so both
+being wrong the same way fails too) and over random rows (hypothesis). The choice of backend goes
 through its one seam, the PP1Q_VALIDATE variable read by pp1q.core.q_backend."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from pp1q.core import q_backend
 from pp1q.core.errors import ConfigError, Reason, RowValidationError
-from pp1q.core.q import MASS, build_row, parse_dense, validate_dense
+from pp1q.core.q import MASS, build_row, parse_dense, parse_sparse, validate_dense
 from pp1q.wire import Form, Step
 from pp1q.wire.messages import reply_from_row
 from pp1q.wire.validate import check_reply
@@ -197,6 +197,99 @@ def rows(draw):
 def test_random_rows_decide_alike(case):
     q, vocab = case
     both(q, vocab)
+
+
+def sparse_outcome(ids, q, vocab: int):
+    try:
+        row = parse_sparse(ids, q, vocab)
+    except RowValidationError as e:
+        return ("refused", e.reason)
+    return ("ok", row.ids.tolist(), row.counts.tolist())
+
+
+def both_sparse(ids, q, vocab: int):
+    got = {}
+    for name in ("numpy", "numba"):
+        with backend(name):
+            got[name] = sparse_outcome(ids, q, vocab)
+    assert got["numpy"] == got["numba"], got
+    return got["numpy"]
+
+
+def sparse_corpus():
+    h = F32(0.5)
+    ids, q = [3, 9, 40], [F32(0.25), F32(0.25), h]
+    odd = [F32(0.25), F32(2.0**-30), h]
+
+    def at(i, v, base=q):
+        out = list(base)
+        out[i] = v
+        return out
+
+    return [
+        ("valid", ids, q, None),
+        ("one id, all mass", [63], [F32(1)], None),
+        ("id below 0", [-1, 9, 40], q, Reason.ID_OUT_OF_RANGE),
+        ("id at vocab", [3, 9, 64], q, Reason.ID_OUT_OF_RANGE),
+        ("out of range beats duplicate", [3, 3, 64], q, Reason.ID_OUT_OF_RANGE),
+        ("duplicate", [3, 3, 40], q, Reason.DUPLICATE_ID),
+        ("duplicate zeros", [0, 1, 1], [F32(1), F32(0), F32(0)], Reason.DUPLICATE_ID),
+        ("unsorted", [9, 3, 40], q, Reason.UNSORTED_SUPPORT),
+        ("unsorted first, duplicate later", [9, 3, 3], q, Reason.DUPLICATE_ID),
+        ("unsorted and NaN", [9, 3, 40], at(0, np.nan), Reason.UNSORTED_SUPPORT),
+        ("NaN", ids, at(1, np.nan), Reason.NON_FINITE),
+        ("-inf", ids, at(2, -np.inf), Reason.NON_FINITE),
+        ("negative", ids, at(0, F32(-0.25)), Reason.NEGATIVE_VALUE),
+        ("-0.0", ids, at(0, F32(-0.0)), Reason.NEGATIVE_VALUE),
+        ("above 1", ids, at(2, F32(1.5)), Reason.WRONG_MASS),
+        ("non-dyadic", ids, odd, Reason.NON_DYADIC),
+        ("subnormal", ids, at(1, np.frombuffer(np.uint32(1).tobytes(), F32)[0]),
+         Reason.NON_DYADIC),
+        ("non-dyadic first, NaN later", ids, at(2, np.nan, odd), Reason.NON_FINITE),
+        ("mass short", ids, at(2, F32(0.25)), Reason.WRONG_MASS),
+        ("zero q in the support", [3, 9, 40], [F32(0.5), F32(0), h], Reason.NON_CANONICAL),
+        ("zero q and wrong mass", [3, 9, 40], [F32(0.25), F32(0), h], Reason.WRONG_MASS),
+        ("empty", [], [], Reason.MISSING_Q),
+        ("lengths differ", ids, q[:2], Reason.UNEXPECTED_SIZE),
+    ]
+
+
+@numba_missing
+@pytest.mark.parametrize("name,ids,q,want", sparse_corpus(), ids=[c[0] for c in sparse_corpus()])
+def test_both_backends_decide_each_bad_sparse_row_alike(name, ids, q, want):
+    ids, q = np.array(ids, np.int32), np.array(q, F32)
+    got = both_sparse(ids, q, 64)
+    assert got[0] == ("ok" if want is None else "refused")
+    if want is not None:
+        assert got[1] == want
+    assert both_sparse(ids.tobytes(), q.tobytes(), 64) == got  # as frames carry them
+
+
+@st.composite
+def sparse_rows(draw):
+    vocab = draw(st.integers(1, 200))
+    n = draw(st.integers(1, min(vocab, 40)))
+    ids = sorted(draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n,
+                               unique=True)))
+    counts = _valid_counts(draw, n)
+    q = (counts.astype(F32) / F32(MASS)).astype(F32)
+    ids = np.array(ids, np.int32)
+    for i, v in draw(st.lists(st.tuples(st.integers(0, n - 1),
+                                        st.integers(-3, vocab + 2)), max_size=2)):
+        ids[i] = v  # out of range, duplicate or unsorted
+    bits = q.view(np.uint32)
+    for i, b in draw(st.lists(st.tuples(st.integers(0, n - 1), st.one_of(
+            st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 0x3F800000, 0x80000000])
+    )), max_size=2)):
+        bits[i] = b
+    return ids, q, vocab
+
+
+@numba_missing
+@settings(max_examples=400, deadline=None)
+@given(sparse_rows())
+def test_random_sparse_rows_decide_alike(case):
+    both_sparse(*case)
 
 
 @numba_missing
