@@ -65,8 +65,11 @@ def _not_dyadic(x):
 def scan(q, bits, vocab):
     """(code, index, total): code OK or one of the failures above, the first index
     that fails (-1 for the mass), total the sum of the counts (valid when code is OK or
-    MASS_WRONG). ``vocab <= bits.size`` is the caller's check."""
+    MASS_WRONG). ``vocab <= bits.size`` is the caller's check, repeated here because
+    bounds checking is off inside the loops."""
     n = bits.size
+    if not 0 <= vocab <= n or q.size != n:
+        raise ValueError("scan: vocab beyond the row")
     top = np.uint32(0)
     odd = False
     total = np.int64(0)
@@ -107,6 +110,8 @@ def scan(q, bits, vocab):
 @_jit
 def extract(q, bits, vocab):
     """(int32 ids, int64 counts) of the nonzero entries of a row ``scan`` accepted."""
+    if not 0 <= vocab <= bits.size or q.size != bits.size:
+        raise ValueError("extract: vocab beyond the row")
     n = 0
     for i in range(vocab):
         n += bits[i] != 0
@@ -127,6 +132,8 @@ def sparse(ids, q, bits, vocab):  # one call instead of ~15 numpy calls of ~1 us
     order: ids out of range, duplicate ids, unsorted ids, then the q checks as ``scan``
     makes them, then a zero count (a support entry must hold q > 0)."""
     n = ids.size
+    if n == 0 or q.size != n or bits.size != n:
+        raise ValueError("sparse: ids and q differ in length, or no entry")
     for i in range(n):
         if ids[i] < 0 or ids[i] >= vocab:
             return ID_RANGE, i, np.empty(0, np.int64)

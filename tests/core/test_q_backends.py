@@ -333,6 +333,22 @@ def test_numba_asked_for_but_missing_is_refused_not_replaced(monkeypatch):
 
 
 @numba_missing
+def test_the_kernels_check_their_own_bounds():
+    """Bounds checking is off inside the loops: each kernel refuses sizes that would
+    read past an array (the callers check first; this is the second line)."""
+    from pp1q.core import q_scan
+
+    q = np.zeros(8, F32)
+    bits = q.view(np.uint32)
+    for call in (lambda: q_scan.scan(q, bits, 9), lambda: q_scan.extract(q, bits, 9),
+                 lambda: q_scan.scan(q[:4], bits, 4),
+                 lambda: q_scan.sparse(np.arange(9, dtype=np.int32), q, bits, 64),
+                 lambda: q_scan.sparse(np.arange(0, dtype=np.int32), q[:0], bits[:0], 64)):
+        with pytest.raises(ValueError):
+            call()
+
+
+@numba_missing
 def test_warm_up_loads_the_kernels():
     with backend("numba"):
         name, why, seconds = q_backend.warm_up()
