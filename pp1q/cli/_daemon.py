@@ -24,7 +24,10 @@ def run_daemon(args, role: str, serve) -> int:
         return refuse(role, e)
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
-    if settings.speculation == "sampled":  # q rows will arrive: load the checker now
+    # q rows will arrive: load the checker now. A spawned verifier rank is not told the
+    # mode (it replays rank 0's ops, q rows included), so every rank of a group loads it:
+    # a first op paying the load could overrun rank_timeout_s.
+    if settings.speculation == "sampled" or getattr(settings, "ranks", 1) > 1:
         try:
             warm_up_checks(role)
         except ConfigError as e:
