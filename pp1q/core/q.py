@@ -334,8 +334,8 @@ def validate_dense(q, vocab: int) -> np.ndarray:
     arr = _as_array(q, "<f4", "dense q")
     if arr.size < vocab:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, f"dense q has {arr.size} < {vocab}")
-    k = q_backend.kernels()
-    if k is None or not arr.flags.c_contiguous:  # wire buffers are always contiguous
+    k = q_backend.kernels_for(arr)
+    if k is None:
         return _validate_dense_numpy(arr, vocab)
     q_backend.validate_fused(k, arr, vocab)
     return arr
@@ -372,8 +372,8 @@ def _validate_dense_numpy(arr: np.ndarray, vocab: int) -> np.ndarray:
 def parse_dense(q, vocab: int) -> DyadicRow:
     """Dense FP32 q (array or LE bytes). Length ``vocab``, or longer with zero padding."""
     arr = validate_dense(q, vocab)
-    k = q_backend.kernels()
-    if k is not None and arr.flags.c_contiguous:
+    k = q_backend.kernels_for(arr)
+    if k is not None:
         ids, counts = q_backend.extract(k, arr, vocab)
         return DyadicRow._proven(vocab, ids, counts)
     ids = np.flatnonzero(arr.view(np.uint32)[:vocab] != 0)  # bool nonzero: fast path
@@ -389,8 +389,8 @@ def parse_sparse(ids, q, vocab: int) -> DyadicRow:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, "sparse ids and q differ in length")
     if id_arr.size == 0:
         raise RowValidationError(Reason.MISSING_Q, "empty sparse row")
-    k = q_backend.kernels()
-    if k is not None and id_arr.flags.c_contiguous and q_arr.flags.c_contiguous:
+    k = q_backend.kernels_for(id_arr, q_arr)
+    if k is not None:
         counts = q_backend.parse_sparse_fused(k, id_arr, q_arr, vocab)  # same checks, one call
     else:
         _check_support(id_arr, vocab, RowValidationError)

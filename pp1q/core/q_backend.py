@@ -83,6 +83,15 @@ def kernels():
     return chosen()[2]
 
 
+def kernels_for(*arrays: np.ndarray):
+    """The kernels if they run on these arrays (C-contiguous, native byte order: wire
+    buffers on a little-endian host always are), else None: the numpy path then."""
+    k = kernels()
+    if k is None or not all(a.flags.c_contiguous and a.dtype.isnative for a in arrays):
+        return None
+    return k
+
+
 def warm_up() -> tuple[str, str, float]:
     """(backend, why, seconds): choose, import and load (or compile) the kernels for
     the array kinds rows arrive in (writable pool buffers, read-only bytes)."""

@@ -167,6 +167,8 @@ def test_full_vocabulary_rows_and_odd_layouts():
     strided[5] = 1.0
     assert both(strided, 300)[0] == "ok"
     assert both(bytearray(q.tobytes()), vocab)[0] == "ok"
+    swapped = q.astype(">f4")  # not native here: the numpy path (as_array refuses it anyway)
+    assert both(swapped, vocab) == ("refused", Reason.UNEXPECTED_SIZE)
 
 
 def _valid_counts(draw, vocab: int) -> np.ndarray:
