@@ -24,14 +24,6 @@ def run_daemon(args, role: str, serve) -> int:
         return refuse(role, e)
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
-    # q rows will arrive: load the checker now. A spawned verifier rank is not told the
-    # mode (it replays rank 0's ops, q rows included), so every rank of a group loads it:
-    # a first op paying the load could overrun rank_timeout_s.
-    if settings.speculation == "sampled" or getattr(settings, "ranks", 1) > 1:
-        try:
-            warm_up_checks(role)
-        except ConfigError as e:
-            return refuse(role, e)
     try:
         import uvloop
     except ImportError:  # non-Linux: the standard loop works, only slower
@@ -50,16 +42,6 @@ def run_daemon(args, role: str, serve) -> int:
         return int(asyncio.run(main()) or 0)
     except ConfigError as e:
         return refuse(role, e)
-
-
-def warm_up_checks(role: str) -> None:
-    """Choose and load the q-row checker (pp1q.core.q_backend) before serving, so
-    the first q row does not pay numba's import and kernel load (about 1-2 s)."""
-    from pp1q.core.q_backend import warm_up
-
-    name, why, seconds = warm_up()
-    logging.getLogger(f"pp1q.{role}").info("q rows checked by %s (%s), loaded in %.2f s",
-                                           name, why, seconds)
 
 
 def refuse(role: str, e: Exception) -> int:
