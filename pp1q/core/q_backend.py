@@ -15,8 +15,8 @@ The choice is made once per process, from the environment variable ``PP1Q_VALIDA
 - ``numpy``: numpy's passes.
 
 Nothing is imported or compiled until the first q row or ``warm_up()``; the daemons
-call ``warm_up()`` at start when speculation is sampled (only then do q rows arrive), so
-the first frame does not pay numba's import and the kernel load (1-2 s on the reference
+call ``warm_up()`` at start where q rows can arrive (pp1q.runtime.warmup), so the
+first frame does not pay numba's import and the kernel load (1-2 s on the reference
 machine; the compiled kernels are cached in ``__pycache__``, compiling them afresh takes
 a few seconds more).
 """
