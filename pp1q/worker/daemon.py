@@ -15,6 +15,7 @@ from pp1q.runtime.capture import tap
 from pp1q.runtime.config import open_capture
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import WorkerSettings, cannot_listen, parse_hostport
+from pp1q.runtime.warmup import warm_up_checks
 from pp1q.wire.session_config import engine_identity, worker_config
 from pp1q.wire.sessions import SessionTable
 from pp1q.worker.connection import WorkerConnection
@@ -65,6 +66,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
     """Run until ``stop`` is set. ``ready(port, metrics_port)`` is called once listening.
     ``proposer(model)``: what a STEP's rows are (Proposer; a planted-bug test passes its
     own)."""
+    warm_up_checks(settings, "worker")
     config, drafter, metrics = build(settings)
     proposal = proposer(drafter)
     host, port = parse_hostport(settings.listen)

@@ -78,9 +78,10 @@ def _allocation(reps: int) -> dict[str, float]:
                          "top-k": lambda: build_row(logits, top_k=TOP_K)}, reps)
 
 
-def _wire(reps: int) -> tuple[float, float]:
-    """(decode + validate, np.copy) seconds for the dense reply set of one round."""
-    from pp1q.tools.bench.wire import _best, _round, _validated
+def _wire(reps: int) -> tuple[dict[str, float], float]:
+    """({checker: decode + validate seconds}, np.copy seconds) for the dense reply set
+    of one round, the checkers alternated (pp1q.tools.bench.wire)."""
+    from pp1q.tools.bench.wire import _best, _best_per_checker, _round, _validated
 
     fresh, stream = _round(top_k=0)
     raw = np.frombuffer(stream, dtype=np.uint8)
@@ -89,8 +90,7 @@ def _wire(reps: int) -> tuple[float, float]:
         v = fresh()
         _validated(v, v.receive_data(stream, 0.0))
 
-    whole()
-    return _best(whole, reps), _best(lambda: np.copy(raw), reps)
+    return _best_per_checker(whole, reps), _best(lambda: np.copy(raw), reps)
 
 
 def _row(goal: str, ratio: float, target: float) -> str:
@@ -99,18 +99,22 @@ def _row(goal: str, ratio: float, target: float) -> str:
 
 def run(quick: bool) -> list[str]:
     from pp1q.tools.bench.round import time_ours, time_raw
+    from pp1q.tools.bench.wire import checkers
 
     lines = [f"{'goal (issue 13)':<52} {'ratio':>9}  target"]
     for form, rounds, target, target_full in (("sparse", 30 if quick else 300, 1.5, 5.0),
                                               ("dense", 8 if quick else 40, 2.0, 3.0)):
         raw = time_raw(form, rounds)
-        ours, full = time_ours(form, rounds)
-        lines.append(_row(f"{form} round / raw ({ours:.2f} / {raw:.2f} ms)",
-                          ours / raw, target))
-        lines.append(_row(f"{form} round + verification and COMMIT / raw", full / raw,
-                          target_full))
+        for checker in checkers():
+            ours, full = time_ours(form, rounds, checker=checker)
+            by = f", {checker}"
+            lines.append(_row(f"{form} round / raw ({ours:.2f} / {raw:.2f} ms{by})",
+                              ours / raw, target))
+            lines.append(_row(f"{form} round + verification and COMMIT / raw{by}", full / raw,
+                              target_full))
     t_val, t_copy = _wire(3 if quick else 15)
-    lines.append(_row("dense decode + validate / np.copy", t_val / t_copy, 3.0))
+    for checker, t in t_val.items():
+        lines.append(_row(f"dense decode + validate / np.copy, {checker}", t / t_copy, 3.0))
     v = _verification(5 if quick else 30)
     lines.append(_row("verification step (service path) / softmax", v["service"] / v["softmax"],
                       2.0))

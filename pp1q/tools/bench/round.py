@@ -45,12 +45,14 @@ TITLE = ("Daemons: round overhead, 4 requests x depth 5 at V=129280, vs raw loop
 
 
 class _Peer:
-    def __init__(self, mode: str, form: str) -> None:
+    def __init__(self, mode: str, form: str, checker: str | None = None) -> None:
+        from pp1q.core.q_backend import ENV
         from pp1q.runtime.launcher import daemon_env
 
+        env = daemon_env() if checker is None else {**daemon_env(), ENV: checker}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pp1q.tools.bench.round_peer", mode, form],
-            stdout=subprocess.PIPE, text=True, env=daemon_env())
+            stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()
         if not line.startswith("port "):
             self.close()
@@ -120,18 +122,28 @@ def time_zmq(form: str, rounds: int) -> float | None:
     return _median_ms(times[1:])
 
 
-def time_ours(form: str, rounds: int, check_outgoing: bool = True) -> tuple[float, float]:
-    """(transport + validation, + verification and commit) median ms per round."""
+def time_ours(form: str, rounds: int, check_outgoing: bool = True,
+              checker: str | None = None) -> tuple[float, float]:
+    """(transport + validation, + verification and commit) median ms per round.
+    ``checker``: the q-row checker both ends use (pp1q.core.q_backend; None: this
+    process's choice, PP1Q_VALIDATE or auto)."""
     import uvloop
 
-    peer = _Peer("ours" if check_outgoing else "ours-unchecked", form)
+    from pp1q.core import q_backend
+
+    before = q_backend.select(checker) if checker else None
+    peer = _Peer("ours" if check_outgoing else "ours-unchecked", form, checker)
     try:
+        q_backend.warm_up()
         return uvloop.run(_ours(peer.port, form, rounds))
     finally:
         peer.close()
+        if before:
+            q_backend.select(before)
 
 
 async def _ours(port: int, form: str, rounds: int) -> tuple[float, float]:
+    from pp1q.core.prefix import Prefix
     from pp1q.core.verify import RoundKeys
     from pp1q.models.toy import ToySpec, softmax64
     from pp1q.runtime.metrics import Metrics
@@ -150,26 +162,30 @@ async def _ours(port: int, form: str, rounds: int) -> tuple[float, float]:
         raise RuntimeError("bench worker peer did not answer HELLO")
     rng = np.random.default_rng(7)
     p = [softmax64(rng.normal(size=(DEPTH + 1, VOCAB)) * 3.0) for _ in range(REQUESTS)]
-    last_committed = [10] * REQUESTS
+    prefixes = [Prefix(range(11)) for _ in range(REQUESTS)]  # committed: positions 0..10
+    for slot, prefix in enumerate(prefixes):  # a STEP needs its slot's context
+        link.send_context(slot, 1, prefix, 0)
     kernel = KernelRounds()  # the service's decision path, one call for the 4 requests
     wire_t, total_t = [], []
     for r in range(1, rounds + 1):
         steps = [Step(session=link.session, slot=s, generation=1, round_id=r,
-                      last_committed=last_committed[s],
-                      first_position=last_committed[s] + 1, prefix_digest=0, depth=DEPTH,
-                      temperature=1.0, top_k=top_k, context_version=0, seed=s)
-                 for s in range(REQUESTS)]
+                      last_committed=prefix.last_position,
+                      first_position=prefix.last_position + 1, prefix_digest=prefix.digest,
+                      depth=DEPTH, temperature=1.0, top_k=top_k, context_version=0, seed=s)
+                 for s, prefix in enumerate(prefixes)]
         t0 = time.perf_counter()
         ready = await asyncio.gather(*(link.propose(st) for st in steps))
         t1 = time.perf_counter()
+        if not all(hasattr(pr, "q_rows") for pr in ready):
+            raise RuntimeError(f"bench round {r} fell back: {ready}")
         decided = kernel.sampled([p[st.slot] for st in steps], [pr.q_rows for pr in ready],
                                  [list(pr.draft_ids) for pr in ready],
                                  [RoundKeys(st.seed, 1, r, st.first_position) for st in steps])
-        for st, d in zip(steps, decided, strict=True):
+        for st, d, pr in zip(steps, decided, ready, strict=True):
             committed = st.last_committed + d.accepted + 1
             link.commit(Commit(session=st.session, slot=st.slot, generation=1, round_id=r,
                                accepted=d.accepted, token=d.token, committed=committed))
-            last_committed[st.slot] = committed
+            prefixes[st.slot].extend([*pr.draft_ids[:d.accepted], d.token])
         t2 = time.perf_counter()
         wire_t.append(t1 - t0)
         total_t.append(t2 - t0)
@@ -203,8 +219,10 @@ def demo_rates(quick: bool, target_delay_ms: float) -> tuple[float, float, float
 
 
 def run(quick: bool) -> list[str]:
+    from pp1q.tools.bench.wire import checkers
+
     lines = [f"{'form':<7}{'raw ms':>9}{'zmq ms':>9}{'ours ms':>9}{'+verify':>9}"
-             f"{'zmq/raw':>9}{'ours/raw':>10}{'+verify/raw':>12}  worker self-check"]
+             f"{'zmq/raw':>9}{'ours/raw':>10}{'+verify/raw':>12}  self-check  rows checked by"]
     for form in ("dense", "sparse"):
         rounds = (8 if quick else 40) if form == "dense" else (30 if quick else 300)
         raw = time_raw(form, rounds)
@@ -212,9 +230,11 @@ def run(quick: bool) -> list[str]:
         zmq_ms = f"{zmq:9.3f}" if zmq is not None else f"{'n/a':>9}"
         zmq_ratio = f"{zmq / raw:9.2f}" if zmq is not None else f"{'n/a':>9}"
         for check in (True, False):
-            ours, full = time_ours(form, rounds, check)
-            lines.append(f"{form:<7}{raw:9.3f}{zmq_ms}{ours:9.3f}{full:9.3f}{zmq_ratio}"
-                         f"{ours / raw:10.2f}{full / raw:12.2f}  {'on' if check else 'off'}")
+            for checker in checkers():  # both ends, worker and verifier
+                ours, full = time_ours(form, rounds, check, checker)
+                lines.append(f"{form:<7}{raw:9.3f}{zmq_ms}{ours:9.3f}{full:9.3f}{zmq_ratio}"
+                             f"{ours / raw:10.2f}{full / raw:12.2f}  "
+                             f"{'on' if check else 'off':<10}  {checker}")
     if _zmq_missing():
         lines.append("zmq: pyzmq not installed (pip install pyzmq) -- column skipped")
     lines.append("medians per round; 'ours' = transport + validation, '+verify' adds "

@@ -19,6 +19,7 @@ import sys
 import msgspec
 import numpy as np
 
+from pp1q.core import q_backend
 from pp1q.core.q import build_row, sample
 from pp1q.models.toy import ToySpec
 from pp1q.runtime.metrics import Metrics
@@ -89,6 +90,8 @@ def serve_ours(form: str, check_outgoing: bool = True) -> None:
     logging.basicConfig(level=logging.ERROR)
     spec = ToySpec(vocab=VOCAB, seed=0)
     config = worker_config(spec, (2,), DEFAULT_MAX_SUPPORT)
+
+    q_backend.warm_up()  # as the worker daemon does at start (PP1Q_VALIDATE chooses)
 
     async def main() -> None:
         metrics, state = Metrics("worker"), SessionTable()

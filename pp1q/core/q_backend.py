@@ -1,0 +1,139 @@
+"""Which implementation checks q rows: fused numba kernels, or numpy's passes (a dense
+row: one pass instead of about ten; a sparse row: one call instead of about fifteen).
+
+Both make exactly the same decision (accept or refuse, and the same closed-set
+``Reason``): tests/core/test_q_backends.py feeds both the same corpus of bad rows
+and random rows. The fused pass is several times faster (BENCHMARKS.md, "Wire v2"):
+numpy needs about ten passes over a 517 KB row where one suffices.
+
+The choice is made once per process, from the environment variable ``PP1Q_VALIDATE``:
+
+- ``auto`` (default, also when unset): numba when it imports (the ``fast`` extra),
+  else numpy. Which one runs, and why, is in the daemons' start-up log line ("q
+  rows checked by numba (PP1Q_VALIDATE=auto), loaded in 1.9 s").
+- ``numba``: numba or a ``ConfigError`` (never quietly numpy).
+- ``numpy``: numpy's passes.
+
+Nothing is imported or compiled until the first q row or ``warm_up()``; the daemons
+call ``warm_up()`` at start where q rows can arrive (pp1q.runtime.warmup), so the
+first frame does not pay numba's import and the kernel load (1-2 s on the reference
+machine; the compiled kernels are cached in ``__pycache__``, compiling them afresh takes
+a few seconds more).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+
+import numpy as np
+
+from pp1q.core.errors import ConfigError, Reason, RowValidationError
+
+ENV = "PP1Q_VALIDATE"
+CHOICES = ("auto", "numba", "numpy")
+
+_chosen: tuple[str, str, object] | None = None  # (backend, why, q_scan module or None)
+
+
+def _choose(want: str) -> tuple[str, str, object]:
+    if want not in CHOICES:
+        raise ConfigError(f"{ENV}={want!r}: must be one of {', '.join(CHOICES)}", ENV)
+    if want == "numpy":
+        return "numpy", f"{ENV}=numpy", None
+    if importlib.util.find_spec("numba") is None:
+        if want == "numba":
+            raise ConfigError(f"{ENV}=numba but numba is not installed "
+                              "(pip install 'pp1q[fast]')", ENV)
+        return "numpy", "numba not installed", None
+    try:
+        from pp1q.core import q_scan
+    except Exception as e:  # any failure to load the kernels (a broken llvmlite, say)
+        if want == "numba":
+            raise ConfigError(f"{ENV}=numba but numba failed to load: {e}", ENV) from e
+        return "numpy", f"numba failed to load: {type(e).__name__}", None
+    return "numba", f"{ENV}={want}", q_scan
+
+
+def chosen() -> tuple[str, str, object]:
+    """(backend name, why, kernels module or None), decided on the first call."""
+    global _chosen
+    if _chosen is None:
+        _chosen = _choose(os.environ.get(ENV, "auto").strip().lower() or "auto")
+    return _chosen
+
+
+def select(want: str) -> str:
+    """Choose explicitly for this process, as ``PP1Q_VALIDATE=want`` would (``pp1q
+    bench`` times both checkers in one run); returns the previous choice's name."""
+    global _chosen
+    before = backend()
+    _chosen = _choose(want)
+    return before
+
+
+def backend() -> str:
+    """'numba' or 'numpy': what checks q rows in this process."""
+    return chosen()[0]
+
+
+def kernels():
+    """The numba kernels module, or None for the numpy path."""
+    return chosen()[2]
+
+
+def kernels_for(*arrays: np.ndarray):
+    """The kernels if they run on these arrays (C-contiguous, native byte order: wire
+    buffers on a little-endian host always are), else None: the numpy path then."""
+    k = kernels()
+    if k is None or not all(a.flags.c_contiguous and a.dtype.isnative for a in arrays):
+        return None
+    return k
+
+
+def warm_up() -> tuple[str, str, float]:
+    """(backend, why, seconds): choose, import and load (or compile) the kernels for
+    the array kinds rows arrive in (writable pool buffers, read-only bytes)."""
+    t0 = time.perf_counter()
+    name, why, k = chosen()
+    if k is not None:
+        row = np.zeros(8, np.float32)
+        row[0] = 1.0
+        ids = np.arange(8, dtype=np.int32)
+        for arr, i in ((row, ids), (np.frombuffer(row.tobytes(), np.float32),
+                                    np.frombuffer(ids.tobytes(), np.int32))):
+            k.scan(arr, arr.view(np.uint32), 4)
+            k.extract(arr, arr.view(np.uint32), 4)
+            k.sparse(i, arr, arr.view(np.uint32), 8)
+    return name, why, time.perf_counter() - t0
+
+
+def validate_fused(k, arr: np.ndarray, vocab: int) -> None:
+    """Every check of ``validate_dense`` in one pass; ``arr`` a C-contiguous FP32 row of
+    at least ``vocab`` values (the caller's checks)."""
+    code, i, total = k.scan(arr, arr.view(np.uint32), vocab)
+    if code == k.OK:
+        return
+    if code == k.MASS_WRONG:
+        raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {1 << 24}")
+    reason, what = k.FAILURES[code]
+    raise RowValidationError(reason, f"{what} at index {i}: {arr[i]!r}")
+
+
+def parse_sparse_fused(k, ids: np.ndarray, q: np.ndarray, vocab: int) -> np.ndarray:
+    """The int64 counts of a sparse row after every check of ``parse_sparse`` in one
+    kernel call; ``ids`` int32 and ``q`` FP32, C-contiguous, equal lengths, not empty."""
+    code, i, counts = k.sparse(ids, q, q.view(np.uint32), vocab)
+    if code == k.OK:
+        return counts
+    if code == k.MASS_WRONG:
+        total = int((q.astype(np.float64) * (1 << 24)).astype(np.int64).sum())  # all dyadic
+        raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {1 << 24}")
+    reason, what = k.FAILURES[code]
+    raise RowValidationError(reason, f"{what} at index {i}: {(ids[i], q[i])!r}")
+
+
+def extract(k, arr: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 ids, int64 counts) of a row ``validate_fused`` accepted."""
+    return k.extract(arr, arr.view(np.uint32), vocab)

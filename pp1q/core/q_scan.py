@@ -1,0 +1,160 @@
+"""The fused q-row kernels (numba): every dyadic24 check of a dense FP32 row in one
+pass, its support extraction, and a sparse row's checks in one call. Imported only by
+pp1q.core.q_backend, and only when the numba backend is chosen: this is the one module
+that imports numba.
+
+``scan(q, bits, vocab)`` makes the checks of the numpy path (pp1q.core.q) over ``q``
+(FP32) and ``bits`` (the same memory as uint32) in one loop that keeps no branch per
+entry: the running max of the bit patterns (an unsigned max covers sign, NaN, inf and
+q > 1 at once: every legal value is a non-negative FP32 no greater than 1.0), whether
+any x * 2^24 is not an integer, and the int64 sum of the counts. Only when something
+failed does a second, cold loop find the first offending index, so the reason is the
+one the numpy path gives, in the numpy path's order of checks: a value above 1.0's bit
+pattern anywhere (the row's padding included), then nonzero padding, then a non-dyadic
+value, then the mass.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from pp1q.core.errors import Reason
+
+# the kernels' verdicts; pp1q.core.q_backend maps each failure to its closed-set Reason
+(OK, NON_FINITE_VALUE, NEGATIVE, ABOVE_ONE, PADDING, NON_DYADIC_VALUE, MASS_WRONG,
+ ID_RANGE, DUPLICATE, UNSORTED, ZERO_COUNT) = range(11)
+FAILURES = {  # code -> (Reason, what the entry at the index is); MASS_WRONG has no index
+    ID_RANGE: (Reason.ID_OUT_OF_RANGE, "support id outside the vocabulary"),
+    DUPLICATE: (Reason.DUPLICATE_ID, "duplicate support id"),
+    UNSORTED: (Reason.UNSORTED_SUPPORT, "support ids not ascending"),
+    ZERO_COUNT: (Reason.NON_CANONICAL, "sparse entry with zero q"),
+    NON_FINITE_VALUE: (Reason.NON_FINITE, "non-finite q value"),
+    NEGATIVE: (Reason.NEGATIVE_VALUE, "negative q value"),
+    ABOVE_ONE: (Reason.WRONG_MASS, "q value > 1"),
+    PADDING: (Reason.PADDING_NONZERO, "dense padding beyond vocab is not zero"),
+    NON_DYADIC_VALUE: (Reason.NON_DYADIC, "q value not a multiple of 2^-24"),
+}
+
+_ONE = np.uint32(0x3F800000)  # FP32 1.0: the largest legal q value
+_EXP_ALL_ONES = np.uint32(0x7F800000)  # exponent field of inf and NaN
+_SIGN = np.uint32(0x80000000)
+_MASS = np.int64(1 << 24)
+_MASS_F32 = np.float32(1 << 24)  # x * 2^24 is exact in FP32 for x in [0, 1]
+
+
+def _jit(fn):
+    """cache=True: a process loads the compiled kernel from __pycache__ (milliseconds)
+    instead of compiling it (about a second). Where no cache folder is writable numba
+    refuses caching at decoration: compile at every start then, still correct."""
+    try:
+        return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
+    except RuntimeError:
+        return numba.njit(nogil=True, boundscheck=False)(fn)
+
+
+@_jit
+def _not_dyadic(x):
+    """x (in [0, 1]) is not an integer multiple of 2^-24. A value below 2^-24 truncates
+    to 0 and differs from its scaled self too (subnormals included)."""
+    s = x * _MASS_F32
+    return np.float32(np.int32(s)) != s
+
+
+@_jit
+def scan(q, bits, vocab):
+    """(code, index, total): code OK or one of the failures above, the first index
+    that fails (-1 for the mass), total the sum of the counts (valid when code is OK or
+    MASS_WRONG). ``vocab <= bits.size`` is the caller's check, repeated here because
+    bounds checking is off inside the loops."""
+    n = bits.size
+    if not 0 <= vocab <= n or q.size != n:
+        raise ValueError("scan: vocab beyond the row")
+    top = np.uint32(0)
+    odd = False
+    total = np.int64(0)
+    for i in range(vocab):  # hot: no branch on the data, so LLVM vectorises it
+        b = bits[i]
+        top = max(top, b)
+        x = q[i] if b <= _ONE else np.float32(0.0)  # out-of-range values never convert
+        s = x * _MASS_F32
+        c = np.int32(s)
+        odd |= np.float32(c) != s
+        total += c
+    pad = np.uint32(0)
+    for i in range(vocab, n):
+        pad |= bits[i]
+        top = max(top, bits[i])
+    if top > _ONE:  # cold from here on: the row is refused
+        for i in range(n):
+            b = bits[i]
+            if b > _ONE:
+                if b & _EXP_ALL_ONES == _EXP_ALL_ONES:
+                    return NON_FINITE_VALUE, i, total
+                if b & _SIGN:
+                    return NEGATIVE, i, total
+                return ABOVE_ONE, i, total
+    if pad:
+        for i in range(vocab, n):
+            if bits[i]:
+                return PADDING, i, total
+    if odd:
+        for i in range(vocab):
+            if _not_dyadic(q[i]):
+                return NON_DYADIC_VALUE, i, total
+    if total != _MASS:
+        return MASS_WRONG, -1, total
+    return OK, -1, total
+
+
+@_jit
+def extract(q, bits, vocab):
+    """(int32 ids, int64 counts) of the nonzero entries of a row ``scan`` accepted."""
+    if not 0 <= vocab <= bits.size or q.size != bits.size:
+        raise ValueError("extract: vocab beyond the row")
+    n = 0
+    for i in range(vocab):
+        n += bits[i] != 0
+    ids = np.empty(n + 1, np.int32)  # one spare slot: the store below is unconditional
+    counts = np.empty(n + 1, np.int64)
+    j = 0
+    for i in range(vocab):  # branch-free: write every entry, advance only past nonzeros
+        ids[j] = i
+        counts[j] = np.int64(q[i] * _MASS_F32)
+        j += bits[i] != 0
+    return ids[:n], counts[:n]
+
+
+@_jit
+def sparse(ids, q, bits, vocab):  # one call instead of ~15 numpy calls of ~1 us each
+    """(code, index, counts) of a sparse row (int32 ids, FP32 q, ``bits`` q's memory as
+    uint32; equal lengths, at least one entry: the caller's checks). The numpy path's
+    order: ids out of range, duplicate ids, unsorted ids, then the q checks as ``scan``
+    makes them, then a zero count (a support entry must hold q > 0)."""
+    n = ids.size
+    if n == 0 or q.size != n or bits.size != n:
+        raise ValueError("sparse: ids and q differ in length, or no entry")
+    for i in range(n):
+        if ids[i] < 0 or ids[i] >= vocab:
+            return ID_RANGE, i, np.empty(0, np.int64)
+    dup = -1
+    unsorted = -1
+    for i in range(1, n):  # ids are in range: the difference cannot overflow
+        if ids[i] == ids[i - 1] and dup < 0:
+            dup = i
+        elif ids[i] < ids[i - 1] and unsorted < 0:
+            unsorted = i
+    if dup >= 0:
+        return DUPLICATE, dup, np.empty(0, np.int64)
+    if unsorted >= 0:
+        return UNSORTED, unsorted, np.empty(0, np.int64)
+    counts = np.empty(n, np.int64)
+    code, i, total = scan(q, bits, n)
+    if code != OK:
+        return code, i, counts
+    for i in range(n):
+        counts[i] = np.int64(q[i] * _MASS_F32)
+    for i in range(n):
+        if counts[i] == 0:
+            return ZERO_COUNT, i, counts
+    return OK, -1, counts

@@ -1,0 +1,369 @@
+"""The fused numba checks of q rows (dense and sparse) and numpy's passes decide alike:
+the same rows accepted (and parsed to the same counts), the same closed-set Reason for
+every refused row, over a corpus of bad rows (each with its expected reason, so both
+being wrong the same way fails too) and over random rows (hypothesis). The choice of backend goes
+through its one seam, the PP1Q_VALIDATE variable read by pp1q.core.q_backend."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pp1q.core import q_backend
+from pp1q.core.errors import ConfigError, Reason, RowValidationError
+from pp1q.core.q import MASS, build_row, parse_dense, parse_sparse, validate_dense
+from pp1q.wire import Form, Step
+from pp1q.wire.messages import reply_from_row
+from pp1q.wire.validate import check_reply
+
+numba_missing = pytest.mark.skipif(q_backend.importlib.util.find_spec("numba") is None,
+                                   reason="numba not installed (the fast extra)")
+BACKENDS = ["numpy", pytest.param("numba", marks=numba_missing)]
+F32 = np.float32
+TINY = F32(2.0**-24)  # one count
+
+
+@contextmanager
+def backend(name: str):
+    """Choose ``name`` as a daemon would: through PP1Q_VALIDATE, chosen afresh."""
+    saved_env, saved = os.environ.get(q_backend.ENV), q_backend._chosen
+    os.environ[q_backend.ENV] = name
+    q_backend._chosen = None
+    try:
+        assert q_backend.backend() == name
+        yield
+    finally:
+        q_backend._chosen = saved
+        if saved_env is None:
+            del os.environ[q_backend.ENV]
+        else:
+            os.environ[q_backend.ENV] = saved_env
+
+
+def outcome(q, vocab: int):
+    """('ok', ids, counts) or ('refused', reason): parse_dense and validate_dense agree."""
+    try:
+        validate_dense(q, vocab)
+    except RowValidationError as e:
+        with pytest.raises(RowValidationError) as again:
+            parse_dense(q, vocab)
+        assert again.value.reason == e.reason
+        return ("refused", e.reason)
+    row = parse_dense(q, vocab)
+    return ("ok", row.ids.tolist(), row.counts.tolist())
+
+
+def both(q, vocab: int):
+    got = {}
+    for name in ("numpy", "numba"):
+        with backend(name):
+            got[name] = outcome(q, vocab)
+    assert got["numpy"] == got["numba"], got
+    return got["numpy"]
+
+
+def _bits(q: np.ndarray, i: int, b: int) -> np.ndarray:
+    q = q.copy()
+    q.view(np.uint32)[i] = b
+    return q
+
+
+V = 257  # odd: the kernel's vector loop has a remainder
+
+
+def corpus():
+    """(name, q, vocab, expected: None for accepted, else the Reason)."""
+    row = build_row(np.random.default_rng(3).normal(size=V) * 3.0, temperature=0.9)
+    q = row.to_dense()
+    pos = int(row.ids[row.counts.argmax()])  # an entry holding many counts
+    small = int(row.ids[row.counts.argmin()])  # its FP32 ulp is far below one count
+    zero = int(np.flatnonzero(q == 0)[0])
+    last = V - 1
+    pad = np.concatenate([q, np.zeros(11, F32)])
+
+    def put(i, v, base=q):
+        out = base.copy()
+        out[i] = v
+        return out
+
+    moved = put(pos, q[pos] - TINY)
+    odd = put(zero, F32(2.0**-30))  # non-dyadic, and the mass is off too
+    one = np.zeros(V, F32)
+    one[last] = 1
+    cases = [
+        ("valid", q, None),
+        ("valid, zero padding", pad, None),
+        ("all mass on the last id", one, None),
+        ("one count on an id", put(pos, q[pos] - TINY, put(zero, TINY)), None),
+        ("NaN", put(7, np.nan), Reason.NON_FINITE),
+        ("negative NaN", _bits(q, 9, 0xFFC00001), Reason.NON_FINITE),
+        ("+inf", put(last, np.inf), Reason.NON_FINITE),
+        ("-inf", put(0, -np.inf), Reason.NON_FINITE),
+        ("negative", put(pos, -q[pos]), Reason.NEGATIVE_VALUE),
+        ("-0.0", put(zero, F32(-0.0)), Reason.NEGATIVE_VALUE),
+        ("smallest negative subnormal", _bits(q, zero, 0x80000001), Reason.NEGATIVE_VALUE),
+        ("1.5", put(pos, 1.5), Reason.WRONG_MASS),
+        ("just above 1", put(pos, np.nextafter(F32(1), F32(2))), Reason.WRONG_MASS),
+        ("1.0 plus the rest", put(pos, 1.0), Reason.WRONG_MASS),
+        ("smallest subnormal", _bits(q, zero, 1), Reason.NON_DYADIC),
+        ("largest subnormal", _bits(q, zero, 0x007FFFFF), Reason.NON_DYADIC),
+        ("smallest normal", _bits(q, zero, 0x00800000), Reason.NON_DYADIC),
+        ("2^-25", put(zero, F32(2.0**-25)), Reason.NON_DYADIC),
+        ("next after a count", put(small, np.nextafter(q[small], F32(1))), Reason.NON_DYADIC),
+        ("1/3", put(pos, F32(1 / 3)), Reason.NON_DYADIC),
+        ("one count short", moved, Reason.WRONG_MASS),
+        ("one count over", put(pos, q[pos] + TINY), Reason.WRONG_MASS),
+        ("all zero", np.zeros(V, F32), Reason.WRONG_MASS),
+        ("padding holds a count", put(V + 3, TINY, np.concatenate([moved, pad[V:]])),
+         Reason.PADDING_NONZERO),
+        ("padding holds NaN", put(V + 10, np.nan, pad), Reason.NON_FINITE),
+        ("padding holds -0.0", put(V, F32(-0.0), pad), Reason.NEGATIVE_VALUE),
+        ("padding holds a subnormal", _bits(pad, V + 1, 1), Reason.PADDING_NONZERO),
+        # several faults: the numpy path's order of checks decides the reason
+        ("non-dyadic first, NaN later", put(last, np.nan, odd), Reason.NON_FINITE),
+        ("negative first, NaN later", put(last, np.nan, put(1, F32(-0.5))),
+         Reason.NEGATIVE_VALUE),
+        ("NaN first, negative later", put(last, F32(-0.5), put(1, np.nan)), Reason.NON_FINITE),
+        ("non-dyadic and nonzero padding", put(V + 2, TINY, np.concatenate([odd, pad[V:]])),
+         Reason.PADDING_NONZERO),
+        ("non-dyadic and wrong mass", odd, Reason.NON_DYADIC),
+        ("> 1 in the row, NaN in the padding", put(V + 4, np.nan, put(2, 2.0, pad)),
+         Reason.WRONG_MASS),
+        ("too short", q[:-1], Reason.UNEXPECTED_SIZE),
+    ]
+    return [(name, a, V, want) for name, a, want in cases]
+
+
+@numba_missing
+@pytest.mark.parametrize("name,q,vocab,want", corpus(), ids=[c[0] for c in corpus()])
+def test_both_backends_decide_each_bad_row_alike(name, q, vocab, want):
+    got = both(q, vocab)
+    assert got[0] == ("ok" if want is None else "refused")
+    if want is not None:
+        assert got[1] == want
+    assert both(q.tobytes(), vocab) == got  # read-only little-endian bytes, as a capture
+
+
+@numba_missing
+def test_full_vocabulary_rows_and_odd_layouts():
+    vocab = 129280
+    row = build_row(np.random.default_rng(5).normal(size=vocab) * 3.0, temperature=0.8)
+    q = row.to_dense()
+    assert both(q, vocab) == ("ok", row.ids.tolist(), row.counts.tolist())
+    for where in (0, 1, 15, 16, 64_000, vocab - 1):  # vector lanes, the loop's tail
+        assert both(_bits(q, where, 0x7FC00000), vocab) == ("refused", Reason.NON_FINITE)
+        bad = q.copy()
+        bad[where] += F32(2.0**-30) if bad[where] else F32(2.0**-25)
+        assert both(bad, vocab) == ("refused", Reason.NON_DYADIC)
+    strided = np.zeros(2 * 300, F32)[::2]  # not contiguous: the numpy path, same decision
+    strided[5] = 1.0
+    assert both(strided, 300)[0] == "ok"
+    assert both(bytearray(q.tobytes()), vocab)[0] == "ok"
+    swapped = q.astype(">f4")  # not native here: the numpy path (as_array refuses it anyway)
+    assert both(swapped, vocab) == ("refused", Reason.UNEXPECTED_SIZE)
+
+
+def _valid_counts(draw, vocab: int) -> np.ndarray:
+    cuts = sorted(draw(st.lists(st.integers(0, MASS), min_size=vocab - 1,
+                                max_size=vocab - 1)))
+    return np.diff(np.array([0, *cuts, MASS], np.int64))
+
+
+@st.composite
+def rows(draw):
+    vocab = draw(st.integers(1, 70))
+    q = (_valid_counts(draw, vocab).astype(F32) / F32(MASS)).astype(F32)
+    q = np.concatenate([q, np.zeros(draw(st.integers(0, 9)), F32)])
+    bits = q.view(np.uint32)
+    for i, b in draw(st.lists(st.tuples(st.integers(0, q.size - 1), st.one_of(
+            st.integers(0, 2**32 - 1),  # any bit pattern
+            st.sampled_from([0, 1, 0x33800000, 0x33000000, 0x3F800000, 0x80000000,
+                             0x7F800000, 0x7FC00000, 0xBF800000]),  # edges
+            st.integers(0, MASS).map(lambda c: int(F32(c / MASS).view(np.uint32))))),
+            max_size=3)):
+        bits[i] = b
+    return q, vocab
+
+
+@numba_missing
+@settings(max_examples=400, deadline=None)
+@given(rows())
+def test_random_rows_decide_alike(case):
+    q, vocab = case
+    both(q, vocab)
+
+
+def sparse_outcome(ids, q, vocab: int):
+    try:
+        row = parse_sparse(ids, q, vocab)
+    except RowValidationError as e:
+        return ("refused", e.reason)
+    return ("ok", row.ids.tolist(), row.counts.tolist())
+
+
+def both_sparse(ids, q, vocab: int):
+    got = {}
+    for name in ("numpy", "numba"):
+        with backend(name):
+            got[name] = sparse_outcome(ids, q, vocab)
+    assert got["numpy"] == got["numba"], got
+    return got["numpy"]
+
+
+def sparse_corpus():
+    h = F32(0.5)
+    ids, q = [3, 9, 40], [F32(0.25), F32(0.25), h]
+    odd = [F32(0.25), F32(2.0**-30), h]
+
+    def at(i, v, base=q):
+        out = list(base)
+        out[i] = v
+        return out
+
+    return [
+        ("valid", ids, q, None),
+        ("one id, all mass", [63], [F32(1)], None),
+        ("id below 0", [-1, 9, 40], q, Reason.ID_OUT_OF_RANGE),
+        ("id at vocab", [3, 9, 64], q, Reason.ID_OUT_OF_RANGE),
+        ("out of range beats duplicate", [3, 3, 64], q, Reason.ID_OUT_OF_RANGE),
+        ("duplicate", [3, 3, 40], q, Reason.DUPLICATE_ID),
+        ("duplicate zeros", [0, 1, 1], [F32(1), F32(0), F32(0)], Reason.DUPLICATE_ID),
+        ("unsorted", [9, 3, 40], q, Reason.UNSORTED_SUPPORT),
+        ("unsorted first, duplicate later", [9, 3, 3], q, Reason.DUPLICATE_ID),
+        ("unsorted and NaN", [9, 3, 40], at(0, np.nan), Reason.UNSORTED_SUPPORT),
+        ("NaN", ids, at(1, np.nan), Reason.NON_FINITE),
+        ("-inf", ids, at(2, -np.inf), Reason.NON_FINITE),
+        ("negative", ids, at(0, F32(-0.25)), Reason.NEGATIVE_VALUE),
+        ("-0.0", ids, at(0, F32(-0.0)), Reason.NEGATIVE_VALUE),
+        ("above 1", ids, at(2, F32(1.5)), Reason.WRONG_MASS),
+        ("non-dyadic", ids, odd, Reason.NON_DYADIC),
+        ("subnormal", ids, at(1, np.frombuffer(np.uint32(1).tobytes(), F32)[0]),
+         Reason.NON_DYADIC),
+        ("non-dyadic first, NaN later", ids, at(2, np.nan, odd), Reason.NON_FINITE),
+        ("mass short", ids, at(2, F32(0.25)), Reason.WRONG_MASS),
+        ("zero q in the support", [3, 9, 40], [F32(0.5), F32(0), h], Reason.NON_CANONICAL),
+        ("zero q and wrong mass", [3, 9, 40], [F32(0.25), F32(0), h], Reason.WRONG_MASS),
+        ("empty", [], [], Reason.MISSING_Q),
+        ("lengths differ", ids, q[:2], Reason.UNEXPECTED_SIZE),
+    ]
+
+
+@numba_missing
+@pytest.mark.parametrize("name,ids,q,want", sparse_corpus(), ids=[c[0] for c in sparse_corpus()])
+def test_both_backends_decide_each_bad_sparse_row_alike(name, ids, q, want):
+    ids, q = np.array(ids, np.int32), np.array(q, F32)
+    got = both_sparse(ids, q, 64)
+    assert got[0] == ("ok" if want is None else "refused")
+    if want is not None:
+        assert got[1] == want
+    assert both_sparse(ids.tobytes(), q.tobytes(), 64) == got  # as frames carry them
+
+
+@st.composite
+def sparse_rows(draw):
+    vocab = draw(st.integers(1, 200))
+    n = draw(st.integers(1, min(vocab, 40)))
+    ids = sorted(draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n,
+                               unique=True)))
+    counts = _valid_counts(draw, n)
+    q = (counts.astype(F32) / F32(MASS)).astype(F32)
+    ids = np.array(ids, np.int32)
+    for i, v in draw(st.lists(st.tuples(st.integers(0, n - 1),
+                                        st.integers(-3, vocab + 2)), max_size=2)):
+        ids[i] = v  # out of range, duplicate or unsorted
+    bits = q.view(np.uint32)
+    for i, b in draw(st.lists(st.tuples(st.integers(0, n - 1), st.one_of(
+            st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 0x3F800000, 0x80000000])
+    )), max_size=2)):
+        bits[i] = b
+    return ids, q, vocab
+
+
+@numba_missing
+@settings(max_examples=400, deadline=None)
+@given(sparse_rows())
+def test_random_sparse_rows_decide_alike(case):
+    both_sparse(*case)
+
+
+@numba_missing
+@pytest.mark.parametrize("name", BACKENDS)
+def test_zero_q_at_the_proposed_token_is_refused(name):
+    row = build_row(np.random.default_rng(4).normal(size=V) * 3.0, temperature=0.9)
+    step = Step(session=1, slot=0, generation=1, round_id=1, last_committed=4,
+                first_position=5, prefix_digest=0, depth=1, temperature=0.9, top_k=0,
+                context_version=0, seed=1)
+    zero = int(np.flatnonzero(row.to_dense() == 0)[0])
+    reply = reply_from_row(session=1, slot=0, generation=1, round_id=1, index=1,
+                           position=5, token=int(row.ids[0]), row=row, form=Form.DENSE)
+    with backend(name):
+        assert check_reply(reply, step, V) is None
+        with pytest.raises(RowValidationError) as e:  # a peer's reply: no local check ran
+            check_reply(msgspec.structs.replace(reply, token=zero), step, V)
+        assert e.value.reason == Reason.ZERO_Q_AT_TOKEN
+
+
+def test_the_variable_chooses_and_a_bad_value_is_refused(monkeypatch):
+    monkeypatch.setattr(q_backend, "_chosen", None)
+    monkeypatch.setenv(q_backend.ENV, "numpy")
+    assert q_backend.chosen()[::2] == ("numpy", None)
+    for bad in ("fast", "numba,numpy"):
+        monkeypatch.setattr(q_backend, "_chosen", None)
+        monkeypatch.setenv(q_backend.ENV, bad)
+        with pytest.raises(ConfigError, match="PP1Q_VALIDATE"):
+            q_backend.backend()
+
+
+def test_numba_asked_for_but_missing_is_refused_not_replaced(monkeypatch):
+    """auto falls back to numpy (and says why); numba named explicitly never does."""
+    monkeypatch.setattr(q_backend.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(q_backend, "_chosen", None)
+    monkeypatch.setenv(q_backend.ENV, "auto")
+    assert q_backend.chosen() == ("numpy", "numba not installed", None)
+    monkeypatch.setattr(q_backend, "_chosen", None)
+    monkeypatch.setenv(q_backend.ENV, "numba")
+    with pytest.raises(ConfigError, match="numba is not installed"):
+        q_backend.backend()
+
+
+@numba_missing
+def test_the_kernels_check_their_own_bounds():
+    """Bounds checking is off inside the loops: each kernel refuses sizes that would
+    read past an array (the callers check first; this is the second line)."""
+    from pp1q.core import q_scan
+
+    q = np.zeros(8, F32)
+    bits = q.view(np.uint32)
+    for call in (lambda: q_scan.scan(q, bits, 9), lambda: q_scan.extract(q, bits, 9),
+                 lambda: q_scan.scan(q[:4], bits, 4),
+                 lambda: q_scan.sparse(np.arange(9, dtype=np.int32), q, bits, 64),
+                 lambda: q_scan.sparse(np.arange(0, dtype=np.int32), q[:0], bits[:0], 64)):
+        with pytest.raises(ValueError):
+            call()
+
+
+@numba_missing
+def test_warm_up_loads_the_kernels():
+    with backend("numba"):
+        name, why, seconds = q_backend.warm_up()
+        assert name == "numba" and why == "PP1Q_VALIDATE=numba" and seconds >= 0
+
+
+def test_a_daemon_with_a_bad_choice_refuses_to_start_with_one_line():
+    """The daemons choose (and load) the checker before serving: a bad PP1Q_VALIDATE
+    ends the start with status 2 and one line, like any other setting."""
+    env = {**os.environ, q_backend.ENV: "fastest"}
+    r = subprocess.run([sys.executable, "-m", "pp1q.cli", "worker", "--vocab", "16",
+                        "--speculation", "sampled", "--listen", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "pp1q worker: PP1Q_VALIDATE='fastest': must be one of auto, numba, numpy"]
