@@ -35,6 +35,12 @@ from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT
 
 MAX_SLOTS = 64  # the scheduler preallocates target rows per slot; bound that memory
 MAX_DEPTH = 16  # the design fixes depth 5; a larger value is an experiment, bounded
+# STEP deadlines when watchdog_ms is unset. The toy drafts a round in milliseconds; a
+# real model's STEP on a CPU holds D drafter forwards and, on a new context, the
+# drafter's prefill of the whole prompt: 1-3 s for SmolLM2-135M on one loaded core,
+# measured past 2 s (watchdog_timeout fallbacks; BENCHMARKS.md, Real model).
+TOY_WATCHDOG_MS = 2000
+REAL_MODEL_WATCHDOG_MS = 20000
 MAX_RANKS = 16  # vote rows grow with ranks; a tensor-parallel group is one or two nodes' GPUs
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # off: target-only; greedy: v1 (temperature 0) speculation; sampled: v2 with exact q.
@@ -75,7 +81,9 @@ class DaemonSettings(_Checked, frozen=True, kw_only=True):
     # toy: the seeded toy pair (no optional install, starts at once; every test's
     # default); embedded: the shipped SmolLM2-135M; else a local checkpoint path
     model: str = "toy"
-    draft: Draft = "early-exit:24"  # real models: the drafter is the first K layers
+    # real models: the drafter is the first K layers; 28 of SmolLM2's 30 accepts the
+    # most drafts per round (BENCHMARKS.md, Real model: k = 8..24 accept few)
+    draft: Draft = "early-exit:28"
     draft_model: str | None = None  # real models: a second checkpoint drafts instead
     device: str = "cpu"  # real models: torch device (cpu, cuda, cuda:1, ...)
     dtype: Literal["float32", "bfloat16"] = "float32"  # real models: weights and compute
@@ -116,7 +124,7 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     slots: Annotated[int, Meta(ge=1, le=MAX_SLOTS)] = 4
     depth: Annotated[int, Meta(ge=1, le=MAX_DEPTH)] = 5
     top_k: Annotated[int, Meta(ge=0, le=DEFAULT_MAX_SUPPORT)] = 32  # 0: dense
-    watchdog_ms: Annotated[int, Meta(gt=0)] = 2000
+    watchdog_ms: Annotated[int, Meta(gt=0)] | None = None  # None: by model (step_timeout_s)
     reconnect_max_s: Positive = 5.0
     target_delay_ms: NonNegative = 0.0
     tls_server_name: str | None = None  # None: the host of ``worker``
@@ -127,6 +135,14 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     rank_timeout_s: Positive = 5.0
     rank_join_timeout_s: Positive = 120.0
     rank_exit_grace_s: NonNegative = 2.0
+
+    @property
+    def step_timeout_s(self) -> float:
+        """The STEP watchdog: ``watchdog_ms``, or when unset TOY_WATCHDOG_MS for the toy
+        and REAL_MODEL_WATCHDOG_MS for a real model."""
+        if self.watchdog_ms is not None:
+            return self.watchdog_ms / 1000.0
+        return (TOY_WATCHDOG_MS if self.model == "toy" else REAL_MODEL_WATCHDOG_MS) / 1000.0
 
     @property
     def versions(self) -> tuple[int, ...]:
