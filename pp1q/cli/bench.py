@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
     p.add_argument("--temperatures", type=_floats, metavar="T,T,...",
                    help="model suite: target temperatures (default 0.7,1.0)")
     p.add_argument("--tokens", type=int, metavar="N",
-                   help="model suite: tokens per request (default 64; --quick 8)")
+                   help="model suite: tokens per request (default 24; --quick 8)")
 
 
 def _ints(text: str) -> list[int]:
