@@ -33,6 +33,14 @@ def add_arguments(p) -> None:
     add_setting(p, v, "top_k", "K", "default proposal support: sparse top-k, 0 = dense")
     add_setting(p, v, "watchdog_ms", "MS", "deadline for a STEP's validated COMPLETION")
     add_setting(p, v, "reconnect_max_s", "S", "longest backoff between reconnection attempts")
+    add_setting(p, v, "breaker_after_timeouts", "K",
+                "consecutive watchdog fallbacks that open the circuit: target-only, no STEP "
+                "sent, for breaker-open-s")
+    add_setting(p, v, "breaker_open_s", "S",
+                "first open period of the circuit; doubles after each failed probe")
+    add_setting(p, v, "breaker_open_max_s", "S", "longest open period of the circuit")
+    add_setting(p, v, "drain_timeout_s", "S",
+                "on SIGTERM: how long in-flight requests may finish (queued ones get 503)")
     add_setting(p, v, "target_delay_ms", "MS",
                 "simulated forward-pass latency of the embedded toy target per call "
                 "(the demo uses it to model a large target)")
@@ -60,6 +68,10 @@ def add_rank_arguments(p) -> None:
                 "how long ranks wait for each other at start-up")
     add_setting(p, v, "rank_exit_grace_s", "S",
                 "after losing the group, answer 503 this long, then exit with status 3")
+    add_setting(p, v, "shard_vocab", None,
+                "each rank holds one vocabulary shard of the target (its LM head rows) and "
+                "every rank takes part in each exact decision; dense q is scattered by "
+                "slices (docs/operations.md)")
 
 
 def run(args) -> int:

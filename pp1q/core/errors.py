@@ -77,6 +77,8 @@ class Reason(enum.StrEnum):
     RANK_DISAGREEMENT = "rank_disagreement"  # a rank refused an op: nothing was committed
     GENERATIONS_EXHAUSTED = "generations_exhausted"  # a slot used all its 24-bit generations
     BAD_REQUEST = "bad_request"  # the HTTP layer refused a request (status and code say how)
+    STOPPING = "stopping"  # the verifier is stopping (SIGTERM): queued and new requests refused
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # HTTP connections at their bound: one 503
     # -- the HTTP client (pp1q.tools.client) --
     UNREACHABLE = "unreachable"  # no answer from the verifier's HTTP API
     BAD_RESPONSE = "bad_response"  # an answer that is not the API's JSON

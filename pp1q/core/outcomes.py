@@ -18,6 +18,8 @@ class FallbackCause(enum.StrEnum):
     CONNECTION_LOST = "connection_lost"  # the worker connection dropped with the proposal open
     WORKER_UNAVAILABLE = "worker_unavailable"  # no live session to the worker at STEP time
     WORKER_REFUSED = "worker_refused"  # the worker answered the STEP with a refusal
+    # the link's circuit breaker is open (consecutive watchdog timeouts): no STEP sent
+    CIRCUIT_OPEN = "circuit_open"
 
 
 class PeerRefusal(enum.StrEnum):

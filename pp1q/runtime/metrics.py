@@ -26,6 +26,9 @@ PREFIX = "pp1q"
 MAX_DEPTH_BUCKET = 8  # accepted-length buckets 0..8 cover the fixed depth 5 with room
 ROUND_LATENCY_BUCKETS = (  # seconds: loopback toy rounds are ms, dense 129280 rounds tens of ms
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# an idle heartbeat takes ~1 ms on loopback; rank_timeout_s (default 5 s) loses the group
+RANK_EXCHANGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                         5.0)
 
 
 # Which daemon exports each family (docs/operations.md, "Metrics", lists the same; a test
@@ -39,11 +42,14 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "fallbacks": VERIFIER, "validation_failures": BOTH, "watchdog_timeouts": VERIFIER,
     "generation_invalidations": BOTH, "late_replies_discarded": VERIFIER,
     "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
-    "context_tokens": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
-    "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "steps": WORKER,
-    "context_tokens": VERIFIER, "speculation": BOTH,
+    "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "rank_exchange_seconds": VERIFIER,
+    "steps": WORKER, "context_tokens": VERIFIER, "speculation": BOTH,
+    "circuit_trips": VERIFIER, "circuit_state": VERIFIER, "requests_refused": VERIFIER,
+    "requests_queued": VERIFIER,
 }
+# Why the verifier answered a request 503 before it took a slot (requests_refused's labels)
+REFUSED_REQUESTS = (Reason.QUEUE_FULL, Reason.STOPPING, Reason.TOO_MANY_CONNECTIONS)
 
 
 class Metrics:
@@ -102,8 +108,18 @@ class Metrics:
         self.context_tokens = counter(
             "context_tokens", "Committed-context token ids in CONTEXT frames: sent (verifier)."
             " A fallback sends its one token, a digest mismatch the whole prefix again")
+        self.circuit_trips = counter(
+            "circuit_trips", "Times the worker link's circuit breaker opened (consecutive "
+            "watchdog timeouts, or a failed probe)")
+        self.circuit_state = gauge(
+            "circuit_state", "Worker link circuit breaker: 0 closed, 1 open, 2 half-open, "
+            "3 probing")
         self.requests = counter("requests", "Generation requests finished, by outcome",
                                 ("outcome",))
+        self.requests_refused = counter(
+            "requests_refused", "Requests answered 503 before they took a slot, by reason "
+            "(queue_full, stopping, too_many_connections)", ("reason",))
+        self.requests_queued = gauge("requests_queued", "Requests waiting for a slot")
         self.slots_in_use = gauge("slots_in_use", "Request slots currently held")
         # verifier ranks (--ranks N)
         self.rank_world_size = gauge("rank_world_size",
@@ -115,6 +131,11 @@ class Metrics:
                                       "Exchanges among verifier ranks (op batches, heartbeats)")
         self.rank_decisions = counter("rank_decisions",
                                       "Rounds and target-only steps this rank decided")
+        self.rank_exchange_seconds = Histogram(
+            f"{PREFIX}_rank_exchange_seconds",
+            "One exchange among verifier ranks, timed on rank 0 (which starts it): every "
+            "collective and the decisions made inside them",
+            buckets=RANK_EXCHANGE_BUCKETS, registry=reg("rank_exchange_seconds"))
         # worker
         self.steps = counter("steps", "STEP messages accepted for drafting (worker)")
         for cause in FallbackCause:  # expose zeros: a scrape shows every cause
@@ -125,6 +146,8 @@ class Metrics:
             self.rank_failures.labels(cause=failure.value)
         for refusal in PeerRefusal:
             self.peers_refused.labels(reason=refusal.value)
+        for reason in REFUSED_REQUESTS:
+            self.requests_refused.labels(reason=reason.value)
 
     def validation_failure(self, reason: Reason) -> None:
         self.validation_failures.labels(reason=Reason(reason).value).inc()
@@ -137,6 +160,9 @@ class Metrics:
         self.peer_refused({Reason.WRONG_IDENTITY: PeerRefusal.IDENTITY_MISMATCH,
                            Reason.SPECULATION_NOT_ENABLED: PeerRefusal.SPECULATION_NOT_ENABLED,
                            }.get(reason, PeerRefusal.HELLO_INCOMPATIBLE))
+
+    def request_refused(self, reason: Reason) -> None:
+        self.requests_refused.labels(reason=Reason(reason).value).inc()
 
     def fallback(self, cause: FallbackCause) -> None:
         self.fallbacks.labels(cause=FallbackCause(cause).value).inc()
@@ -171,12 +197,15 @@ class Metrics:
 
 
 async def serve_until_stopped(metrics: Metrics, settings: DaemonSettings, banner: str, port: int,
-                              stop: asyncio.Event, ready=None) -> None:
+                              stop: asyncio.Event, ready=None, draining=None) -> None:
     """A daemon's main wait: /metrics up, one banner line naming the ports on stdout
-    (pp1q.runtime.launcher reads it), ``ready(port, metrics_port)``, then wait for ``stop``."""
+    (pp1q.runtime.launcher reads it), ``ready(port, metrics_port)``, then wait for ``stop``;
+    ``draining()``: awaited after ``stop``, /metrics still up (the verifier's drain)."""
     host = settings.metrics_host
     with metrics.served(host, settings.metrics_port) as mport:
         print(banner + (f", metrics on {host}:{mport}" if mport else ""), flush=True)
         if ready is not None:
             ready(port, mport)
         await stop.wait()
+        if draining is not None:
+            await draining()

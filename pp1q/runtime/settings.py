@@ -126,6 +126,13 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     top_k: Annotated[int, Meta(ge=0, le=DEFAULT_MAX_SUPPORT)] = 32  # 0: dense
     watchdog_ms: Annotated[int, Meta(gt=0)] | None = None  # None: by model (step_timeout_s)
     reconnect_max_s: Positive = 5.0
+    # circuit breaker (pp1q.verifier.breaker): after this many consecutive watchdog
+    # fallbacks no STEP is sent for breaker_open_s, doubling per failed probe to the max
+    breaker_after_timeouts: Annotated[int, Meta(ge=1, le=1_000_000)] = 8
+    breaker_open_s: Positive = 5.0
+    breaker_open_max_s: Positive = 60.0
+    # SIGTERM: in-flight requests may finish within this, queued ones are answered 503
+    drain_timeout_s: NonNegative = 30.0
     target_delay_ms: NonNegative = 0.0
     tls_server_name: str | None = None  # None: the host of ``worker``
     ranks: Annotated[int, Meta(ge=1, le=MAX_RANKS)] = 1
@@ -135,6 +142,19 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     rank_timeout_s: Positive = 5.0
     rank_join_timeout_s: Positive = 120.0
     rank_exit_grace_s: NonNegative = 2.0
+    shard_vocab: bool = False  # ranks hold vocabulary shards (pp1q.verifier.ranks.sharded)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.shard_vocab and self.ranks < 2:
+            raise ConfigError("shard_vocab needs ranks >= 2 (one rank holds the whole "
+                              "vocabulary)", key="shard_vocab")
+        if self.shard_vocab and self.vocab < self.ranks:
+            raise ConfigError(f"shard_vocab: {self.ranks} ranks need a vocab of at least "
+                              f"{self.ranks} ids", key="shard_vocab")
+        if self.breaker_open_max_s < self.breaker_open_s:
+            raise refusal("breaker_open_max_s", self.breaker_open_max_s,
+                          f"must be >= breaker_open_s ({self.breaker_open_s:g})")
 
     @property
     def step_timeout_s(self) -> float:

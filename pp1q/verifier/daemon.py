@@ -21,6 +21,7 @@ from pp1q.runtime.draw_secret import load_draw_keys
 from pp1q.runtime.metrics import Metrics, serve_until_stopped
 from pp1q.runtime.settings import VerifierSettings, cannot_listen, parse_hostport
 from pp1q.verifier.api import decode_generate
+from pp1q.verifier.breaker import BreakerConfig
 from pp1q.verifier.decider import Decider
 from pp1q.verifier.engine_decider import EngineDecider
 from pp1q.verifier.http import HttpError
@@ -69,12 +70,14 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     draws = load_draw_keys(settings.draw_secret_file)
     needs = Needs(slots=slots, depth=depth, support=min(top_k, spec.vocab))
     link = WorkerLink(host, port, config, needs, metrics, settings.step_timeout_s,
-                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics))
+                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics),
+                      breaker=breaker_config(settings))
     delay_s = settings.target_delay_ms / 1000.0
     if ranked:
         from pp1q.verifier.ranks.decider import RankedDecider
 
-        decider = RankedDecider(target, metrics, draws, delay_s, deciders.rank)
+        decider = RankedDecider(target, metrics, draws, delay_s, deciders.rank,
+                                sharded=settings.shard_vocab)
     else:
         decider = deciders.local(target, slots=slots, depth=depth, draws=draws,
                                  target_delay_s=delay_s)
@@ -100,13 +103,19 @@ def _build_engine(settings: VerifierSettings, deciders: Deciders, ranked: bool):
     needs = Needs(slots=settings.slots, depth=settings.depth,
                   support=min(settings.top_k, loaded.vocab))
     link = WorkerLink(host, port, config, needs, metrics, settings.step_timeout_s,
-                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics))
+                      settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics),
+                      breaker=breaker_config(settings))
     decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
                               draws=load_draw_keys(settings.draw_secret_file),
                               target_delay_s=settings.target_delay_ms / 1000.0)
     scheduler = Scheduler(link, decider, metrics, slots=settings.slots, depth=settings.depth,
                           text=TextCodec(loaded.tokenizer))
     return link, scheduler, metrics, config
+
+
+def breaker_config(settings: VerifierSettings) -> BreakerConfig:
+    return BreakerConfig(after_timeouts=settings.breaker_after_timeouts,
+                         open_s=settings.breaker_open_s, open_max_s=settings.breaker_open_max_s)
 
 
 def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config) -> dict:
@@ -139,11 +148,18 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
         return 200, await scheduler.generate(req)
 
     async def healthz(request):
-        answer = {"status": "ok", "worker": "connected" if link.ready else "disconnected",
+        # 200 while requests are served (degraded: target-only, exact, slower); 503 when
+        # they are not (ranks lost, stopping): what a load balancer routes by
+        link_health = (link.health() if mode != "off" else
+                       {"worker": "disconnected", "cause": "speculation_off", "detail": None})
+        degraded = mode != "off" and link_health["worker"] != "connected"
+        answer = {"status": "degraded" if degraded else "ok", **link_health,
                   "wire_version": link.version if link.ready else None,
                   "speculation": mode,
                   "target": config.identity.target_id, "slots": scheduler.pool.size,
                   "depth": scheduler.depth}
+        if scheduler.stopping:  # SIGTERM: draining; route new requests elsewhere
+            return 503, {**answer, "status": "stopping"}
         ranks = scheduler.decider.health()  # --ranks N: the group's state
         if ranks is not None:
             answer["ranks"] = ranks
@@ -184,7 +200,8 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         if group is None:  # the ranks did not all join in time: let the supervisor retry
             return EXIT_RANKS_LOST
     # a target with a tokenizer takes text (scheduler.text; the toy has none)
-    http = HttpServer(routes(settings, link, scheduler, config))
+    http = HttpServer(routes(settings, link, scheduler, config),
+                      on_refused=metrics.request_refused)
     host, port = parse_hostport(settings.http)
     try:
         port = await http.start(host, port)
@@ -200,8 +217,9 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         "draw_key": {"id": DRAW_KEY_ID,
                      "fingerprint": draws.fingerprint if draws is not None else None}})
     speculating = settings.speculation != "off"
+    link_stop = asyncio.Event()  # set after the drain: requests draining still speculate
     link_task = asyncio.get_running_loop().create_task(
-        link.run(stop) if speculating else stop.wait())  # off: the worker is never dialled
+        link.run(link_stop) if speculating else link_stop.wait())  # off: never dialled
     log.info("speculation %s: %s", settings.speculation, {
         "off": "every request target-only, no worker link",
         "greedy": "greedy (v1) speculation; sampled requests are refused (422)",
@@ -211,8 +229,11 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings.worker}"
         if group is not None:
             banner += f", ranks {group.world}"
-        await serve_until_stopped(metrics, settings, banner, port, stop, ready)
+        await serve_until_stopped(metrics, settings, banner, port, stop, ready,
+                                  draining=lambda: drain(http, scheduler,
+                                                         settings.drain_timeout_s))
     finally:
+        link_stop.set()
         await http.close()
         link_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -222,6 +243,17 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         if group is not None:
             await group.close()
     return group.exit_status if group is not None else 0
+
+
+async def drain(http: HttpServer, scheduler: Scheduler, timeout: float) -> None:
+    """SIGTERM: accept no connection, answer queued requests 503 ``stopping``, let the
+    running ones finish within ``timeout`` (docs/operations.md, "Stopping")."""
+    http.stop_accepting()
+    log.info("stopping: accepting no new connections; draining up to %g s", timeout)
+    d = await scheduler.drain(timeout)
+    (log.warning if d.cut else log.info)(
+        "stopped: %d in-flight requests finished, %d cut at the %g s deadline (503 stopping), "
+        "%d queued answered 503 stopping", d.finished, d.cut, timeout, d.queued)
 
 
 async def _serve_follower(settings: VerifierSettings, plan, stop: asyncio.Event,
@@ -236,5 +268,6 @@ async def _serve_follower(settings: VerifierSettings, plan, stop: asyncio.Event,
     target = ToyTarget(spec)
     metrics = Metrics("verifier", {"target": target.identity, "rank": str(plan.rv.rank)})
     metrics.rank_world_size.set(plan.rv.world)
-    return await serve_follower(settings, plan, limits_of(config, plan.rv.world), target,
-                                metrics, stop, deciders.rank)
+    return await serve_follower(settings, plan,
+                                limits_of(config, plan.rv.world, settings.shard_vocab),
+                                target, metrics, stop, deciders.rank)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ from pp1q.core.prefix import Prefix
 from pp1q.runtime.capture import Protocol, tap
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.tls import ClientTls, connect_kwargs
+from pp1q.verifier.breaker import DEFAULT_BREAKER, Breaker, BreakerConfig, State
+from pp1q.verifier.circuit import Circuit
+from pp1q.verifier.outcome import Fallback
 from pp1q.verifier.watchdog import Watchdog
 from pp1q.wire import Commit, Reset, Step, VerifierEndpoint, WireConfig, context_of
 from pp1q.wire.events import (
@@ -43,15 +47,13 @@ log = logging.getLogger("pp1q.verifier")
 MAX_BATCHES_IN_FLIGHT = 2  # the design's two in-flight STEP batches
 HELLO_TIMEOUT_S = 5.0  # a worker that does not answer HELLO by then is treated as down
 FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_s
+# consecutive failed proposals (refused, invalid, lost) before /healthz says degraded: a
+# worker refusing every step costs no waiting, but speculation is not happening
+DEGRADED_AFTER_FAILURES = 8
 
 
-@dataclass(frozen=True)
-class Fallback:
-    """Why a proposal produced nothing consumable."""
-
-    cause: FallbackCause
-    reason: Reason
-    detail: str = ""
+def _health(worker: str, cause: str | None, detail: str | None) -> dict:
+    return {"worker": worker, "cause": cause, "detail": detail}
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,10 @@ def classify(ev: ProposalFailed) -> FallbackCause:
         return FallbackCause.WATCHDOG_TIMEOUT
     if ev.reason is Reason.CONNECTION_LOST:
         return FallbackCause.CONNECTION_LOST
-    if ev.reason is Reason.WORKER_ABORTED or ev.by_peer:
-        return FallbackCause.WORKER_REFUSED  # a REFUSAL or an ABORTED completion
+    if ev.reason in (Reason.WORKER_ABORTED, Reason.PEER_REFUSED) or ev.by_peer:
+        # a REFUSAL of the step, an ABORTED completion, or the session refused (slot -1)
+        # with the step open: the worker's own word, not a fault we detected
+        return FallbackCause.WORKER_REFUSED
     return FallbackCause.INVALID_REPLY
 
 
@@ -96,6 +100,7 @@ class _WireProtocol(asyncio.BufferedProtocol):
             self.link.metrics.validation_failure(e.reason)
             if handshaking:  # its HELLO answer (identity, version, limits) refused
                 self.link.metrics.hello_refused(e.reason)
+                self.link.refused = e.reason
             self.link.on_events(self.endpoint.close(e.reason), stream_error=True)
             self.transport.close()
             return
@@ -109,7 +114,8 @@ class _WireProtocol(asyncio.BufferedProtocol):
 class WorkerLink:
     def __init__(self, host: str, port: int, config: WireConfig, needs: Needs, metrics: Metrics,
                  step_timeout: float, reconnect_max_s: float, capture=None,
-                 tls: ClientTls | None = None) -> None:
+                 tls: ClientTls | None = None,
+                 breaker: BreakerConfig = DEFAULT_BREAKER) -> None:
         self.host, self.port, self.config, self.needs = host, port, config, needs
         self.tls = tls  # mutual TLS for the connection to the worker; None: plain TCP
         self.capture = capture  # pp1q.runtime.capture.CaptureWriter or None
@@ -128,6 +134,9 @@ class WorkerLink:
         self._flush_scheduled = False
         self._watchdog = Watchdog(self._on_timeouts)
         self.sessions_started = 0
+        self.refused: Reason | None = None  # the worker's last refusal of a session
+        self.circuit = Circuit(Breaker(breaker), metrics)  # consulted before each STEP
+        self._ended_by_refusal = False
         # Slot buffers, sized once from the bounds we offer: two in-flight batches of
         # every slot's dense rows (the seed's 2 x 4 x 5 x 517 KB at 129280 tokens). Small
         # rows come from malloc (see PayloadPool); every session reuses these buffers.
@@ -145,6 +154,22 @@ class WorkerLink:
     @property
     def session(self) -> int | None:
         return self.endpoint.session if self._ready else None
+
+    def health(self) -> dict:
+        """What /healthz says of the link: ``worker`` is "connected" only while rounds
+        can speculate; else "degraded" (a session, but no speculation) or "disconnected",
+        with the ``cause`` and a ``detail``."""
+        c = self.circuit
+        if not self._ready:
+            if self.refused is not None:  # the last HELLO (or the session) was refused
+                return _health("disconnected", "session_refused", self.refused.value)
+            return _health("disconnected", "no_session", f"{self.host}:{self.port}")
+        if c.breaker.state is not State.CLOSED:
+            return _health("degraded", "circuit_open", c.breaker.name)
+        if c.failing >= DEGRADED_AFTER_FAILURES:
+            return _health("degraded", "proposals_failing",
+                           f"{c.failing} in a row, the last {c.last_failure}")
+        return _health("connected", None, None)
 
     async def wait_ready(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):
@@ -175,6 +200,7 @@ class WorkerLink:
             return False
         self.endpoint, self._proto = endpoint, proto
         self._started = loop.create_future()
+        self._ended_by_refusal = False
         proto.transport.write(endpoint.hello())
         try:
             done, _ = await asyncio.wait({self._started, proto.closed}, timeout=HELLO_TIMEOUT_S,
@@ -187,7 +213,9 @@ class WorkerLink:
                 await asyncio.wait({proto.closed, stopping}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopping.cancel()
-            return True
+            # a worker that ends each session with a REFUSAL is retried with backoff, not
+            # at once: it counts as a failed connection
+            return not self._ended_by_refusal
         finally:
             self._go_down(quiet=stop.is_set())
 
@@ -196,6 +224,7 @@ class WorkerLink:
         if self.sessions_started > 1:
             self.metrics.reconnects.inc()
         self.version = self.endpoint.version
+        self.refused = None
         self._ready = True
         self._ready_event.set()
         self._watchdog.attach(self.endpoint)
@@ -238,8 +267,12 @@ class WorkerLink:
             elif isinstance(ev, SessionRefused):
                 log.error("worker refused the session (%s): %s", ev.reason.value, ev.detail)
                 self.metrics.validation_failure(ev.reason)
+                self.refused = ev.reason
                 if self._started is not None and not self._started.done():
                     self._started.set_result(False)
+                elif self._proto is not None:  # mid-session (slot -1): the session is over;
+                    self._ended_by_refusal = True  # close, reconnect with backoff (wire.md)
+                    self._proto.transport.close()
         self._watchdog.arm()
 
     def _check_session(self, ev: SessionStarted) -> None:
@@ -254,6 +287,7 @@ class WorkerLink:
                       ", ".join(short))
             self.metrics.validation_failure(Reason.UNEXPECTED_SIZE)
             self.metrics.hello_refused(Reason.UNEXPECTED_SIZE)
+            self.refused = Reason.UNEXPECTED_SIZE
             self._proto.transport.close()
         if self._started is not None and not self._started.done():
             self._started.set_result(ok)
@@ -291,11 +325,22 @@ class WorkerLink:
         self.metrics.context_tokens.inc(msg.count)
         return True
 
+    def circuit_open(self) -> bool:
+        """The breaker lets no round speculate now: serve target-only, send nothing."""
+        return self.circuit.blocks(asyncio.get_running_loop().time())
+
     def propose(self, step: Step) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         if not self._ready:
             fut.set_result(Fallback(FallbackCause.WORKER_UNAVAILABLE, Reason.CONNECTION_LOST))
             return fut
+        probe = self.circuit.permit(loop.time())
+        if probe is None:  # another round took the probe meanwhile
+            fut.set_result(Fallback(FallbackCause.CIRCUIT_OPEN, Reason.STEP_TIMEOUT,
+                                    "circuit open"))
+            return fut
+        fut.add_done_callback(functools.partial(self.circuit.step_ended, probe))
         self._queued.append((step, fut))
         self._schedule_flush()
         return fut
@@ -312,6 +357,8 @@ class WorkerLink:
         now = asyncio.get_running_loop().time()
         frames, batch = [], set()
         for step, fut in self._queued:
+            if fut.done():  # its request went away (cancelled) and was RESET: never send it
+                continue
             try:
                 frames.append(self.endpoint.send(step, now))
             except LocalProtocolError as e:  # a scheduler bug: fail closed, never send
@@ -338,8 +385,10 @@ class WorkerLink:
 
     def _writable(self) -> bool:
         """Ready and the transport not closing: after a stream error closed it, the session
-        stays ready until connection_lost runs, and a write then raises (uvloop)."""
-        return self._ready and not self._proto.transport.is_closing()
+        stays ready until connection_lost runs, and a write then raises (uvloop); a session
+        the worker refused (slot -1) is closed on the endpoint before the transport goes."""
+        return (self._ready and not self._proto.transport.is_closing()
+                and self.endpoint.state is Conn.READY)
 
     def _send_control(self, msg) -> bool:
         if not self._writable() or msg.session != self.endpoint.session:

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pp1q.core.errors import Reason, ServiceError
 from pp1q.core.outcomes import FallbackCause, StepKind
@@ -43,8 +45,20 @@ from pp1q.wire.events import ProposalReady
 
 MAX_GENERATION = (1 << 24) - 1  # the wire's generation field and the RNG counter are 24-bit
 MAX_QUEUED_REQUESTS = 256  # requests waiting for a slot before new ones get 503
+# after the drain deadline a request still running ends at its next round; this long is
+# one round at worst with the default watchdog (2 s) and a slow target step
+CUT_GRACE_S = 10.0
 # the worker refused a STEP because its copy of the context is not ours: resend it whole
 CONTEXT_LOST = frozenset({Reason.CHECKSUM_MISMATCH, Reason.BAD_POSITION, Reason.NO_CONTEXT})
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What a drain did: requests that finished, were cut at the deadline, were queued."""
+
+    finished: int
+    cut: int
+    queued: int
 
 
 class SlotPool:
@@ -65,14 +79,29 @@ class SlotPool:
                                    f"{MAX_QUEUED_REQUESTS} requests already queued")
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
+            self.metrics.requests_queued.set(len(self._waiters))
             try:
                 slot = await fut
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled():
                     self.release(fut.result())
                 raise
+            finally:  # served, refused or gone: the queue is shorter by one
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
+                self.metrics.requests_queued.set(len(self._waiters))
         self.metrics.slots_in_use.set(self.size - len(self._free))
         return slot
+
+    def refuse_waiters(self, error: ServiceError) -> int:
+        """Every request waiting for a slot fails with ``error``; how many there were."""
+        n = 0
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(error)
+                n += 1
+        return n
 
     def release(self, slot: int) -> None:
         while self._waiters:
@@ -92,6 +121,11 @@ class Scheduler:
         self.depth = depth
         self.pool = SlotPool(slots, metrics)
         self._generation = [TARGET_ONLY_GENERATION] * slots
+        self.stopping = False  # drain(): no request is taken any more
+        self._cut = False  # the drain deadline passed: running requests end at their next round
+        self._running = 0  # requests holding a slot
+        self._idle = asyncio.Event()  # set while none is running
+        self._idle.set()
 
     # -- requests ----------------------------------------------------------------
 
@@ -101,12 +135,23 @@ class Scheduler:
         committed tokens as they are committed (streaming); a true return ends the
         request after that round (finish_reason "stop": the caller saw a stop token)."""
         t0 = time.perf_counter()
-        slot = await self.pool.acquire()
+        try:
+            if self.stopping:
+                raise ServiceError(Reason.STOPPING, "the verifier is stopping; retry elsewhere")
+            slot = await self.pool.acquire()
+        except ServiceError as e:  # answered 503 (busy, stopping) before it took a slot
+            self.metrics.request_refused(e.reason)
+            raise
         job = Job(req, slot)
         start, shown, stopped = len(req.prompt), 0, False
+        self._running += 1
+        self._idle.clear()
         try:
             await self.decider.open(job)
             while job.produced < req.max_tokens and not job.stopped and not stopped:
+                if self._cut:
+                    raise ServiceError(Reason.STOPPING,
+                                       "the verifier stopped: the drain deadline passed")
                 if req.speculative:
                     await self._speculative_step(job)
                 else:
@@ -120,6 +165,9 @@ class Scheduler:
             raise
         finally:
             self._release(job)
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
         self.metrics.requests.labels(outcome="ok").inc()
         tokens, reason = finish(job.prefix.tokens[start:], req.max_tokens, req.stop_ids)
         if stopped:  # the caller saw a stop (a stop string, say) in what was streamed
@@ -130,6 +178,23 @@ class Scheduler:
         if req.text and self.text is not None:
             answer["text"] = self.text.decode(tokens[:-1] if reason == "stop" else tokens)
         return answer
+
+    async def drain(self, timeout: float) -> Drained:
+        """Stop taking requests: queued ones fail at once (503 ``stopping``), running ones
+        may finish within ``timeout``; those still running then end at their next round
+        (503 ``stopping``, or the stream's error event)."""
+        self.stopping = True
+        queued = self.pool.refuse_waiters(
+            ServiceError(Reason.STOPPING, "the verifier is stopping; retry elsewhere"))
+        running = self._running
+        cut = 0
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            self._cut, cut = True, self._running
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), CUT_GRACE_S)
+        return Drained(finished=running - cut, cut=cut, queued=queued)
 
     def _release(self, job: Job) -> None:
         self.decider.close(job)  # first: a rank group queues CLOSE before any reuse
@@ -154,6 +219,10 @@ class Scheduler:
         if not link.ready:
             await self._fallback(job, Fallback(FallbackCause.WORKER_UNAVAILABLE,
                                                Reason.CONNECTION_LOST), job.next_round())
+            return
+        if link.circuit_open():  # the worker hung K rounds in a row: no STEP, no waiting
+            await self._fallback(job, Fallback(FallbackCause.CIRCUIT_OPEN, Reason.STEP_TIMEOUT,
+                                               "circuit open"), job.next_round())
             return
         if len(job.prefix) + self.depth + 1 > link.max_context:  # the worker could not hold it
             await self._target_only_step(job, job.generation, job.next_round(), None)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from pp1q.core.errors import ServiceError
+from pp1q.core.errors import Reason, ServiceError
 from pp1q.verifier.http import HttpError, as_http, error_body
 
 log = logging.getLogger("pp1q.http")
@@ -37,6 +37,9 @@ MAX_HEADERS = 64  # more header lines than any client of this API sends
 MAX_CONNECTIONS = 512
 HEAD_TIMEOUT_S = 15.0  # a whole request head (or an idle keep-alive gap) within this (slowloris)
 BODY_TIMEOUT_S = 30.0  # a declared body must arrive within this time (slow-body bound)
+# closing: handlers still running this long after the drain are cancelled (the drain
+# itself, pp1q.verifier.scheduler.Scheduler.drain, already gave them their deadline)
+HANDLER_GRACE_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable["tuple[int, object] | web.StreamResponse"]]
 
@@ -113,6 +116,10 @@ class _Refuse(asyncio.Protocol):
 
     BODY = b'{"error":{"code":"busy","message":"too many connections"}}\n'
 
+    def __init__(self, on_refused: Callable[[Reason], None] | None) -> None:
+        if on_refused is not None:
+            on_refused(Reason.TOO_MANY_CONNECTIONS)
+
     def connection_made(self, transport) -> None:
         transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
@@ -124,8 +131,11 @@ class HttpServer:
     """Routes ``(METHOD, path)`` to handlers, on one listening socket."""
 
     def __init__(self, routes: dict[tuple[str, str], Handler],
-                 limits: Limits = DEFAULT_LIMITS) -> None:
+                 limits: Limits = DEFAULT_LIMITS,
+                 on_refused: Callable[[Reason], None] | None = None) -> None:
+        """``on_refused(reason)``: a connection was answered 503 unparsed (counted)."""
         self.limits = limits
+        self.on_refused = on_refused
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_errors])
         self.app[LIMITS] = limits
         for (method, path), handler in routes.items():
@@ -142,18 +152,23 @@ class HttpServer:
             self.app, handle_signals=False, access_log=None, logger=_parser_log,
             handler_cancellation=True, keepalive_timeout=lim.head_timeout_s,
             max_line_size=lim.max_line_bytes, max_field_size=lim.max_line_bytes,
-            max_headers=lim.max_headers, lingering_time=1.0)
+            max_headers=lim.max_headers, lingering_time=1.0, shutdown_timeout=HANDLER_GRACE_S)
         await self._runner.setup()
         server = self._runner.server
 
         def protocol():
             if len(server.connections) >= lim.max_connections:
-                return _Refuse()
+                return _Refuse(self.on_refused)
             return server()
 
         self._server = await asyncio.get_running_loop().create_server(
             protocol, host, port, backlog=min(lim.max_connections, 1024))
         return self._server.sockets[0].getsockname()[1]
+
+    def stop_accepting(self) -> None:
+        """No new connections (the listening socket closes); open ones are still served."""
+        if self._server is not None:
+            self._server.close()
 
     async def close(self) -> None:
         if self._server is not None:

@@ -100,8 +100,11 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
         await serve_until_stopped(metrics, settings, banner, port, stop, ready)
     finally:
         server.close()
-        for conn in list(connections):  # verifiers see the close and fail over at once
+        open_conns = list(connections)
+        for conn in open_conns:  # verifiers see the close and fail over at once
             conn.close()
+        log.info("stopping: listening no more; closed %d verifier connection(s)",
+                 len(open_conns))
         if cap is not None:
             cap.close()  # connections still open are recorded as closed by the capture
     return 0

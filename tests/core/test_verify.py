@@ -99,6 +99,7 @@ def _qualify(n_rounds: int, seed: int) -> dict:
     return stats
 
 
+@pytest.mark.experiment
 def test_qualification_10k_rounds_identical_to_oracle():
     stats = _qualify(10_000, seed=20240601)
     assert stats["rounds"] >= 10_000 and stats["kinds"] == set(KINDS)

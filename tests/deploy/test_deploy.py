@@ -16,6 +16,7 @@ from deploy_tools import DEPLOY, exported_names, prometheus_tool
 from pp1q.cli import main, verifier, worker
 from pp1q.runtime.config import parse_hostport, resolve
 from pp1q.verifier.ranks.launch import rank_plan
+from pp1q.verifier.scheduler import CUT_GRACE_S
 
 UNITS = DEPLOY / "systemd"
 CONFIG = DEPLOY / "config"
@@ -126,6 +127,25 @@ def _deployment():
     ranks = {r: _settings("verifier", shlex.split(
         _env(CONFIG / f"verifier-{r}.env")["PP1Q_VERIFIER_ARGS"])) for r in RANKS}
     return w, ranks
+
+
+def _seconds(value: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(s|min)?", value.strip())
+    assert m, f"TimeoutStopSec {value!r}: use seconds or minutes"
+    return float(m.group(1)) * (60 if m.group(2) == "min" else 1)
+
+
+STOP_MARGIN_S = 5.0  # the verifier closes its link, HTTP and capture after the drain
+
+
+def test_stop_timeouts_leave_room_for_the_drain():
+    """systemd SIGKILLs a unit TimeoutStopSec after SIGTERM: the verifier's must cover
+    drain_timeout_s, the round a request cut at the deadline finishes, and a margin."""
+    _w, ranks = _deployment()
+    drain = max(v.drain_timeout_s for v in ranks.values())
+    stop = _seconds(_unit("pp1q-verifier@.service")["Service"]["TimeoutStopSec"])
+    assert stop >= drain + CUT_GRACE_S + STOP_MARGIN_S, (stop, drain)
+    assert _seconds(_unit("pp1q-worker.service")["Service"]["TimeoutStopSec"]) >= STOP_MARGIN_S
 
 
 def test_config_is_read_by_both_daemons_and_ranks_are_consistent():

@@ -1,6 +1,7 @@
 """A real scrape: Debian's Prometheus server on loopback, deploy/'s scrape config and
-rules pointed at a running worker and two verifier ranks, queried over its HTTP API
-until every target is up, the pp1q series are ingested and every rule evaluates."""
+rules pointed at a running worker and a verifier rank group of two (rank 0 spawns rank
+1; vocabulary-sharded), queried over its HTTP API until every target is up, the pp1q
+series of both ranks are ingested and every rule evaluates."""
 
 import json
 import socket
@@ -11,10 +12,8 @@ import urllib.request
 
 import pytest
 import yaml
-from daemon_harness import ROOT, Pair
+from daemon_harness import Pair
 from deploy_tools import DEPLOY, prometheus_tool
-
-from pp1q.runtime.launcher import DaemonProcess, pp1q_command
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
@@ -72,16 +71,12 @@ def _scrape_config(tmp, worker_port: int, rank_ports: list[int]) -> None:
 @pytest.fixture
 def deployment(tmp_path):
     binary = prometheus_tool("prometheus")
-    pair = Pair(tmp_path)  # worker + verifier rank 0, metrics on free loopback ports
-    rank1 = None
+    # worker + a verifier group of two ranks, metrics on free loopback ports
+    pair = Pair(tmp_path, verifier_args=["--ranks", "2", "--shard-vocab"])
     prom = None
     try:
-        rank1 = DaemonProcess("verifier", pp1q_command(
-            "verifier", "--worker", f"127.0.0.1:{pair.worker.port}", "--http", "127.0.0.1:0",
-            "--vocab", str(pair.vocab), "--model-seed", "0", "--metrics-port", "0",
-            "--speculation", "sampled"), str(tmp_path / "verifier1.log"), cwd=str(ROOT))
-        _scrape_config(tmp_path, pair.worker.metrics_port,
-                       [pair.verifier.metrics_port, rank1.metrics_port])
+        rank1 = int(pair.client().health()["ranks"]["metrics"][1].rsplit(":", 1)[1])
+        _scrape_config(tmp_path, pair.worker.metrics_port, [pair.verifier.metrics_port, rank1])
         port = _free_port()
         log = tmp_path / "prometheus.log"
         with open(log, "w") as f:
@@ -99,8 +94,6 @@ def deployment(tmp_path):
             except subprocess.TimeoutExpired:
                 prom.kill()
                 prom.wait(15)
-        if rank1 is not None:
-            rank1.stop()
         pair.close()
 
 
@@ -129,6 +122,12 @@ def test_prometheus_scrapes_the_deployment(deployment):
         return res if res and float(res[0]["value"][1]) >= 8 else None
     _until("rank 0's generated tokens", generated, prom, log)
     assert query('pp1q_steps_total{job="pp1q-worker"}')  # the worker served STEPs
+
+    def group():  # both ranks report the group; rank 0 times its exchanges
+        sizes = {r["metric"]["rank"]: r["value"][1] for r in query("pp1q_rank_world_size")}
+        timed = query('pp1q_rank_exchange_seconds_count{rank="0"} > 0')
+        return sizes if sizes == {"0": "2", "1": "2"} and timed else None
+    _until("the rank group's series", group, prom, log)
     up = query("up")
     assert len(up) == 3 and {r["value"][1] for r in up} == {"1"}
 
@@ -140,6 +139,6 @@ def test_prometheus_scrapes_the_deployment(deployment):
         return rules if done else None
     rules = _until("every rule evaluated once", rules_evaluated, prom, log)
     assert {r["health"] for r in rules} == {"ok"}, [r for r in rules if r["health"] != "ok"]
-    assert len(rules) == 12
+    assert len(rules) == 16
     firing = [a for r in rules for a in r.get("alerts", []) if a["state"] == "firing"]
     assert not firing, firing  # a healthy deployment raises no alert

@@ -134,6 +134,11 @@ BAD_OPTIONS = [  # (role, options, the key named, the value shown)
     ("verifier", ["--rank-exit-grace-s", "nan"], "rank_exit_grace_s", "nan"),
     ("verifier", ["--rank-backend", "mpi"], "rank_backend", "'mpi'"),
     ("verifier", ["--tls-cert", "a.pem"], "tls_key", None),  # all three or none
+    ("verifier", ["--breaker-after-timeouts", "0"], "breaker_after_timeouts", "0"),
+    ("verifier", ["--breaker-open-s", "nan"], "breaker_open_s", "nan"),
+    ("verifier", ["--breaker-open-s", "90"], "breaker_open_max_s", None),  # max below it
+    ("verifier", ["--drain-timeout-s", "-1"], "drain_timeout_s", "-1.0"),
+    ("verifier", ["--drain-timeout-s", "inf"], "drain_timeout_s", "inf"),
 ]
 
 BAD_FILES = [  # (role, TOML text, the key named, the value shown, the scope named)

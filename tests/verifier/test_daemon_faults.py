@@ -109,7 +109,9 @@ def test_mismatched_model_seed_is_refused_at_hello(tmp_path):
         answer = one_request(pair, max_tokens=4)
         assert len(answer["token_ids"]) == 4
         assert fallbacks_of(answer) == {"worker_unavailable": 4}
-        assert pair.client().health()["worker"] == "disconnected"
+        health = pair.client().health()  # served (200), but not speculating: degraded
+        assert health["worker"] == "disconnected" and health["status"] == "degraded"
+        assert (health["cause"], health["detail"]) == ("session_refused", "wrong_identity")
         w = pair.metrics("worker")
         assert value(w, "pp1q_validation_failures_total", reason="wrong_identity") >= 1
         assert value(w, "pp1q_steps_total") == 0

@@ -10,50 +10,20 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fake_decider import ALONE, BONUS, FakeDecider
 
 from pp1q.core.errors import Pp1qError, Reason, ServiceError
-from pp1q.core.outcomes import FallbackCause, StepKind
+from pp1q.core.outcomes import FallbackCause
 from pp1q.runtime.metrics import Metrics
 from pp1q.verifier import scheduler as scheduler_mod
 from pp1q.verifier.api import GenerateRequest
-from pp1q.verifier.decider import Decider
 from pp1q.verifier.http import STATUS_OF, as_http
 from pp1q.verifier.link import Fallback
-from pp1q.verifier.rounds import Outcome
 from pp1q.verifier.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [3, 1, 4]
 DRAFTS = (5, 9)
-BONUS = 11  # the fake decider's token after accepted drafts
-ALONE = 7  # the fake decider's target-only token
-
-
-class FakeDecider(Decider):
-    """Accepts every draft, then BONUS; target-only steps give ALONE. Logs each call."""
-
-    def __init__(self, fail_open: Reason | None = None) -> None:
-        self.calls: list[tuple] = []
-        self.fail_open = fail_open
-
-    async def open(self, job):
-        self.calls.append(("open", job.slot))
-        if self.fail_open is not None:
-            raise ServiceError(self.fail_open, "the fake says no")
-
-    async def decide_round(self, job, step, ready):
-        self.calls.append(("round", step.generation, step.round_id, tuple(ready.draft_ids)))
-        return Outcome(len(ready.draft_ids), BONUS), StepKind.GREEDY
-
-    async def decide_target_only(self, job, generation, round_id):
-        self.calls.append(("target_only", generation, round_id))
-        return Outcome(0, ALONE)
-
-    async def invalidate(self, job, generation, reason):
-        self.calls.append(("invalidate", generation, reason))
-
-    def close(self, job):
-        self.calls.append(("close", job.slot))
 
 
 class FakeLink:
@@ -82,6 +52,9 @@ class FakeLink:
     def reset(self, slot, generation, reason):
         self.resets.append((slot, generation, reason))
         return True
+
+    def circuit_open(self):
+        return False
 
 
 def _req(speculative=True, max_tokens=6, greedy=True) -> GenerateRequest:
@@ -163,8 +136,27 @@ async def test_a_full_queue_is_a_service_error(monkeypatch):
     assert await waiter == 0
 
 
+async def test_requests_answered_503_are_counted_by_reason(monkeypatch):
+    monkeypatch.setattr(scheduler_mod, "MAX_QUEUED_REQUESTS", 0)
+    s = _scheduler(FakeDecider())
+    held = await s.pool.acquire()  # the only slot, and no room to wait
+    with pytest.raises(ServiceError) as e:
+        await s.generate(_req())
+    assert e.value.reason is Reason.QUEUE_FULL
+    assert s.metrics.value("pp1q_requests_refused_total", reason="queue_full") == 1
+    s.pool.release(held)
+    drained = await s.drain(1.0)  # stopping: every new request refused, counted
+    assert (drained.finished, drained.cut, drained.queued) == (0, 0, 0)
+    with pytest.raises(ServiceError) as e:
+        await s.generate(_req())
+    assert e.value.reason is Reason.STOPPING
+    assert s.metrics.value("pp1q_requests_refused_total", reason="stopping") == 1
+    assert s.metrics.value("pp1q_requests_total", outcome="error") == 0  # never started
+
+
 def test_reasons_map_to_todays_statuses_in_one_table():
     assert STATUS_OF == {Reason.QUEUE_FULL: (503, "busy"),
+                         Reason.STOPPING: (503, "stopping"),
                          Reason.RANKS_LOST: (503, "ranks_lost"),
                          Reason.RANK_DISAGREEMENT: (500, "rank_disagreement"),
                          Reason.GENERATIONS_EXHAUSTED: (500, "generations_exhausted")}

@@ -70,6 +70,7 @@ class _Served:
 
     def __init__(self, limits: Limits) -> None:
         self.cancelled = 0
+        self.refused: list[Reason] = []  # what the server counted as refused connections
 
         async def echo(request):
             return 200, {"n": len(await read_body(request))}
@@ -85,7 +86,8 @@ class _Served:
                 raise
 
         self.server = HttpServer({("POST", "/echo"): echo, ("GET", "/healthz"): echo,
-                                  ("GET", "/x"): refuse, ("GET", "/hang"): hang}, limits)
+                                  ("GET", "/x"): refuse, ("GET", "/hang"): hang}, limits,
+                                 on_refused=self.refused.append)
 
     async def __aenter__(self):
         self.port = await self.server.start("127.0.0.1", 0)
@@ -248,6 +250,7 @@ async def test_connection_cap_answers_503():
         raw = await _raw(s.port, b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
         (status, body), = _responses(raw)
         assert (status, _error(body)) == (503, "busy")
+        assert s.refused == [Reason.TOO_MANY_CONNECTIONS]  # counted (requests_refused_total)
         for _, w in held:
             w.close()
 

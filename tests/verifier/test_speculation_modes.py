@@ -81,9 +81,12 @@ def test_speculation_modes(tmp_path, verifier, worker):
             # the verifier counts the worker's REFUSAL under the same reason
             assert value(v, "pp1q_validation_failures_total",
                          reason="speculation_not_enabled") >= 1
+            health = client.health()
+            assert health["status"] == "degraded" and health["cause"] == "session_refused"
         else:  # off: every request target-only as configured, no fallback, no connection
             assert rounds["target_only"] == 12 and rounds["fallback"] == 0
-            assert health["worker"] == "disconnected"
+            assert health["worker"] == "disconnected" and health["status"] == "ok"
+            assert health["cause"] == "speculation_off"
             assert value(v, "pp1q_reply_bytes_total") == 0  # not a byte from the worker
             assert value(pair.metrics("worker"), "pp1q_steps_total") == 0
         if expect != "refused":

@@ -34,10 +34,12 @@ from pp1q.verifier import rounds
 from pp1q.wire import Step
 from pp1q.worker.drafting import Proposer
 
+pytestmark = pytest.mark.experiment  # thousands of rounds per arm
+
 VOCAB = 16
 PROMPT = [3, 7]
 DEPTH = 3
-TRIALS = 3000  # rounds per arm: the old keying's statistic is about 5x its threshold
+TRIALS = 1500  # rounds per arm: the old keying's chi-square is then ~2.6x its threshold
 SECRET = DrawKeys(bytes.fromhex("5eed" * 16))
 SPEC = ToySpec(vocab=VOCAB, seed=0)
 TARGET = ToyTarget(SPEC)

@@ -11,6 +11,7 @@ SUITES = {
     "kernels": "pp1q.tools.bench.kernels",
     "round": "pp1q.tools.bench.round",
     "goals": "pp1q.tools.bench.goals",
+    "ranks": "pp1q.tools.bench.ranks",
     "model": "pp1q.tools.bench.model",
 }
 

@@ -44,12 +44,13 @@ class RankedDecider(Decider):
 
     def __init__(self, target: TargetModel, metrics: Metrics, draws: DrawKeys,
                  target_delay_s: float = 0.0,
-                 decisions: Callable[[TargetModel, Limits], RankDecisions] = RankDecisions
-                 ) -> None:
+                 decisions: Callable[[TargetModel, Limits], RankDecisions] = RankDecisions,
+                 sharded: bool = False) -> None:
         self.target, self.metrics = target, metrics
         self.draws = draws  # handed to every rank at join (start_group), never in an op
         self.target_delay_s = target_delay_s
         self.decisions = decisions
+        self.sharded = sharded  # --shard-vocab: dense rows are scattered, not broadcast
         self.group: RankGroup | None = None
 
     def decider_rank(self, slot: int) -> int:
@@ -92,11 +93,13 @@ class RankedDecider(Decider):
 
     async def decide_round(self, job: Job, step: Step,
                            ready: ProposalReady) -> tuple[Outcome, StepKind]:
+        dense = Form.SHARDED if self.sharded else Form.DENSE
         rows = () if ready.greedy else tuple(
-            (Form.DENSE, None, r.q) if r.ids is None else (Form.SPARSE, r.ids, r.q)
+            (dense, None, r.q) if r.ids is None else (Form.SPARSE, r.ids, r.q)
             for r in ready.replies)
-        # rank 0 deciding uses the rows it validated; any other decider parses the bytes
-        mine = not ready.greedy and self.decider_rank(job.slot) == 0
+        # rank 0 deciding (or scattering dense slices) uses the rows it validated; any
+        # other decider parses the bytes
+        mine = not ready.greedy and (self.sharded or self.decider_rank(job.slot) == 0)
         op = self._op(job, OpKind.ROUND, generation=step.generation, round_id=step.round_id,
                       greedy=ready.greedy, drafts=np.asarray(ready.draft_ids, np.int32),
                       rows=rows, q_rows=tuple(ready.q_rows) if mine else None)

@@ -29,6 +29,7 @@ from pp1q.verifier.ranks.launch import (
 )
 from pp1q.verifier.ranks.ops import FLAG_STOP, Limits
 from pp1q.verifier.ranks.replica import RankDecisions, RankState
+from pp1q.verifier.ranks.sharded import sharded_state
 
 log = logging.getLogger("pp1q.verifier.ranks.group")
 
@@ -44,13 +45,14 @@ def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
         return EXIT_RANKS_LOST
     check_identities(records)  # ConfigError: exit status 2, on every rank alike
     state.decisions.draws = share_draw_secret(records)
+    state.joined(coll)
     announce()
     seq = 0
     try:
         while True:
             seq += 1
             decided, invalidated = state.decided, state.invalidations
-            _, _, flags = coll.exchange(state, seq)
+            _, _, flags = coll.exchange(state, seq)  # (timed on rank 0: here it waits too)
             metrics.rank_exchanges.inc()
             metrics.rank_decisions.inc(state.decided - decided)
             metrics.generation_invalidations.inc(state.invalidations - invalidated)
@@ -78,8 +80,11 @@ async def serve_follower(settings: VerifierSettings, plan: RankPlan, limits: Lim
     """A follower daemon's life, from the event loop of pp1q.cli._daemon. ``decisions``
     builds the replica's decisions (pp1q.verifier.daemon.Deciders.rank)."""
     rv = plan.rv
-    state = RankState(rv.rank, limits, decisions(target, limits),
-                      settings.target_delay_ms / 1000.0)
+    delay_s = settings.target_delay_ms / 1000.0
+    if limits.sharded:  # every rank decides every op from its vocabulary shard
+        state = sharded_state(rv.rank, limits, target, delay_s)
+    else:
+        state = RankState(rv.rank, limits, decisions(target, limits), delay_s)
     host = settings.metrics_host
     with metrics.served(host, settings.metrics_port) as mport:
         record = identity(target.identity, limits, rv.backend,

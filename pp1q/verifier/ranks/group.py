@@ -31,6 +31,7 @@ import collections
 import contextlib
 import logging
 import threading
+import time
 
 from pp1q.core.errors import Pp1qError, Reason
 from pp1q.core.outcomes import RankFailure
@@ -145,9 +146,11 @@ class RankGroup:
                 batch, stop = self._take()
                 self._seq += 1
                 decided = self.state.decided
+                t0 = time.perf_counter()
                 _, verdicts, _ = self.coll.exchange(self.state, self._seq,
                                                     [op for op, _ in batch],
                                                     FLAG_STOP if stop else 0)
+                self.metrics.rank_exchange_seconds.observe(time.perf_counter() - t0)
                 self.metrics.rank_exchanges.inc()
                 self.metrics.rank_decisions.inc(self.state.decided - decided)
                 self._loop.call_soon_threadsafe(self._resolve, batch, verdicts)
@@ -210,9 +213,10 @@ async def start_group(settings: VerifierSettings, launch, decider, config,
         limits_of,
         share_draw_secret,
     )
+    from pp1q.verifier.ranks.sharded import sharded_state
 
     rv = launch.plan.rv
-    limits = limits_of(config, rv.world)
+    limits = limits_of(config, rv.world, settings.shard_vocab)
     record = identity(decider.target.identity, limits, rv.backend, None)
     record[DRAW_SECRET] = decider.draws.hex()
     try:
@@ -222,9 +226,13 @@ async def start_group(settings: VerifierSettings, launch, decider, config,
         return None
     metrics = decider.metrics
     metrics.rank_world_size.set(rv.world)
-    decisions = decider.decisions(decider.target, limits)
-    decisions.draws = share_draw_secret(records)
-    state = RankState(0, limits, decisions, decider.target_delay_s)
+    if limits.sharded:
+        state = sharded_state(0, limits, decider.target, decider.target_delay_s)
+    else:
+        state = RankState(0, limits, decider.decisions(decider.target, limits),
+                          decider.target_delay_s)
+    state.decisions.draws = share_draw_secret(records)
+    state.joined(coll)
     group = RankGroup(coll, state, metrics, settings.rank_timeout_s)
     group.peers, group.children = records, launch.children
     loop = asyncio.get_running_loop()

@@ -45,9 +45,9 @@ CHILD_STOP_S = 10.0  # spawned ranks get this long to exit after the group stops
 # settings a spawned rank inherits from rank 0 (the rest concern rank 0 alone)
 CHILD_KEYS = ("vocab", "model_seed", "slots", "depth", "target_delay_ms", "log_level",
               "metrics_host", "ranks", "rank_timeout_s", "rank_join_timeout_s",
-              "rank_backend", "rank_exit_grace_s")
+              "rank_backend", "rank_exit_grace_s", "shard_vocab")
 IDENTITY_KEYS = ("pp1q", "target", "vocab", "slots", "depth", "dense_len", "max_support",
-                 "backend")
+                 "backend", "sharded")
 
 
 @dataclass(frozen=True)
@@ -104,18 +104,20 @@ def _backend(name: str, local_ranks: int) -> str:
     return "nccl" if cuda else "gloo"
 
 
-def limits_of(config, world: int) -> Limits:
-    """Exchange bounds from the verifier's wire configuration (pp1q.wire.session_config)."""
+def limits_of(config, world: int, sharded: bool = False) -> Limits:
+    """Exchange bounds from the verifier's wire configuration (pp1q.wire.session_config);
+    ``sharded``: --shard-vocab (pp1q.verifier.ranks.sharded)."""
     lim = config.limits
     return Limits(world=world, slots=lim.max_slots, depth=lim.max_depth,
                   vocab=config.identity.vocab, dense_len=lim.dense_len,
-                  max_support=lim.max_support)
+                  max_support=lim.max_support, sharded=sharded)
 
 
 def identity(target_id: str, limits: Limits, backend: str, metrics: str | None) -> dict:
     return {"pp1q": __version__, "target": target_id, "vocab": limits.vocab,
             "slots": limits.slots, "depth": limits.depth, "dense_len": limits.dense_len,
-            "max_support": limits.max_support, "backend": backend, "metrics": metrics}
+            "max_support": limits.max_support, "backend": backend, "metrics": metrics,
+            "sharded": limits.sharded}
 
 
 def check_identities(records: list[dict]) -> None:
@@ -159,7 +161,11 @@ class Children:
         for r in range(1, rv.world):
             args = [*command, "--rank", str(r), "--rank-master", f"{host}:{port}"]
             for key in CHILD_KEYS:
-                args += [option_of(key), str(getattr(settings, key))]
+                v = getattr(settings, key)
+                if isinstance(v, bool):  # a --flag / --no-flag pair
+                    args.append(option_of(key) if v else option_of(f"no_{key}"))
+                else:
+                    args += [option_of(key), str(v)]
             mport = settings.metrics_port
             if mport is not None:  # a fixed metrics port P gives rank r the port P + r
                 args += ["--metrics-port", str(mport + r if mport else 0)]

@@ -18,7 +18,9 @@ exchange sequence u64, body length u32, overflow length u32, xxh3_64 of head byt
 0..31 followed by the body. Body: per op a 52-byte head (``_OP``) and its payload:
 OPEN the prompt (int32 ids); ROUND the draft ids (int32), a row table (form, entries:
 u32 pairs) and the rows exactly as the worker sent them (dense FP32 q, or sparse int32
-ids then FP32 q); the other kinds nothing.
+ids then FP32 q; a SHARDED row, --shard-vocab's dense row, has no bytes here: rank 0
+scatters its slices after the envelope, pp1q.verifier.ranks.sharded); the other kinds
+nothing.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class OpKind(enum.IntEnum):
 class Form(enum.IntEnum):
     DENSE = 1  # as pp1q.wire.Form
     SPARSE = 2
+    SHARDED = 3  # a dense row scattered by vocabulary slices after the envelope (--shard-vocab)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class Limits:
     vocab: int
     dense_len: int  # FP32 entries of a dense row (pp1q.wire.Limits.dense_len)
     max_support: int
+    sharded: bool = False  # --shard-vocab: dense rows travel as SHARDED (no payload)
 
     @property
     def max_payload(self) -> int:
@@ -116,11 +120,13 @@ class Op:
         if self.kind is not OpKind.ROUND:
             return []
         parts = [_le(self.drafts, "<i4")]
-        parts += [_ROW.pack(form, int(np.asarray(q).size)) for form, _ids, q in self.rows]
+        parts += [_ROW.pack(form, 0 if form == Form.SHARDED else int(np.asarray(q).size))
+                  for form, _ids, q in self.rows]
         for form, ids, q in self.rows:
             if form == Form.SPARSE:
                 parts.append(_le(ids, "<i4"))
-            parts.append(_le(q, "<f4"))
+            if form != Form.SHARDED:
+                parts.append(_le(q, "<f4"))
         return parts
 
 
@@ -275,6 +281,9 @@ def _with_payload(op: Op, n_drafts: int, n_rows: int, payload: memoryview,
             size = 4 * entries
         elif form == Form.SPARSE and 1 <= entries <= limits.max_support:
             size = 8 * entries
+        elif form == Form.SHARDED and entries == 0 and limits.sharded:
+            rows.append((Form.SHARDED, None, None))
+            continue
         else:
             raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"ROUND row {form}/{entries}")
         if table_end + size > len(payload):

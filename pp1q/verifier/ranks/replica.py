@@ -105,7 +105,7 @@ class RankState:
         return [self.vote(op) for op in ops]
 
     def vote(self, op: Op) -> np.ndarray:
-        refusal = self._check(op)
+        refusal = self.check(op)
         if refusal is not None:
             return no(refusal)
         if op.decider != self.rank or op.kind not in (OpKind.ROUND, OpKind.TARGET_ONLY):
@@ -115,12 +115,20 @@ class RankState:
         except Pp1qError as e:  # a row or draft rank 0 should never have passed on
             return no(e.reason)
         self.decided += 1
+        return self.yes_with(op, out)
+
+    def yes_with(self, op: Op, out: rounds.Outcome) -> np.ndarray:
+        """A yes carrying decision ``out`` and the committed state it leads to."""
         tokens = committed_tokens(op, out.accepted, out.token)
         after = self.slots[op.slot].prefix.copy()
         after.extend(tokens)
         return yes(out.accepted, out.token, len(after), after.digest)
 
-    def _check(self, op: Op) -> Reason | None:
+    def joined(self, coll) -> None:
+        """The group formed (``coll``: this rank's Collective); a sharded replica keeps
+        it for the collectives of its decisions (pp1q.verifier.ranks.sharded)."""
+
+    def check(self, op: Op) -> Reason | None:
         s = self.slots.get(op.slot)
         if op.kind is OpKind.CLOSE:
             return None  # always: a request may end at any point, even one never opened

@@ -33,10 +33,10 @@ pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 SAME_AS_ONE_PROCESS = 200  # target-only answers compared token by token
 
 
-def _distribution_run(tmp_path, n):
+def _distribution_run(tmp_path, n, *verifier_args):
     tmp_path.mkdir(exist_ok=True)
     exact = exact_marginals()
-    pair = ranked_pair(tmp_path, vocab=VOCAB, preset="far")
+    pair = ranked_pair(tmp_path, *verifier_args, vocab=VOCAB, preset="far")
     try:
         spec = run_arm(pair, n, True, 1)
         base = run_arm(pair, n, False, 1)
@@ -77,6 +77,13 @@ def test_two_ranks_speculative_equals_target_in_distribution(tmp_path):
     # that drew it, 0 or 1 (rank 1 got the secret at join), drew what one process draws
     assert [a["token_ids"] for a in alone] == [a["token_ids"] for a in
                                                 base[:SAME_AS_ONE_PROCESS]]
+
+
+def test_two_vocabulary_sharded_ranks_speculative_equals_target_in_distribution(tmp_path):
+    # --shard-vocab: every rank holds half the vocabulary and both take part in every
+    # decision; chi-square of both arms against the exact target marginals (the sharded
+    # p is an ulp from the toy's softmax at most) and against each other
+    _distribution_run(tmp_path, N, "--shard-vocab")
 
 
 @pytest.mark.slow

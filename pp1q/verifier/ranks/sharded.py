@@ -1,0 +1,148 @@
+"""``--shard-vocab``: every rank holds one vocabulary shard and takes part in every decision.
+
+The replicated group (replica.RankDecisions) has one rank decide each op from whole
+rows. Here rank r holds the toy target's LM head rows [lo_r, hi_r) only (shard_target),
+and a decision is the exact sampler of pp1q_kernels.shard_step run by every rank
+together over the group's collectives (shard_collective.ShardComm): p normalised by
+exact integer sums, the ratio test on the draft's owner, the correction, bonus and
+target-only picks by one gather of N masses and the owner's pick. The result is
+bit-identical to one rank deciding from the whole row (tests/kernels/
+test_kernels_shard_step.py, tests/verifier/ranks/test_ranks_shard_gloo.py).
+
+Inside an exchange (collective.Collective.exchange) every rank must enter the same
+collectives in the same order, so ``ShardedRankState.votes`` first agrees which ops
+every rank accepts (one gather of each rank's check of each op: its replica, the
+generation), then decides the accepted ROUND and TARGET_ONLY ops one after another.
+A refusal inside a decision (q = 0 at a draft, a bad row) is reached by every rank at
+the same collective, so every rank votes the same no. A rank that dies or hangs fails
+the collective it is in: the group is lost (503 ranks_lost), nothing is committed.
+
+q to ranks: sparse rows are in the op (every rank holds the whole, small row); a dense
+row travels as Form.SHARDED: rank 0 scatters each rank its slice of the counts after
+the envelope (docs/operations.md, "Vocabulary-sharded ranks", has the bytes).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from pp1q_kernels import shard_step as ss
+from pp1q_kernels.lookup import from_rows
+from pp1q_kernels.shard_spmd import Gather, Place, drive
+
+from pp1q.core.errors import ConfigError, Pp1qError
+from pp1q.core.q import parse_sparse
+from pp1q.core.verify import RoundKeys, round_draws, target_only_draw
+from pp1q.models.toy import ToyTarget
+from pp1q.verifier import rounds
+from pp1q.verifier.ranks.collective import GroupError
+from pp1q.verifier.ranks.ops import REASONS, Form, Limits, Op, OpKind, no, yes
+from pp1q.verifier.ranks.replica import RankDecisions, RankState, SlotReplica
+from pp1q.verifier.ranks.shard_collective import ShardComm
+from pp1q.verifier.ranks.shard_target import ToyShard
+
+_DECIDING = (OpKind.ROUND, OpKind.TARGET_ONLY)
+
+
+def balanced(vocab: int, world: int) -> tuple[tuple[int, int], ...]:
+    """Contiguous shards of floor or ceil(vocab / world) ids (uneven when it does not
+    divide), in rank order; every shard non-empty."""
+    if not 1 <= world <= vocab:
+        raise ConfigError(f"{world} ranks cannot each hold ids of a {vocab}-id vocabulary",
+                          key="shard_vocab")
+    edges = [r * vocab // world for r in range(world + 1)]
+    return tuple(zip(edges[:-1], edges[1:], strict=True))
+
+
+class ShardedDecisions(RankDecisions):
+    """One rank's share of every decision (``comm`` is set when the group forms)."""
+
+    def __init__(self, target: ToyTarget, limits: Limits, rank: int) -> None:
+        self.vocab = limits.vocab
+        self.bounds = balanced(limits.vocab, limits.world)
+        self.place = Place.of(self.bounds, rank)
+        self.shard = ToyShard(target, self.place.lo, self.place.hi)
+        self.draws = None
+        self.comm: ShardComm | None = None
+
+    def decide(self, op: Op, s: SlotReplica) -> rounds.Outcome:
+        pos = len(s.prefix)
+        if op.kind is OpKind.TARGET_ONLY:
+            logits = torch.from_numpy(self.shard.logits(s.prefix.tokens, []))
+            if s.greedy:
+                return rounds.Outcome(0, int(self._run(ss.argmax(self.place, logits))[0]))
+            keys = RoundKeys(self.draw_seed(s), op.generation, op.round_id, pos)
+            token = self._run(ss.target_only(self.place, logits[0], target_only_draw(keys, pos)))
+            return rounds.Outcome(0, token)
+        drafts = [int(t) for t in op.drafts]
+        logits = torch.from_numpy(self.shard.logits(s.prefix.tokens, drafts))
+        x = torch.tensor(drafts, dtype=torch.int64)
+        if op.greedy:
+            return rounds.Outcome(*self._run(ss.greedy_round(self.place, logits, x)))
+        keys = RoundKeys(self.draw_seed(s), op.generation, op.round_id, pos)
+        ua, uc, ub = (np.asarray(u)[0] for u in round_draws([keys], len(drafts)))
+        accepted, token, _under = self._run(ss.sampled_round(
+            self.place, logits, self._q(op), x, torch.from_numpy(ua), torch.from_numpy(uc),
+            int(ub)))
+        return rounds.Outcome(accepted, token)
+
+    def _run(self, step):
+        return drive(step, self.comm)
+
+    def _q(self, op: Op):
+        """Sparse rows whole (every rank has their bytes); otherwise this rank's slice of
+        the dense counts, scattered by rank 0 from the rows it validated (``op.q_rows``)."""
+        if all(form == Form.SPARSE for form, _ids, _q in op.rows):
+            return from_rows([parse_sparse(ids, q, self.vocab) for _f, ids, q in op.rows])
+        counts = None
+        if self.place.rank == 0:
+            counts = torch.from_numpy(np.stack([r.dense_counts() for r in op.q_rows]))
+        return self.comm.scatter_rows(counts, self.bounds, len(op.rows))
+
+
+class ShardedRankState(RankState):
+    def joined(self, coll) -> None:
+        self.decisions.comm = ShardComm(coll)
+
+    def votes(self, ops: list[Op]) -> list[np.ndarray]:
+        if not ops:  # a heartbeat: no collective (every rank sees the same empty batch)
+            return []
+        mine = [self.check(op) for op in ops]
+        codes = torch.tensor([0 if r is None else REASONS.index(r) + 1 for r in mine])
+        every = drive(_gather(codes), self.decisions.comm)  # [N, ops]: who refuses what
+        if self.target_delay_s and any(op.kind in _DECIDING for op in ops):
+            time.sleep(self.target_delay_s)  # simulated forward pass (demo), every rank
+        out = []
+        for i, op in enumerate(ops):
+            if mine[i] is not None:
+                out.append(no(mine[i]))
+            elif bool(every[:, i].any()) or op.kind not in _DECIDING:
+                out.append(yes())  # another rank refuses it: nobody decides it
+            else:
+                out.append(self._decide(op))
+        return out
+
+    def _decide(self, op: Op) -> np.ndarray:
+        try:
+            out = self.decisions.decide(op, self.slots[op.slot])
+        except GroupError:
+            raise
+        except Pp1qError as e:  # reached by every rank at the same collective
+            return no(e.reason)
+        self.decided += 1
+        return self.yes_with(op, out)
+
+
+def _gather(t: torch.Tensor):
+    got = yield Gather(t)
+    return got
+
+
+def sharded_state(rank: int, limits: Limits, target: ToyTarget,
+                  target_delay_s: float) -> ShardedRankState:
+    return ShardedRankState(rank, limits, ShardedDecisions(target, limits, rank),
+                            target_delay_s)
+
+

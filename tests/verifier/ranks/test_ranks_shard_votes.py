@@ -1,0 +1,196 @@
+"""ShardedRankState without torch.distributed: N replicas in threads, their sampler's
+collectives through shard_spmd.deliver (the comm seam), ops through real op bytes.
+
+Every rank decides every op from its vocabulary shard and the verdicts equal the
+replicated group's (one rank deciding from whole rows); a rank whose replica differs
+refuses and nobody enters the decision's collectives (no hang); a SHARDED row carries
+no q bytes and is refused by a group that is not sharded."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+from pp1q_kernels.shard_spmd import deliver
+
+from pp1q.core.drawkey import DrawKeys
+from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.prefix import Prefix
+from pp1q.core.q import build_row, sample
+from pp1q.core.rng import proposal_u24
+from pp1q.models.toy import ToySpec, ToyTarget
+from pp1q.verifier.ranks import ops as rank_ops
+from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, Form, Limits, Op, OpKind
+from pp1q.verifier.ranks.replica import RankDecisions, RankState
+from pp1q.verifier.ranks.sharded import sharded_state
+
+VOCAB, DEPTH, WORLD = 41, 3, 3
+LIMITS = Limits(world=WORLD, slots=2, depth=DEPTH, vocab=VOCAB, dense_len=VOCAB,
+                max_support=16, sharded=True)
+TARGET = ToyTarget(ToySpec(vocab=VOCAB))
+DRAWS = DrawKeys.from_hex("ab" * 32)
+PROMPT = [3, 7]
+BARRIER_S = 30.0  # a rank that never arrives fails the test instead of hanging it
+
+
+class ThreadGroup:
+    """Collectives among WORLD threads: each rank posts its request, all meet, each
+    takes its delivery (shard_spmd.deliver), all meet again before the next."""
+
+    def __init__(self, n: int) -> None:
+        self.barrier = threading.Barrier(n, timeout=BARRIER_S)
+        self.posted: list = [None] * n
+        self.calls = 0
+
+    def comm(self, rank: int):
+        group = self
+
+        class Comm:
+            def run(self, req):
+                group.posted[rank] = req
+                group.barrier.wait()
+                out = deliver(list(group.posted))[rank]
+                if rank == 0:
+                    group.calls += 1
+                group.barrier.wait()
+                return out
+
+            def scatter_rows(self, rows, bounds, n_rows):
+                if rank == 0:
+                    group.posted[0] = rows
+                group.barrier.wait()
+                lo, hi = bounds[rank]
+                out = group.posted[0][:, lo:hi].clone()
+                group.barrier.wait()
+                return out
+        return Comm()
+
+
+def _states(sharded=True):
+    group = ThreadGroup(WORLD)
+    states = []
+    for r in range(WORLD):
+        if sharded:
+            s = sharded_state(r, LIMITS, TARGET, 0.0)
+            s.decisions.comm = group.comm(r)
+        else:
+            s = RankState(r, LIMITS, RankDecisions(TARGET, LIMITS))
+        s.decisions.draws = DRAWS
+        states.append(s)
+    return states, group
+
+
+def _bytes(ops, limits=LIMITS):
+    env = np.zeros(ENVELOPE_BYTES, np.uint8)
+    over = np.zeros(limits.max_body, np.uint8)
+    rank_ops.pack(1, ops, 0, env, over)
+    head = rank_ops.read_head(env, limits)
+    return head, rank_ops.decode(head, rank_ops.body_of(head, env, over), limits)
+
+
+def _exchange(states, ops):
+    """Every rank votes (rank 0 on its own ops, the others on decoded bytes) in its own
+    thread; the summed votes give the verdicts every rank applies."""
+    _, decoded = _bytes(ops)
+    votes = np.zeros((WORLD, 1 + len(ops), rank_ops.VOTE_WORDS), np.int64)
+    errors = []
+
+    def run(r):
+        try:
+            votes[r, 0] = rank_ops.presence(1, r)
+            for i, v in enumerate(states[r].votes(ops if r == 0 else decoded)):
+                votes[r, 1 + i] = v
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(WORLD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(2 * BARRIER_S)
+    assert not errors, errors
+    verdicts = rank_ops.verdicts(ops, votes, 1, LIMITS)
+    for r, s in enumerate(states):
+        for op, v in zip(ops if r == 0 else decoded, verdicts, strict=True):
+            assert s.apply(op, v)
+    return verdicts
+
+
+def _round(state, k: int, form: Form, generation=1):
+    s = state.slots[0]
+    ctx = list(s.prefix.tokens)
+    rows, drafts = [], []
+    for i in range(DEPTH):
+        logits = TARGET.logits(ctx + drafts, [])[0] * -0.7  # a poor drafter: rejections
+        row = build_row(logits, top_k=8 if form == Form.SPARSE else None)
+        drafts.append(sample(row, proposal_u24(k, generation, k, len(ctx) + i)))
+        rows.append(row)
+    wire = tuple((Form.SPARSE, *r.to_sparse()) if form == Form.SPARSE else
+                 (form, None, None) for r in rows)
+    wire = tuple((f, None if i is None else i.astype(np.int32), q) for f, i, q in wire)
+    return Op(OpKind.ROUND, 0, generation=generation, round_id=k, decider=0, seed=9,
+              prefix_len=len(s.prefix), prefix_digest=s.prefix.digest,
+              drafts=np.asarray(drafts, np.int32), rows=wire, q_rows=tuple(rows))
+
+
+def _open():
+    return Op(OpKind.OPEN, 0, seed=9, prefix_len=len(PROMPT),
+              prefix_digest=Prefix(PROMPT).digest, prompt=np.asarray(PROMPT, np.int32))
+
+
+def test_sharded_replicas_commit_what_one_rank_decides():
+    sharded, _ = _states()
+    whole = RankState(0, LIMITS, RankDecisions(TARGET, LIMITS))
+    whole.decisions.draws = DRAWS
+    _exchange(sharded, [_open()])
+    whole.apply(_open(), rank_ops.Verdict(True))
+    kinds = set()
+    for k in range(1, 13):
+        op = _round(sharded[0], k, Form.SPARSE if k % 2 else Form.SHARDED)
+        (v,) = _exchange(sharded, [op])
+        assert v.ok, v
+        kinds.add(v.accepted < DEPTH)
+        # the same round decided from whole rows by the replicated decider: its p is the
+        # toy's numpy softmax, an ulp away at most from the sharded p, so a draw would
+        # have to land within ~2^-50 of a boundary to decide differently (fixed seeds)
+        want = whole.decisions.decide(op, whole.slots[0])
+        assert (v.accepted, v.token) == (want.accepted, want.token)
+        whole.slots[0].prefix.extend([*map(int, op.drafts[:v.accepted]), v.token])
+        assert all(s.slots[0].prefix.digest == whole.slots[0].prefix.digest for s in sharded)
+    assert True in kinds  # corrections, not only bonus picks
+
+
+def test_a_refusing_rank_stops_the_decision_before_any_collective():
+    states, group = _states()
+    _exchange(states, [_open()])
+    states[2].slots[0].prefix.extend([1])  # rank 2 committed something else
+    before = group.calls
+    (v,) = _exchange(states, [_round(states[0], 1, Form.SHARDED)])
+    assert not v.ok and v.rank == 2 and v.reason is Reason.CHECKSUM_MISMATCH
+    assert group.calls == before + 1  # the agreement gather only: nobody decided
+
+
+def test_q_zero_at_a_draft_is_refused_by_every_rank_alike():
+    states, _ = _states()
+    _exchange(states, [_open()])
+    op = _round(states[0], 1, Form.SPARSE)
+    row = op.q_rows[0]
+    absent = next(t for t in range(VOCAB) if row.count_of(t) == 0)
+    drafts = op.drafts.copy()
+    drafts[0] = absent
+    (v,) = _exchange(states, [dataclasses.replace(op, drafts=drafts)])
+    assert not v.ok and v.reason is Reason.ZERO_Q_AT_TOKEN
+
+
+def test_sharded_rows_carry_no_q_bytes_and_need_a_sharded_group():
+    states, _ = _states()
+    _exchange(states, [_open()])
+    op = _round(states[0], 1, Form.SHARDED)
+    head, (decoded,) = _bytes([op])
+    assert decoded.rows == ((Form.SHARDED, None, None),) * DEPTH
+    assert head.body_len < 200  # op head, drafts, row table: no VOCAB-wide row
+    unsharded = Limits(**{**LIMITS.__dict__, "sharded": False})
+    with pytest.raises(RemoteProtocolError) as e:
+        _bytes([op], unsharded)
+    assert e.value.reason is Reason.UNEXPECTED_SIZE
