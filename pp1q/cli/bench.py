@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import platform
 import time
@@ -15,17 +16,32 @@ HELP = "run benchmarks (ratios measured side by side in one run); see BENCHMARKS
 
 
 def add_arguments(p) -> None:
-    from pp1q.tools.bench import SUITES
+    from pp1q.tools.bench import OPT_IN, SUITES
 
     p.add_argument("suites", nargs="*", metavar="SUITE",
-                   help=f"suites to run (default: all of {', '.join(SUITES)})")
+                   help=f"suites to run (default: {', '.join(n for n in SUITES if n not in OPT_IN)}"
+                        f"; {', '.join(sorted(OPT_IN))} only when named)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    p.add_argument("--k", type=_ints, metavar="K,K,...",
+                   help="model suite: early-exit depths (default 8,16,24,28)")
+    p.add_argument("--temperatures", type=_floats, metavar="T,T,...",
+                   help="model suite: target temperatures (default 0.7,1.0)")
+    p.add_argument("--tokens", type=int, metavar="N",
+                   help="model suite: tokens per request (default 24; --quick 8)")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
 
 
 def run(args) -> int:
-    from pp1q.tools.bench import SUITES
+    from pp1q.tools.bench import OPT_IN, SUITES
 
-    names = args.suites or list(SUITES)
+    names = args.suites or [n for n in SUITES if n not in OPT_IN]
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         print(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(SUITES)}")
@@ -41,7 +57,11 @@ def run(args) -> int:
             continue
         print(f"\n== {mod.TITLE}", flush=True)
         t0 = time.perf_counter()
-        for line in mod.run(quick=args.quick):
+        # suite options (--k, ...) go to the suites whose run() takes them
+        wanted = inspect.signature(mod.run).parameters
+        options = {key: getattr(args, key) for key in ("k", "temperatures", "tokens")
+                   if key in wanted and getattr(args, key) is not None}
+        for line in mod.run(quick=args.quick, **options):
             print(line, flush=True)
         print(f"({name}: {time.perf_counter() - t0:.1f} s)")
     return 0

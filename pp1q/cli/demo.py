@@ -1,4 +1,7 @@
-"""``pp1q demo``: a worker and a verifier on loopback, a batch of requests, a summary."""
+"""``pp1q demo``: a worker and a verifier on loopback, a batch of requests, a summary.
+
+The default serves the embedded SmolLM2-135M (pp1q.tools.demo_real); ``--model toy``
+runs the seeded toy pair at vocabulary 129280 (below, unchanged)."""
 
 from __future__ import annotations
 
@@ -12,23 +15,39 @@ HELP = "start a worker and a verifier on loopback, run a batch of requests, prin
 
 def add_arguments(p) -> None:
     from pp1q.models.toy import DRAFT_PRESETS
+    from pp1q.tools.demo_real import DEFAULT_EARLY_EXIT
 
+    p.add_argument("--model", choices=("embedded", "toy"), default="embedded",
+                   help="embedded: SmolLM2-135M drafting with its first K layers (default; "
+                        "needs scripts/install.sh); toy: the seeded toy pair")
+    p.add_argument("--early-exit", type=int, default=DEFAULT_EARLY_EXIT, metavar="K",
+                   help=f"embedded: the drafter is the first K of 30 layers "
+                        f"({DEFAULT_EARLY_EXIT}; see BENCHMARKS.md, Real model)")
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="embedded: target and draft temperature (0.7)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw the exactness check and the accepted lengths "
+                        "(needs matplotlib: pip install 'pp1q[plot]')")
     p.add_argument("--vocab", type=int, default=129280, help="toy vocabulary (default 129280)")
     p.add_argument("--model-seed", type=int, default=0)
     p.add_argument("--draft-preset", default="close", choices=sorted(DRAFT_PRESETS),
                    help="toy drafter's distance from the target (default close)")
-    p.add_argument("--requests", type=int, default=16, help="requests in the batch (16)")
-    p.add_argument("--concurrency", type=int, default=4, help="requests in flight (4 slots)")
-    p.add_argument("--max-tokens", type=int, default=48, help="tokens per request (48)")
-    p.add_argument("--top-k", type=int, default=32, help="proposal support, 0 = dense (32)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests in the batch (toy 16; embedded: its 3 prompts)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="requests in flight (toy 4 slots; embedded 3)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per request (toy 48; embedded 24)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="proposal support, 0 = dense (toy 32; embedded dense)")
     p.add_argument("--target-delay-ms", type=float, default=50.0,
                    help="simulated forward-pass latency of the toy target (50 ms; 0 = raw toy)")
     p.add_argument("--seed", type=int, default=1, help="first request seed (1)")
     p.add_argument("--ranks", type=int, default=1,
                    help="verifier ranks (torch.distributed, gloo; default 1)")
-    p.add_argument("--exactness-samples", type=int, default=400, metavar="N",
+    p.add_argument("--exactness-samples", type=int, default=None, metavar="N",
                    help="first tokens of one context sampled each way for the exactness "
-                        "check (400; 0 skips it)")
+                        "check (toy 400, embedded 60; 0 skips it)")
     p.add_argument("--keep", action="store_true",
                    help="leave both daemons running after the summary until Ctrl-C")
 
@@ -64,9 +83,37 @@ def _progress(label: str, done, total: int, elapsed: float, tty: bool) -> None:
         print(line, flush=True)
 
 
+TOY_DEFAULTS = {"requests": 16, "concurrency": 4, "max_tokens": 48, "top_k": 32,
+                "exactness_samples": 400}
+
+
+def _defaults(args, table: dict) -> None:
+    for key, value in table.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
 def run(args) -> int:
+    if args.plot:
+        from pp1q.tools.plot import require_matplotlib
+
+        try:
+            require_matplotlib()  # before anything starts: the answer is one line
+        except ImportError as e:
+            print(f"pp1q demo: {e}", file=sys.stderr)
+            return 2
+    if args.model == "embedded":
+        from pp1q.tools.demo_real import run_real
+
+        return run_real(args)
+    _defaults(args, TOY_DEFAULTS)
+    return _run_toy(args)
+
+
+def _run_toy(args) -> int:
     from pp1q.runtime.launcher import demo_prompts, start_pair
     from pp1q.tools.client import ApiError
+    from pp1q.tools.realmodel import accepted_lengths
 
     log_dir = tempfile.mkdtemp(prefix="pp1q-demo-")
     print(f"pp1q demo: toy DSpark-like drafter ({args.draft_preset}) and toy target, vocabulary "
@@ -81,10 +128,17 @@ def run(args) -> int:
         daemons = [worker, verifier]
         prompts = demo_prompts(args.requests, args.vocab, args.seed)
         spec, spec_s = _batch(url, prompts, args, True, "speculative")
+        hist = accepted_lengths(verifier.metrics_port) if args.plot else None
         base, base_s = _batch(url, prompts, args, False, "target-only")
         _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url)
-        if args.exactness_samples > 0:
-            _exactness(url, prompts[0], args)
+        h = _exactness(url, prompts[0], args) if args.exactness_samples > 0 else None
+        if args.plot:
+            from pp1q.tools.plot import write_plot
+
+            write_plot(args.plot, title=f"pp1q demo: toy pair ({args.draft_preset}), "
+                       f"vocabulary {args.vocab}", exactness=h,
+                       labels=("speculative", "target-only"), accepted_hist=hist, depth=5)
+            print(f"\nplot written to {args.plot}")
         if args.keep:
             print(f"\ndaemons left running (logs in {log_dir}); Ctrl-C to stop. Try:\n"
                   f"  pp1q generate --url {url} --prompt 1,2,3 --max-tokens 16")
@@ -148,7 +202,7 @@ def _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url) -
           f"POST {url}/v1/generate, GET {url}/healthz")
 
 
-def _exactness(url: str, prompt: list[int], args) -> None:
+def _exactness(url: str, prompt: list[int], args):
     """The claim itself, for one context: the first token of N speculative requests and
     of N target-only requests, side by side, and a chi-square test that they share one
     distribution (each speculative first token passed the ratio test or is a residual
@@ -173,3 +227,4 @@ def _exactness(url: str, prompt: list[int], args) -> None:
                else "the samples differ (expected once in 100 runs by chance)")
     print(f"  chi-square {h.chi2:.1f} on {h.df} degrees of freedom, p = {h.p_value:.3f}: "
           f"{verdict}")
+    return h

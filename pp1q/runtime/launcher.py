@@ -99,29 +99,41 @@ class DaemonProcess:
             return "".join(f.readlines()[-lines:])
 
 
-def start_pair(log_dir: str, *, vocab: int, model_seed: int = 0, preset: str = "close",
+def start_pair(log_dir: str, *, vocab: int = 129280, model_seed: int = 0, preset: str = "close",
                top_k: int = 32, target_delay_ms: float = 0.0,
-               connect_timeout: float = STARTUP_TIMEOUT_S, ranks: int = 1):
+               connect_timeout: float = STARTUP_TIMEOUT_S, ranks: int = 1,
+               model: list[str] | None = None, verifier_args: list[str] | tuple = (),
+               cores: tuple[str, str] | None = None):
     """A worker and a verifier on loopback (ports picked by the OS), connected.
 
+    ``model``: options naming a real model for both daemons (``--model ... --draft ...``)
+    instead of the toy pair's; ``verifier_args``: more verifier options; ``cores``:
+    (worker, verifier) CPU lists for ``taskset -c`` (each daemon on its own cores).
     Returns (worker, verifier, url); both are stopped again if the pair does not come up.
     """
     from pp1q.runtime.draw_secret import write_secret_file
     from pp1q.tools.client import Client
 
     # sampled speculation is enabled explicitly on both ends (never a default)
-    common = ["--vocab", str(vocab), "--model-seed", str(model_seed), "--metrics-port", "0",
-              "--speculation", "sampled"]
+    common = ["--metrics-port", "0", "--speculation", "sampled"]
+    if model is None:
+        common += ["--vocab", str(vocab), "--model-seed", str(model_seed)]
+        worker_toy = ["--draft-preset", preset]
+        verifier_toy = ["--target-delay-ms", str(target_delay_ms)]
+    else:
+        common += list(model)
+        worker_toy = verifier_toy = []
+    pin = (["taskset", "-c", cores[0]], ["taskset", "-c", cores[1]]) if cores else ([], [])
     secret = os.path.join(log_dir, "draw.secret")  # a fresh draw secret for this pair
     write_secret_file(secret)
-    worker = DaemonProcess("worker", pp1q_command(
-        "worker", "--listen", "127.0.0.1:0", "--draft-preset", preset, *common),
+    worker = DaemonProcess("worker", pin[0] + pp1q_command(
+        "worker", "--listen", "127.0.0.1:0", *worker_toy, *common),
         os.path.join(log_dir, "worker.log"))
     try:
-        verifier = DaemonProcess("verifier", pp1q_command(
+        verifier = DaemonProcess("verifier", pin[1] + pp1q_command(
             "verifier", "--worker", f"127.0.0.1:{worker.port}", "--http", "127.0.0.1:0",
-            "--top-k", str(top_k), "--target-delay-ms", str(target_delay_ms),
-            "--ranks", str(ranks), "--draw-secret-file", secret, *common),
+            "--top-k", str(top_k), "--ranks", str(ranks), "--draw-secret-file", secret,
+            *verifier_toy, *verifier_args, *common),
             os.path.join(log_dir, "verifier.log"))
     except BaseException:
         worker.stop()

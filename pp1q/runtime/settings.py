@@ -44,6 +44,12 @@ from pp1q.wire.sessions import (
 MAX_SLOTS = 64  # the scheduler preallocates target rows per slot; bound that memory
 MAX_DEPTH = 16  # the design fixes depth 5; a larger value is an experiment, bounded
 MAX_CONNECTIONS = 16384  # file descriptors; each connection costs ~70 KiB before HELLO
+# STEP deadlines when watchdog_ms is unset. The toy drafts a round in milliseconds; a
+# real model's STEP on a CPU holds D drafter forwards and, on a new context, the
+# drafter's prefill of the whole prompt: 1-3 s for SmolLM2-135M on one loaded core,
+# measured past 2 s (watchdog_timeout fallbacks; BENCHMARKS.md, Real model).
+TOY_WATCHDOG_MS = 2000
+REAL_MODEL_WATCHDOG_MS = 20000
 MAX_RANKS = 16  # vote rows grow with ranks; a tensor-parallel group is one or two nodes' GPUs
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # off: target-only; greedy: v1 (temperature 0) speculation; sampled: v2 with exact q.
@@ -84,7 +90,9 @@ class DaemonSettings(_Checked, frozen=True, kw_only=True):
     # toy: the seeded toy pair (no optional install, starts at once; every test's
     # default); embedded: the shipped SmolLM2-135M; else a local checkpoint path
     model: str = "toy"
-    draft: Draft = "early-exit:24"  # real models: the drafter is the first K layers
+    # real models: the drafter is the first K layers; 28 of SmolLM2's 30 accepts the
+    # most drafts per round (BENCHMARKS.md, Real model: k = 8..24 accept few)
+    draft: Draft = "early-exit:28"
     draft_model: str | None = None  # real models: a second checkpoint drafts instead
     device: str = "cpu"  # real models: torch device (cpu, cuda, cuda:1, ...)
     dtype: Literal["float32", "bfloat16"] = "float32"  # real models: weights and compute
@@ -148,7 +156,7 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     slots: Annotated[int, Meta(ge=1, le=MAX_SLOTS)] = 4
     depth: Annotated[int, Meta(ge=1, le=MAX_DEPTH)] = 5
     top_k: Annotated[int, Meta(ge=0, le=DEFAULT_MAX_SUPPORT)] = 32  # 0: dense
-    watchdog_ms: Annotated[int, Meta(gt=0)] = 2000
+    watchdog_ms: Annotated[int, Meta(gt=0)] | None = None  # None: by model (step_timeout_s)
     reconnect_max_s: Positive = 5.0
     # circuit breaker (pp1q.verifier.breaker): after this many consecutive watchdog
     # fallbacks no STEP is sent for breaker_open_s, doubling per failed probe to the max
@@ -179,6 +187,14 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
         if self.breaker_open_max_s < self.breaker_open_s:
             raise refusal("breaker_open_max_s", self.breaker_open_max_s,
                           f"must be >= breaker_open_s ({self.breaker_open_s:g})")
+
+    @property
+    def step_timeout_s(self) -> float:
+        """The STEP watchdog: ``watchdog_ms``, or when unset TOY_WATCHDOG_MS for the toy
+        and REAL_MODEL_WATCHDOG_MS for a real model."""
+        if self.watchdog_ms is not None:
+            return self.watchdog_ms / 1000.0
+        return (TOY_WATCHDOG_MS if self.model == "toy" else REAL_MODEL_WATCHDOG_MS) / 1000.0
 
     @property
     def versions(self) -> tuple[int, ...]:

@@ -65,17 +65,19 @@ def homogeneity(a: Sequence[int], b: Sequence[int]) -> Homogeneity:
     return Homogeneity(bins, xa, xb, chi2, df, chi2_sf(chi2, df))
 
 
-def bars(h: Homogeneity, labels: tuple[str, str], *, rows: int = 10, width: int = 30) -> list[str]:
-    """Side-by-side frequency bars of the most frequent bins (terminal text)."""
+def bars(h: Homogeneity, labels: tuple[str, str], *, rows: int = 10, width: int = 30,
+         name=str) -> list[str]:
+    """Side-by-side frequency bars of the most frequent bins (terminal text);
+    ``name(token)`` labels a bin (a real model's token text, say)."""
     na, nb = sum(h.a), sum(h.b)
     top = max(max(h.a) / na, max(h.b) / nb) if na and nb else 1.0
-    out = [f"  {'token':>8}  {labels[0]:<{width + 7}}  {labels[1]}"]
+    out = [f"  {'token':>12}  {labels[0]:<{width + 7}}  {labels[1]}"]
     for t, oa, ob in list(zip(h.bins, h.a, h.b, strict=True))[:rows] + (
             [(h.bins[-1], h.a[-1], h.b[-1])] if len(h.bins) > rows and h.bins[-1] is None
             else []):
         fa, fb = oa / na, ob / nb
-        name = "other" if t is None else str(t)
-        out.append(f"  {name:>8}  {'#' * round(width * fa / top):<{width}} {fa:5.1%}  "
+        label = "other" if t is None else name(t)
+        out.append(f"  {label:>12}  {'#' * round(width * fa / top):<{width}} {fa:5.1%}  "
                    f"{'#' * round(width * fb / top):<{width}} {fb:5.1%}")
     return out
 

@@ -70,7 +70,7 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     metrics.speculation.info({"mode": settings.speculation})
     draws = load_draw_keys(settings.draw_secret_file)
     needs = Needs(slots=slots, depth=depth, support=min(top_k, spec.vocab))
-    link = WorkerLink(host, port, config, needs, metrics, settings.watchdog_ms / 1000.0,
+    link = WorkerLink(host, port, config, needs, metrics, settings.step_timeout_s,
                       settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics),
                       breaker=breaker_config(settings))
     delay_s = settings.target_delay_ms / 1000.0
@@ -103,7 +103,7 @@ def _build_engine(settings: VerifierSettings, deciders: Deciders, ranked: bool):
     host, port = parse_hostport(settings.worker)
     needs = Needs(slots=settings.slots, depth=settings.depth,
                   support=min(settings.top_k, loaded.vocab))
-    link = WorkerLink(host, port, config, needs, metrics, settings.watchdog_ms / 1000.0,
+    link = WorkerLink(host, port, config, needs, metrics, settings.step_timeout_s,
                       settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics),
                       breaker=breaker_config(settings))
     decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
@@ -215,7 +215,7 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
     # a capture names the draw secret by its fingerprint only (replay --draw-secret-file)
     draws = scheduler.decider.draws
     cap = link.capture = open_capture(settings.capture, "verifier", {
-        "step_timeout_s": settings.watchdog_ms / 1e3,
+        "step_timeout_s": settings.step_timeout_s,
         "draw_key": {"id": DRAW_KEY_ID,
                      "fingerprint": draws.fingerprint if draws is not None else None}})
     speculating = settings.speculation != "off"

@@ -133,8 +133,14 @@ def _chat_prompt(messages: list[Message], tokenizer) -> list[int]:
     if tokenizer is not None and hasattr(tokenizer, "apply_chat_template"):
         if any(not isinstance(m.content, str) for m in messages):
             raise HttpError(422, "invalid_field", "chat content must be text for this target")
-        return list(tokenizer.apply_chat_template([{"role": m.role, "content": m.content}
-                                                   for m in messages]))
+        if not getattr(tokenizer, "has_chat_template", True):  # TextCodec says so
+            raise HttpError(422, "no_chat_template",
+                            "the target's tokenizer has no chat template")
+        try:
+            return list(tokenizer.apply_chat_template([{"role": m.role, "content": m.content}
+                                                       for m in messages]))
+        except ValueError as e:
+            raise HttpError(422, "invalid_field", str(e)) from None
     ids: list[int] = []
     for m in messages:
         if isinstance(m.content, str) or any(isinstance(p, TextPart) for p in m.content):

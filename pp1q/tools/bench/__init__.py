@@ -1,8 +1,8 @@
 """Benchmark suites behind ``pp1q bench``. Speed lives here, never in tests.
 
 Each suite module defines ``TITLE`` and ``run(quick: bool) -> list[str]`` returning the
-lines to print: ratios measured side by side in the same run (ours vs the physical
-limit and vs the peer approach).
+lines to print (or a generator: each line prints as it comes): ratios measured side by
+side in the same run (ours vs the physical limit and vs the peer approach).
 """
 
 SUITES = {
@@ -12,4 +12,8 @@ SUITES = {
     "round": "pp1q.tools.bench.round",
     "goals": "pp1q.tools.bench.goals",
     "ranks": "pp1q.tools.bench.ranks",
+    "model": "pp1q.tools.bench.model",
 }
+
+# run only when named: the model suite needs the real model and takes about 10 minutes
+OPT_IN = frozenset({"model"})

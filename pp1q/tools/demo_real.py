@@ -1,0 +1,234 @@
+"""``pp1q demo`` on the embedded real model: SmolLM2-135M-Instruct as the target, its
+first K layers as the drafter (early exit, no training), both daemons on loopback.
+
+What it shows, in words: a few chat prompts and the text each produced, speculative
+and target-only (same seed; the texts differ because the two sample with different
+draws, not different distributions); accepted drafts per round; tokens/s each way;
+fallbacks by cause with what each means; and the exactness check (the first token of
+one context sampled many times each way, chi-square). The model is de-quantized into
+a cache folder on the first run (pp1q.tools.realmodel), with progress on the terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+
+from pp1q.models.serving import early_exit_depth
+from pp1q.runtime.settings import VerifierSettings, default_of
+
+# the daemons' default drafter, chosen by measurement (BENCHMARKS.md, Real model)
+DEFAULT_EARLY_EXIT = early_exit_depth(default_of(VerifierSettings, "draft"))
+DEPTH = 5  # the verifier's default
+REAL_DEFAULTS = {"concurrency": 3, "max_tokens": 24, "top_k": 0, "exactness_samples": 60}
+PROMPTS = (
+    "Write a haiku about the sea.",
+    "What is the capital of France? Answer in one sentence.",
+    "Give me three tips for a good night's sleep.",
+)
+EXACTNESS_PROMPT = "My favourite animal is the"  # short (cheap prefill), many plausible next words
+FALLBACK_MEANING = {
+    "watchdog_timeout": "the worker's proposal missed the verifier's STEP deadline",
+    "invalid_reply": "a proposal row failed validation",
+    "connection_lost": "the worker connection dropped mid-round",
+    "worker_unavailable": "no worker session when the round began",
+    "worker_refused": "the worker refused the STEP",
+}
+
+
+def run_real(args) -> int:
+    from pp1q.runtime.launcher import start_pair
+    from pp1q.tools.client import ApiError
+    from pp1q.tools.realmodel import (
+        INSTALL_HINT,
+        accepted_lengths,
+        default_cache,
+        missing,
+        model_args,
+        ticking,
+        warm_cache,
+    )
+
+    for key, value in REAL_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    why = missing()
+    if why is not None:
+        print(f"pp1q demo: {INSTALL_HINT} ({why}); `pp1q demo --model toy` needs neither",
+              file=sys.stderr)
+        return 2
+    if args.ranks != 1:
+        print("pp1q demo: --ranks applies to the toy pair (a real model serves one rank)",
+              file=sys.stderr)
+        return 2
+    if not 1 <= args.early_exit <= 30:
+        print("pp1q demo: --early-exit must be 1..30 (SmolLM2-135M has 30 layers)",
+              file=sys.stderr)
+        return 2
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests or len(PROMPTS))]
+    support = "dense" if args.top_k == 0 else f"top-{args.top_k}"
+    print(f"pp1q demo: SmolLM2-135M-Instruct (embedded GGUF, 30 layers, vocabulary 49152) "
+          f"as the target; its first {args.early_exit} layers draft (early exit, no "
+          f"training); depth {DEPTH}, {support} q, temperature {args.temperature:g}")
+    cache = default_cache()
+    warm_cache(cache)
+    log_dir = tempfile.mkdtemp(prefix="pp1q-demo-")
+    daemons = []
+    try:
+        t0 = time.perf_counter()
+        print("starting worker and verifier on 127.0.0.1 (each loads the model) ...",
+              flush=True)
+        with ticking("starting"):
+            worker, verifier, url = start_pair(
+                log_dir, model=model_args(args.early_exit, cache), top_k=args.top_k)
+        daemons = [worker, verifier]
+        print(f"ready in {time.perf_counter() - t0:.1f} s\n", flush=True)
+        spec, spec_s = _batch(url, prompts, args, True)
+        hist = accepted_lengths(verifier.metrics_port)
+        base, base_s = _batch(url, prompts, args, False)
+        _per_prompt(prompts, spec, base)
+        _summary(spec, spec_s, base, base_s, hist, worker, verifier, url, args)
+        tokenizer = _tokenizer(cache)
+
+        def name(token: int) -> str:
+            return repr(tokenizer.decode([token]))
+
+        h = _exactness(url, args, name) if args.exactness_samples > 0 else None
+        if args.plot:
+            from pp1q.tools.plot import write_plot
+
+            write_plot(args.plot, title=f"pp1q demo: SmolLM2-135M, early exit "
+                       f"{args.early_exit}/30 drafting, T = {args.temperature:g}",
+                       exactness=h, labels=("speculative", "target-only"),
+                       accepted_hist=hist, depth=DEPTH, name=name)
+            print(f"\nplot written to {args.plot}")
+        if args.keep:
+            print(f"\ndaemons left running (logs in {log_dir}); Ctrl-C to stop. Try:\n"
+                  f"  curl -s {url}/v1/chat/completions -d '{{\"messages\": [{{\"role\": "
+                  f"\"user\", \"content\": \"Hello\"}}], \"max_tokens\": 24}}'")
+            while all(d.alive() for d in daemons):
+                time.sleep(1)
+        return 0
+    except (ApiError, RuntimeError, OSError) as e:
+        print(f"pp1q demo failed: {e}", file=sys.stderr)
+        for d in daemons:
+            print(f"--- {d.role} log ({d.log_path}), last lines:\n{d.log_tail()}",
+                  file=sys.stderr)
+        if not daemons:
+            print(f"daemon logs: {log_dir}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for d in reversed(daemons):
+            d.stop()
+
+
+def _options(args, speculative: bool) -> dict:
+    return {"speculative": speculative, "chat": True, "temperature": args.temperature,
+            "draft_temperature": args.temperature,
+            "top_k": None if args.top_k == 0 else args.top_k}
+
+
+def _batch(url: str, prompts, args, speculative: bool):
+    from pp1q.tools.client import run_batch
+
+    label = "speculative" if speculative else "target-only"
+    done = [0, 0]
+
+    def progress(answer: dict, elapsed: float) -> None:
+        done[0] += 1
+        done[1] += len(answer["token_ids"])
+        print(f"  {label}: {done[0]}/{len(prompts)} answers, {done[1]} tokens, "
+              f"{elapsed:.1f} s", flush=True)
+
+    return run_batch(url, prompts, args.max_tokens, concurrency=args.concurrency,
+                     first_seed=args.seed, options=_options(args, speculative),
+                     on_answer=progress)
+
+
+def _one_line(text: str, width: int = 100) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def _per_prompt(prompts, spec, base) -> None:
+    for i, (prompt, a, b) in enumerate(zip(prompts, spec, base, strict=True), start=1):
+        s = a["stats"]
+        print(f"\nprompt {i}: {prompt}")
+        print(f"  speculative: {_one_line(a['text'])}")
+        print(f"  target-only: {_one_line(b['text'])}")
+        print(f"  {len(a['token_ids'])} tokens ({a['finish_reason']}) in {s['rounds']} rounds: "
+              f"{s['accepted']} of {s['drafted']} drafts accepted, "
+              f"{s['accepted'] / max(s['rounds'], 1):.2f} per round; "
+              f"{s['target_only_steps']} target-only steps")
+
+
+def _summary(spec, spec_s, base, base_s, hist, worker, verifier, url, args) -> None:
+    tokens = sum(len(a["token_ids"]) for a in spec)
+    base_tokens = sum(len(a["token_ids"]) for a in base)
+    rounds = sum(a["stats"]["rounds"] for a in spec)
+    accepted = sum(a["stats"]["accepted"] for a in spec)
+    drafted = sum(a["stats"]["drafted"] for a in spec)
+    rate, base_rate = tokens / spec_s, base_tokens / base_s
+    print("\nsummary")
+    print(f"  speculative  {tokens:5d} tokens in {spec_s:6.1f} s = {rate:6.2f} tokens/s")
+    print(f"  target-only  {base_tokens:5d} tokens in {base_s:6.1f} s = {base_rate:6.2f} "
+          f"tokens/s   (speculative / target-only = {rate / base_rate:.2f})")
+    print(f"  accepted drafts per round: {accepted / max(rounds, 1):.2f} ({accepted} of "
+          f"{drafted} drafts over {rounds} rounds); rounds by accepted drafts "
+          f"0..{DEPTH}: {hist[:DEPTH + 1]}")
+    print("  on one machine the worker's drafting forwards share the CPU with the target's:"
+          " `pp1q bench model` measures the verifier's own seconds per token with the "
+          "two daemons on separate cores (BENCHMARKS.md, Real model)")
+    falls: dict[str, int] = {}
+    for a in spec:
+        for cause, n in a["stats"]["fallbacks"].items():
+            if n:
+                falls[cause] = falls.get(cause, 0) + n
+    if not falls:
+        print("  fallbacks: none (every round verified a whole proposal)")
+    for cause, n in falls.items():
+        print(f"  fallback {cause} x{n}: {FALLBACK_MEANING.get(cause, cause)}; the round "
+              f"took one target-only step instead (exact either way)")
+    print(f"  metrics were served at http://127.0.0.1:{worker.metrics_port}/metrics (worker),"
+          f" http://127.0.0.1:{verifier.metrics_port}/metrics (verifier)")
+    print(f"  API: POST {url}/v1/chat/completions, /v1/completions (OpenAI), /v1/generate "
+          f"(--keep leaves the daemons running)")
+
+
+def _exactness(url: str, args, name):
+    """The first token after one context, N requests each way, side by side, and the
+    chi-square test that both come from one distribution."""
+    from pp1q.tools.client import run_batch
+    from pp1q.tools.exactness import bars, homogeneity
+
+    n = args.exactness_samples
+    print(f"\nexactness: the first token after {EXACTNESS_PROMPT!r}, {n} requests each way "
+          f"...", flush=True)
+    samples = []
+    for speculative in (True, False):
+        options = {**_options(args, speculative), "chat": False}
+        answers, _ = run_batch(url, [EXACTNESS_PROMPT] * n, 1, concurrency=args.concurrency,
+                               first_seed=args.seed + 1_000_000, options=options)
+        samples.append([a["token_ids"][0] for a in answers])
+    h = homogeneity(*samples)
+    for line in bars(h, ("speculative", "target-only"), name=name):
+        print(line)
+    verdict = ("no evidence of a difference" if h.p_value >= 0.01
+               else "the samples differ (expected once in 100 runs by chance)")
+    print(f"  chi-square {h.chi2:.1f} on {h.df} degrees of freedom, p = {h.p_value:.3f}: "
+          f"{verdict}")
+    return h
+
+
+def _tokenizer(cache):
+    """The target's tokenizer from the cached copy (token labels for bars and plot)."""
+    from transformers import AutoTokenizer
+
+    from pp1q.models.embedded import smollm2_gguf
+    from pp1q.models.hf import gguf_cache_entry
+
+    return AutoTokenizer.from_pretrained(gguf_cache_entry(smollm2_gguf(), cache),
+                                         local_files_only=True)
