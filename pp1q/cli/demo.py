@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 
 HELP = "start a worker and a verifier on loopback, run a batch of requests, print a summary"
 
@@ -112,7 +111,7 @@ def run(args) -> int:
 
 def _run_toy(args) -> int:
     from pp1q.runtime.launcher import demo_prompts, start_pair
-    from pp1q.tools.client import ApiError
+    from pp1q.tools.demo_pair import run_on_pair
     from pp1q.tools.realmodel import accepted_lengths
 
     log_dir = tempfile.mkdtemp(prefix="pp1q-demo-")
@@ -120,12 +119,13 @@ def _run_toy(args) -> int:
           f"{args.vocab}, depth 5, {'dense' if args.top_k == 0 else f'top-{args.top_k}'} q, "
           f"target forward {args.target_delay_ms:g} ms (simulated)")
     print("starting worker and verifier on 127.0.0.1 ...", flush=True)
-    daemons = []
-    try:
-        worker, verifier, url = start_pair(
+
+    def start():
+        return start_pair(
             log_dir, vocab=args.vocab, model_seed=args.model_seed, preset=args.draft_preset,
             top_k=args.top_k, target_delay_ms=args.target_delay_ms, ranks=args.ranks)
-        daemons = [worker, verifier]
+
+    def body(worker, verifier, url) -> None:
         prompts = demo_prompts(args.requests, args.vocab, args.seed)
         spec, spec_s = _batch(url, prompts, args, True, "speculative")
         hist = accepted_lengths(verifier.metrics_port) if args.plot else None
@@ -139,25 +139,9 @@ def _run_toy(args) -> int:
                        f"vocabulary {args.vocab}", exactness=h,
                        labels=("speculative", "target-only"), accepted_hist=hist, depth=5)
             print(f"\nplot written to {args.plot}")
-        if args.keep:
-            print(f"\ndaemons left running (logs in {log_dir}); Ctrl-C to stop. Try:\n"
-                  f"  pp1q generate --url {url} --prompt 1,2,3 --max-tokens 16")
-            while all(d.alive() for d in daemons):
-                time.sleep(1)
-        return 0
-    except (ApiError, RuntimeError, OSError) as e:
-        print(f"pp1q demo failed: {e}", file=sys.stderr)
-        for d in daemons:
-            print(f"--- {d.role} log ({d.log_path}), last lines:\n{d.log_tail()}",
-                  file=sys.stderr)
-        if not daemons:
-            print(f"daemon logs: {log_dir}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        for d in reversed(daemons):
-            d.stop()
+
+    return run_on_pair(log_dir, start, body, args.keep,
+                       lambda url: f"pp1q generate --url {url} --prompt 1,2,3 --max-tokens 16")
 
 
 def _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url) -> None:

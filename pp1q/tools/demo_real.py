@@ -39,7 +39,7 @@ FALLBACK_MEANING = {
 
 def run_real(args) -> int:
     from pp1q.runtime.launcher import start_pair
-    from pp1q.tools.client import ApiError
+    from pp1q.tools.demo_pair import run_on_pair
     from pp1q.tools.realmodel import (
         INSTALL_HINT,
         accepted_lengths,
@@ -74,16 +74,18 @@ def run_real(args) -> int:
     cache = default_cache()
     warm_cache(cache)
     log_dir = tempfile.mkdtemp(prefix="pp1q-demo-")
-    daemons = []
-    try:
+
+    def start():
         t0 = time.perf_counter()
         print("starting worker and verifier on 127.0.0.1 (each loads the model) ...",
               flush=True)
         with ticking("starting"):
-            worker, verifier, url = start_pair(
-                log_dir, model=model_args(args.early_exit, cache), top_k=args.top_k)
-        daemons = [worker, verifier]
+            pair = start_pair(log_dir, model=model_args(args.early_exit, cache),
+                              top_k=args.top_k)
         print(f"ready in {time.perf_counter() - t0:.1f} s\n", flush=True)
+        return pair
+
+    def body(worker, verifier, url) -> None:
         spec, spec_s = _batch(url, prompts, args, True)
         hist = accepted_lengths(verifier.metrics_port)
         base, base_s = _batch(url, prompts, args, False)
@@ -103,26 +105,11 @@ def run_real(args) -> int:
                        exactness=h, labels=("speculative", "target-only"),
                        accepted_hist=hist, depth=DEPTH, name=name)
             print(f"\nplot written to {args.plot}")
-        if args.keep:
-            print(f"\ndaemons left running (logs in {log_dir}); Ctrl-C to stop. Try:\n"
-                  f"  curl -s {url}/v1/chat/completions -d '{{\"messages\": [{{\"role\": "
-                  f"\"user\", \"content\": \"Hello\"}}], \"max_tokens\": 24}}'")
-            while all(d.alive() for d in daemons):
-                time.sleep(1)
-        return 0
-    except (ApiError, RuntimeError, OSError) as e:
-        print(f"pp1q demo failed: {e}", file=sys.stderr)
-        for d in daemons:
-            print(f"--- {d.role} log ({d.log_path}), last lines:\n{d.log_tail()}",
-                  file=sys.stderr)
-        if not daemons:
-            print(f"daemon logs: {log_dir}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        for d in reversed(daemons):
-            d.stop()
+
+    return run_on_pair(
+        log_dir, start, body, args.keep,
+        lambda url: f"curl -s {url}/v1/chat/completions -d '{{\"messages\": [{{\"role\": "
+                    f"\"user\", \"content\": \"Hello\"}}], \"max_tokens\": 24}}'")
 
 
 def _options(args, speculative: bool) -> dict:

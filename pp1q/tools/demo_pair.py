@@ -1,0 +1,42 @@
+"""The part of ``pp1q demo`` that both demos (toy and real model) share: start a daemon
+pair, run the demo's body against it, keep the daemons up on ``--keep``, and end the
+same way on every path (one error message with the daemons' last log lines, status 1;
+Ctrl-C 130; the daemons always stopped)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+
+def run_on_pair(log_dir: str, start: Callable, body: Callable, keep: bool,
+                try_line: Callable[[str], str]) -> int:
+    """``start()`` returns (worker, verifier, url); ``body(worker, verifier, url)`` runs
+    the demo; ``try_line(url)`` is the command suggested while ``keep`` holds them up."""
+    from pp1q.tools.client import ApiError
+
+    daemons = []
+    try:
+        worker, verifier, url = start()
+        daemons = [worker, verifier]
+        body(worker, verifier, url)
+        if keep:
+            print(f"\ndaemons left running (logs in {log_dir}); Ctrl-C to stop. Try:\n"
+                  f"  {try_line(url)}")
+            while all(d.alive() for d in daemons):
+                time.sleep(1)
+        return 0
+    except (ApiError, RuntimeError, OSError) as e:
+        print(f"pp1q demo failed: {e}", file=sys.stderr)
+        for d in daemons:
+            print(f"--- {d.role} log ({d.log_path}), last lines:\n{d.log_tail()}",
+                  file=sys.stderr)
+        if not daemons:
+            print(f"daemon logs: {log_dir}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for d in reversed(daemons):
+            d.stop()
