@@ -147,6 +147,21 @@ class _ToyWeights:
         return np.add(h.T @ self.e_out_scaled.T, self.bias)
 
 
+def context_columns(embed, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+    """The toy target's hidden state h [r, len(draft) + 1] before each scored position:
+    the last token's input embedding plus TOY_SECOND_ORDER times the one before it (the
+    whole-row target and a vocabulary shard of it project the same h)."""
+    ctx = [int(t) for t in prefix[-2:]] + [int(t) for t in draft]
+    n0 = min(len(prefix), 2)
+    cols = []
+    for i in range(len(draft) + 1):
+        end = n0 + i
+        c1 = ctx[end - 1] if end >= 1 else None
+        c2 = ctx[end - 2] if end >= 2 else None
+        cols.append(embed(c1) + TOY_SECOND_ORDER * embed(c2))
+    return np.stack(cols, axis=1)
+
+
 def _tail(prefix: Sequence[int], k: int) -> int | None:
     return int(prefix[-k]) if len(prefix) >= k else None
 
@@ -159,16 +174,7 @@ class ToyTarget(TargetModel):
         self._w = _ToyWeights(spec, tag=1)
 
     def logits(self, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
-        ctx = [int(t) for t in prefix[-2:]] + [int(t) for t in draft]
-        w = self._w
-        n0 = min(len(prefix), 2)
-        cols = []
-        for i in range(len(draft) + 1):
-            end = n0 + i
-            c1 = ctx[end - 1] if end >= 1 else None
-            c2 = ctx[end - 2] if end >= 2 else None
-            cols.append(w.embed(c1) + TOY_SECOND_ORDER * w.embed(c2))
-        return w.project(np.stack(cols, axis=1))
+        return self._w.project(context_columns(self._w.embed, prefix, draft))
 
 
 class ToyDrafter(DraftModel):

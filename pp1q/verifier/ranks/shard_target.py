@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pp1q.models.toy import TOY_SECOND_ORDER, ToyTarget
+from pp1q.models.toy import ToyTarget, context_columns
 
 
 class ToyShard:
@@ -29,12 +29,4 @@ class ToyShard:
 
     def logits(self, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
         """FP64 logits [len(draft) + 1, hi - lo] of this shard's ids (ToyTarget.logits)."""
-        ctx = [int(t) for t in prefix[-2:]] + [int(t) for t in draft]
-        n0 = min(len(prefix), 2)
-        cols = []
-        for i in range(len(draft) + 1):
-            end = n0 + i
-            c1 = ctx[end - 1] if end >= 1 else None
-            c2 = ctx[end - 2] if end >= 2 else None
-            cols.append(self._embed(c1) + TOY_SECOND_ORDER * self._embed(c2))
-        return np.add(np.stack(cols, axis=1).T @ self._out, self._bias)
+        return np.add(context_columns(self._embed, prefix, draft).T @ self._out, self._bias)
