@@ -190,6 +190,27 @@ def gguf_cache_entry(gguf: Path, root: str | Path, digest: str | None = None) ->
 # forward passes and KV caches, across transformers versions
 
 
+class HFRole:
+    """What the drafter and the target both keep of one causal LM: its forward
+    (CausalLM), the identity and tokenizer digest HELLO names, the vocabulary, and the
+    table of open requests (each role stores its own per-request state in it)."""
+
+    def __init__(self, model, *, identity: str, tokenizer_digest: str, vocab: int,
+                 variant: str = "") -> None:
+        self.lm = CausalLM(model)
+        self.identity = identity
+        self.tokenizer_digest = tokenizer_digest
+        self.vocab = int(vocab)
+        self.variant = variant
+        self._requests: dict = {}
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint):
+        """The whole checkpoint in this role (a drafter: pair it with ``check_pair``)."""
+        return cls(ckpt.model, identity=ckpt.identity, tokenizer_digest=ckpt.tokenizer_digest,
+                   vocab=ckpt.vocab, variant=ckpt.variant)
+
+
 class CausalLM:
     """One model's forward with a DynamicCache, whatever the cache keyword is called.
 

@@ -24,7 +24,7 @@ import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.models.engine import Drafter, RequestKey, lookup
-from pp1q.models.hf import CausalLM, Checkpoint, crop, load_checkpoint
+from pp1q.models.hf import Checkpoint, HFRole, crop, load_checkpoint
 from pp1q.models.ledger import Ledger
 
 
@@ -72,25 +72,11 @@ def early_exit_view(model, k: int):
     return view
 
 
-class HFDrafter(Drafter):
-    """An incremental drafter over a causal LM (a checkpoint, or an early-exit view)."""
+class HFDrafter(HFRole, Drafter):
+    """An incremental drafter over a causal LM (a checkpoint, or an early-exit view).
+    ``_requests``: request -> (Ledger, its KV cache)."""
 
-    def __init__(self, model, *, identity: str, tokenizer_digest: str, vocab: int,
-                 variant: str = "") -> None:
-        self.lm = CausalLM(model)
-        self.identity = identity
-        self.tokenizer_digest = tokenizer_digest
-        self.vocab = int(vocab)
-        self.variant = variant
-        self._requests: dict[RequestKey, tuple[Ledger, object]] = {}
-
-    # -- construction ------------------------------------------------------
-
-    @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint) -> HFDrafter:
-        """A second checkpoint as the drafter (pair it with ``check_pair``)."""
-        return cls(ckpt.model, identity=ckpt.identity, tokenizer_digest=ckpt.tokenizer_digest,
-                   vocab=ckpt.vocab, variant=ckpt.variant)
+    # -- construction (from_checkpoint: HFRole) ------------------------------
 
     @classmethod
     def early_exit(cls, ckpt: Checkpoint, k: int) -> HFDrafter:

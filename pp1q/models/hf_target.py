@@ -29,7 +29,7 @@ import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.models.engine import RequestKey, Target, lookup
-from pp1q.models.hf import CausalLM, Checkpoint, kv_tensors
+from pp1q.models.hf import HFRole, kv_tensors
 from pp1q.models.ledger import Ledger
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer; [] when nothing is cached
@@ -53,20 +53,9 @@ class _Plan:
     rows: int  # len(drafts) + 1: the last ``rows`` fed positions give the logits
 
 
-class HFTarget(Target):
-    def __init__(self, model, *, identity: str, tokenizer_digest: str, vocab: int,
-                 variant: str = "") -> None:
-        self.lm = CausalLM(model)
-        self.identity = identity
-        self.tokenizer_digest = tokenizer_digest
-        self.vocab = int(vocab)
-        self.variant = variant
-        self._requests: dict[RequestKey, tuple[Ledger, KV]] = {}
-
-    @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint) -> HFTarget:
-        return cls(ckpt.model, identity=ckpt.identity, tokenizer_digest=ckpt.tokenizer_digest,
-                   vocab=ckpt.vocab, variant=ckpt.variant)
+class HFTarget(HFRole, Target):
+    """Batched target scoring over a causal LM. ``_requests``: request -> (Ledger, KV of
+    its committed tokens)."""
 
     def _get(self, request: RequestKey) -> tuple[Ledger, KV]:
         return lookup(self._requests, request)
