@@ -92,13 +92,14 @@ class _WireProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.link.metrics.reply_bytes.inc(nbytes)
         now = asyncio.get_running_loop().time()
-        handshaking = self.endpoint.state is Conn.HELLO_SENT
         try:
             events = self.endpoint.buffer_updated(nbytes, now)
         except RemoteProtocolError as e:  # the stream is unusable: fail open steps, drop it
             log.warning("worker sent invalid data (%s); dropping the connection", e)
             self.link.metrics.validation_failure(e.reason)
-            if handshaking:  # its HELLO answer (identity, version, limits) refused
+            # frames are handled one at a time: a HELLO answer accepted earlier in this
+            # read started the session (peer set); a frame after it is not a refused HELLO
+            if self.endpoint.peer is None:  # its HELLO answer (identity, version, limits)
                 self.link.metrics.hello_refused(e.reason)
                 self.link.refused = e.reason
             self.link.on_events(self.endpoint.close(e.reason), stream_error=True)

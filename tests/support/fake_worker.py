@@ -23,9 +23,10 @@ MODES = ("answer", "hang", "refuse")
 
 
 class FakeWorker:
-    def __init__(self, mode: str = "answer", versions=(2,)) -> None:
+    def __init__(self, mode: str = "answer", versions=(2,), after_hello: bytes = b"") -> None:
         assert mode in MODES
         self.mode = mode
+        self.after_hello = after_hello  # bytes sent in the same write as the HELLO answer
         self.versions = versions  # wire versions it accepts: (1,) refuses a v2 HELLO
         self.hellos = 0  # HELLOs received (each connection says one)
         self.steps: list[Step] = []  # STEPs accepted, in order
@@ -79,9 +80,10 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         hello_before = self.ep.session is None
         events = self.ep.receive_data(data, 0.0)
+        out = self.ep.data_to_send()
         if hello_before and self.ep.session is not None:
             self.owner.hellos += 1
-        out = self.ep.data_to_send()
+            out += self.owner.after_hello
         if out:
             self.transport.write(out)
         for ev in events:

@@ -108,3 +108,32 @@ async def test_a_refused_step_in_flight_fails_as_refused_not_as_a_broken_stream(
         stop.set()
         await asyncio.wait_for(task, WAIT_S)
         await worker.close()
+
+
+async def test_a_bad_frame_right_after_the_hello_answer_counts_its_own_reason():
+    # issue 16: the worker's HELLO answer and a corrupt frame in one read were counted as
+    # a refused HELLO (peers_refused hello_incompatible); the answer was fine, the frame
+    # after it is what failed, and only that is counted
+    worker = FakeWorker(after_hello=b"\xff" * 64)  # no frame starts with these bytes
+    await worker.start()
+    metrics = Metrics("verifier")
+    link = make_link(worker.port, metrics)
+    stop = asyncio.Event()
+    task = asyncio.create_task(link.run(stop))
+    try:
+        await until(lambda: worker.hellos >= 1 and sample(metrics, "validation_failures") > 0,
+                    "the corrupt frame after the HELLO answer was not refused")
+        assert sample(metrics, "peers_refused") == 0
+        assert link.refused is None  # the session was not refused at HELLO
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, WAIT_S)
+        await worker.close()
+
+
+def sample(metrics: Metrics, family: str) -> float:
+    """The sum over labels of one counter family."""
+    total = 0.0
+    for metric in getattr(metrics, family).collect():
+        total += sum(s.value for s in metric.samples if s.name.endswith("_total"))
+    return total
