@@ -106,7 +106,10 @@ async def test_after_a_fallback_only_the_new_token_crosses_and_nothing_prefills_
     whole = [c for c in contexts if c.start == 0]
     assert [c.count for c in whole] == [len(p) for p in PROMPTS]
     appended = [c for c in contexts if c.start > 0]
-    assert all(c.count == 1 for c in appended) and len(appended) == fallbacks
-    assert sum(c.count for c in contexts) == sum(map(len, PROMPTS)) + fallbacks
+    assert all(c.count == 1 for c in appended)
+    # one append per fallback whose request went on: a request that ends on its fallback
+    # token has no next round to send it for (at most one such fallback per request)
+    assert fallbacks - len(PROMPTS) <= len(appended) <= fallbacks
+    assert sum(c.count for c in contexts) == sum(map(len, PROMPTS)) + len(appended)
     # the drafter filled each request's prefix once, never again after a fallback
     assert [n for _s, _slot, n in FlakyCountingProposer.prefills] == [len(p) for p in PROMPTS]
