@@ -8,7 +8,9 @@ import re
 import pytest
 from real_model import run_pp1q
 
-pytestmark = [pytest.mark.model, pytest.mark.daemons]
+# slow: two real-model daemons for one configuration (about 40 s); the bench's pieces
+# (pinning, start_pair with real-model options) run in the demo's model test
+pytestmark = [pytest.mark.model, pytest.mark.daemons, pytest.mark.slow]
 
 
 def test_bench_model_plumbing_with_the_drafter_equal_to_the_target(cache_home):
