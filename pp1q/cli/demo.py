@@ -146,14 +146,12 @@ def _run_toy(args) -> int:
 
 def _summary(args, spec, spec_s, base, base_s, prompts, worker, verifier, url) -> None:
     from pp1q.models.toy import toy_pair
+    from pp1q.tools.demo_pair import batch_totals
     from pp1q.tools.exactness import Z95, agreement, ratio_interval
     from pp1q.tools.theory import expected_accepted
 
-    tokens = sum(len(a["token_ids"]) for a in spec)
-    base_tokens = sum(len(a["token_ids"]) for a in base)
-    rounds = sum(a["stats"]["rounds"] for a in spec)
-    accepted = sum(a["stats"]["accepted"] for a in spec)
-    drafted = sum(a["stats"]["drafted"] for a in spec)
+    tokens, rounds, accepted, drafted = batch_totals(spec)
+    base_tokens = batch_totals(base)[0]
     fallbacks: dict[str, int] = {}
     for a in spec:
         for cause, n in a["stats"]["fallbacks"].items():

@@ -1,7 +1,7 @@
 """The part of ``pp1q demo`` that both demos (toy and real model) share: start a daemon
 pair, run the demo's body against it, keep the daemons up on ``--keep``, and end the
 same way on every path (one error message with the daemons' last log lines, status 1;
-Ctrl-C 130; the daemons always stopped)."""
+Ctrl-C 130; the daemons always stopped); and the totals both summaries print."""
 
 from __future__ import annotations
 
@@ -40,3 +40,11 @@ def run_on_pair(log_dir: str, start: Callable, body: Callable, keep: bool,
     finally:
         for d in reversed(daemons):
             d.stop()
+
+
+def batch_totals(answers) -> tuple[int, int, int, int]:
+    """(tokens, rounds, accepted drafts, drafted tokens) over one batch's answers."""
+    return (sum(len(a["token_ids"]) for a in answers),
+            sum(a["stats"]["rounds"] for a in answers),
+            sum(a["stats"]["accepted"] for a in answers),
+            sum(a["stats"]["drafted"] for a in answers))

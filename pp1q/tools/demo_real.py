@@ -153,11 +153,10 @@ def _per_prompt(prompts, spec, base) -> None:
 
 
 def _summary(spec, spec_s, base, base_s, hist, worker, verifier, url, args) -> None:
-    tokens = sum(len(a["token_ids"]) for a in spec)
-    base_tokens = sum(len(a["token_ids"]) for a in base)
-    rounds = sum(a["stats"]["rounds"] for a in spec)
-    accepted = sum(a["stats"]["accepted"] for a in spec)
-    drafted = sum(a["stats"]["drafted"] for a in spec)
+    from pp1q.tools.demo_pair import batch_totals
+
+    tokens, rounds, accepted, drafted = batch_totals(spec)
+    base_tokens = batch_totals(base)[0]
     rate, base_rate = tokens / spec_s, base_tokens / base_s
     print("\nsummary")
     print(f"  speculative  {tokens:5d} tokens in {spec_s:6.1f} s = {rate:6.2f} tokens/s")
