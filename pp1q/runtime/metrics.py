@@ -115,7 +115,8 @@ class Metrics:
         self.circuit_state = gauge(
             "circuit_state", "Worker link circuit breaker: 0 closed, 1 open, 2 half-open, "
             "3 probing")
-        self.requests = counter("requests", "Generation requests finished, by outcome",
+        self.requests = counter("requests", "Generation requests finished, by outcome: ok, "
+                                "error, left_queued (its client left before it took a slot)",
                                 ("outcome",))
         self.requests_refused = counter(
             "requests_refused", "Requests answered 503 before they took a slot, by reason "

@@ -142,6 +142,9 @@ class Scheduler:
         except ServiceError as e:  # answered 503 (busy, stopping) before it took a slot
             self.metrics.request_refused(e.reason)
             raise
+        except asyncio.CancelledError:  # its client left while it waited for a slot
+            self.metrics.requests.labels(outcome="left_queued").inc()
+            raise
         job = Job(req, slot)
         start, shown, stopped = len(req.prompt), 0, False
         self._running += 1

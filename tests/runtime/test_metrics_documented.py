@@ -29,7 +29,7 @@ LABEL_VALUES = {
     "reason": {r.value for r in Reason} | {p.value for p in PeerRefusal},
     "cause": {c.value for c in FallbackCause} | {f.value for f in RankFailure},
     "kind": {k.value for k in StepKind},
-    "outcome": {"ok", "error"},
+    "outcome": {"ok", "error", "left_queued"},
     "mode": {"off", "greedy", "sampled"},
 }
 

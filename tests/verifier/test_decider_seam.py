@@ -174,3 +174,21 @@ def test_no_override_or_test_hooks_in_production_code():
     found = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "pp1q").rglob("*.py"))
              for i, line in enumerate(p.read_text().splitlines(), 1) if HOOKS.search(line)]
     assert not found, found
+
+
+async def test_a_request_whose_client_leaves_while_queued_is_counted():
+    # issue 16's last counting gap: a request cancelled before it took a slot was counted
+    # nowhere (requests_total counted only requests that held a slot)
+    s = _scheduler(FakeDecider())
+    held = await s.pool.acquire()  # the only slot: the next request waits
+    waiting = asyncio.ensure_future(s.generate(_req()))
+    await asyncio.sleep(0)
+    assert s.metrics.value("pp1q_requests_queued") == 1
+    waiting.cancel()  # the HTTP client went away (aiohttp cancels its handler)
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert s.metrics.value("pp1q_requests_total", outcome="left_queued") == 1
+    assert s.metrics.value("pp1q_requests_total", outcome="error") == 0
+    assert s.metrics.value("pp1q_requests_queued") == 0
+    s.pool.release(held)
+    assert len((await s.generate(_req(max_tokens=1)))["token_ids"]) == 1  # slot 0 free
