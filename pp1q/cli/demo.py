@@ -190,7 +190,7 @@ def _exactness(url: str, prompt: list[int], args):
     distribution (each speculative first token passed the ratio test or is a residual
     draw: exact sampling says its law is the target's p)."""
     from pp1q.tools.client import run_batch
-    from pp1q.tools.exactness import bars, homogeneity
+    from pp1q.tools.demo_pair import report_exactness
 
     n = args.exactness_samples
     top_k = args.top_k if 0 < args.top_k < args.vocab else None
@@ -202,11 +202,4 @@ def _exactness(url: str, prompt: list[int], args):
                                first_seed=args.seed + 1_000_000,
                                options={"speculative": speculative, "top_k": top_k})
         samples.append([a["token_ids"][0] for a in answers])
-    h = homogeneity(*samples)
-    for line in bars(h, ("speculative", "target-only")):
-        print(line)
-    verdict = ("no evidence of a difference" if h.p_value >= 0.01
-               else "the samples differ (expected once in 100 runs by chance)")
-    print(f"  chi-square {h.chi2:.1f} on {h.df} degrees of freedom, p = {h.p_value:.3f}: "
-          f"{verdict}")
-    return h
+    return report_exactness(samples)

@@ -1,7 +1,8 @@
 """The part of ``pp1q demo`` that both demos (toy and real model) share: start a daemon
 pair, run the demo's body against it, keep the daemons up on ``--keep``, and end the
 same way on every path (one error message with the daemons' last log lines, status 1;
-Ctrl-C 130; the daemons always stopped); and the totals both summaries print."""
+Ctrl-C 130; the daemons always stopped); and what both summaries print (totals, the
+exactness check)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,18 @@ def batch_totals(answers) -> tuple[int, int, int, int]:
             sum(a["stats"]["rounds"] for a in answers),
             sum(a["stats"]["accepted"] for a in answers),
             sum(a["stats"]["drafted"] for a in answers))
+
+
+def report_exactness(samples, name=str):
+    """The exactness check both demos print: speculative vs target-only first tokens as
+    bars, the chi-square and its verdict. Returns the Homogeneity (for --plot)."""
+    from pp1q.tools.exactness import bars, homogeneity
+
+    h = homogeneity(*samples)
+    for line in bars(h, ("speculative", "target-only"), name=name):
+        print(line)
+    verdict = ("no evidence of a difference" if h.p_value >= 0.01
+               else "the samples differ (expected once in 100 runs by chance)")
+    print(f"  chi-square {h.chi2:.1f} on {h.df} degrees of freedom, p = {h.p_value:.3f}: "
+          f"{verdict}")
+    return h

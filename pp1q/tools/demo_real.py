@@ -188,7 +188,7 @@ def _exactness(url: str, args, name):
     """The first token after one context, N requests each way, side by side, and the
     chi-square test that both come from one distribution."""
     from pp1q.tools.client import run_batch
-    from pp1q.tools.exactness import bars, homogeneity
+    from pp1q.tools.demo_pair import report_exactness
 
     n = args.exactness_samples
     print(f"\nexactness: the first token after {EXACTNESS_PROMPT!r}, {n} requests each way "
@@ -199,14 +199,7 @@ def _exactness(url: str, args, name):
         answers, _ = run_batch(url, [EXACTNESS_PROMPT] * n, 1, concurrency=args.concurrency,
                                first_seed=args.seed + 1_000_000, options=options)
         samples.append([a["token_ids"][0] for a in answers])
-    h = homogeneity(*samples)
-    for line in bars(h, ("speculative", "target-only"), name=name):
-        print(line)
-    verdict = ("no evidence of a difference" if h.p_value >= 0.01
-               else "the samples differ (expected once in 100 runs by chance)")
-    print(f"  chi-square {h.chi2:.1f} on {h.df} degrees of freedom, p = {h.p_value:.3f}: "
-          f"{verdict}")
-    return h
+    return report_exactness(samples, name)
 
 
 def _tokenizer(cache):
