@@ -20,6 +20,7 @@ COMMANDS = {
     "replay": "pp1q.cli.replay",
     "chaos": "pp1q.cli.chaos",
     "soak": "pp1q.cli.soak",
+    "train-adapter": "pp1q.cli.train_adapter",
 }
 
 

@@ -28,10 +28,23 @@ def add_arguments(p) -> None:
                    help="model suite: target temperatures (default 0.7,1.0)")
     p.add_argument("--tokens", type=int, metavar="N",
                    help="model suite: tokens per request (default 24; --quick 8)")
+    p.add_argument("--adapters", type=_words, metavar="A,A,...",
+                   help="model suite: exit adapters, none and/or auto (default none,auto)")
+    p.add_argument("--depths", type=_ints, metavar="D,D,...",
+                   help="model suite: drafts per round (default 5)")
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
+
+
+def _words(text: str) -> list[str]:
+    import argparse
+
+    words = [x for x in text.split(",") if x]
+    if any(w not in ("none", "auto") for w in words):
+        raise argparse.ArgumentTypeError(f"{text!r}: none and/or auto")
+    return words
 
 
 def _floats(text: str) -> list[float]:
@@ -59,7 +72,8 @@ def run(args) -> int:
         t0 = time.perf_counter()
         # suite options (--k, ...) go to the suites whose run() takes them
         wanted = inspect.signature(mod.run).parameters
-        options = {key: getattr(args, key) for key in ("k", "temperatures", "tokens")
+        options = {key: getattr(args, key)
+                   for key in ("k", "temperatures", "tokens", "adapters", "depths")
                    if key in wanted and getattr(args, key) is not None}
         for line in mod.run(quick=args.quick, **options):
             print(line, flush=True)

@@ -22,6 +22,9 @@ def add_arguments(p) -> None:
     p.add_argument("--early-exit", type=int, default=DEFAULT_EARLY_EXIT, metavar="K",
                    help=f"embedded: the drafter is the first K of 30 layers "
                         f"({DEFAULT_EARLY_EXIT}; see BENCHMARKS.md, Real model)")
+    p.add_argument("--adapter", choices=("auto", "none"), default="auto",
+                   help="embedded: auto runs the shipped exit adapter for K when there is "
+                        "one (K = 24, 28); none: the plain early exit")
     p.add_argument("--temperature", type=float, default=0.7,
                    help="embedded: target and draft temperature (0.7)")
     p.add_argument("--plot", metavar="FILE.png",

@@ -54,6 +54,9 @@ def add_common_arguments(p, role: str) -> None:
                 "what to serve: the toy pair, the shipped SmolLM2-135M, or a local checkpoint")
     add_setting(p, role, "draft", "early-exit:K",
                 "real models: draft with the first K layers of --model (both daemons)")
+    add_setting(p, role, "draft_adapter", "auto|none|FILE",
+                "real models: an exit adapter before the early exit's norm (auto: the "
+                "shipped one for this model and K, if any; both daemons)")
     add_setting(p, role, "draft_model", "PATH",
                 "real models: draft with a second checkpoint instead (both daemons)")
     add_setting(p, role, "device", "DEVICE", "real models: torch device (cpu, cuda, ...)")

@@ -6,8 +6,9 @@ the shared ``Ledger`` rules: a row costs one forward of the tokens not yet cache
 per request on purpose: rows are produced one at a time, in order, and each q must be
 built from exactly the logits that row's forward returned.
 
-Early exit (LayerSkip-style, no training): the first k decoder layers of the target
-checkpoint, then the checkpoint's own final norm and LM head. ``early_exit_view``
+Early exit (LayerSkip-style): the first k decoder layers of the target checkpoint,
+then the checkpoint's own final norm and LM head; optionally an exit adapter (an affine
+map fitted by ``pp1q train-adapter``, pp1q.models.exit_adapter) before the norm. ``early_exit_view``
 builds a model object that shares those parameters (read-only; nothing here trains)
 but has its own module list and config, so the full model it came from is untouched
 and its per-request caches are never shared. With k equal to the layer count it is the
@@ -24,6 +25,7 @@ import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.models.engine import Drafter, RequestKey, lookup
+from pp1q.models.exit_adapter import AdaptedNorm, ExitAdapter, check_fits
 from pp1q.models.hf import Checkpoint, HFRole, crop, load_checkpoint
 from pp1q.models.ledger import Ledger
 
@@ -41,14 +43,26 @@ def num_layers(model) -> int:
     return len(_decoder(model).layers)
 
 
-def early_exit_view(model, k: int):
+def hidden_size(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[1])
+
+
+def exit_identity(checkpoint: str, k: int, total: int, adapter: ExitAdapter | None) -> str:
+    """What an early-exit drafter names at HELLO (the verifier computes the same)."""
+    tail = f":{adapter.tag}" if adapter is not None else ""
+    return f"{checkpoint}:early-exit={k}/{total}{tail}"
+
+
+def early_exit_view(model, k: int, adapter: ExitAdapter | None = None):
     """A causal LM running only the first ``k`` decoder layers of ``model``.
 
     Shallow copies of the outer and decoder modules with a new module dict: parameters
     are the same tensors (no copy, no extra memory), the layer list is a new
     ``ModuleList`` of the first k layers and the config is a copy with k layers (the
     decoder's forward loops over ``config.num_hidden_layers`` layers, and DynamicCache
-    sizes itself from the config).
+    sizes itself from the config). With an ``adapter`` the view's final norm is
+    ``AdaptedNorm`` (the map, then the checkpoint's own norm): the decoder applies its
+    norm once, after its last layer, which is exactly where the map belongs.
     """
     inner = _decoder(model)
     total = len(inner.layers)
@@ -64,6 +78,10 @@ def early_exit_view(model, k: int):
     view_inner._modules = dict(inner._modules)
     view_inner._modules["layers"] = torch.nn.ModuleList(list(inner.layers)[:k])
     view_inner.config = config.get_text_config()
+    if adapter is not None:
+        head = model.get_output_embeddings().weight
+        view_inner._modules["norm"] = AdaptedNorm(inner.norm, adapter, dtype=head.dtype,
+                                                  device=head.device)
     view = copy.copy(model)
     view._modules = dict(model._modules)
     name = next(n for n, m in model._modules.items() if m is inner)
@@ -79,18 +97,22 @@ class HFDrafter(HFRole, Drafter):
     # -- construction (from_checkpoint: HFRole) ------------------------------
 
     @classmethod
-    def early_exit(cls, ckpt: Checkpoint, k: int) -> HFDrafter:
-        """First ``k`` layers of ``ckpt`` + its final norm and LM head."""
-        total = num_layers(ckpt.model)
-        return cls(early_exit_view(ckpt.model, k),
-                   identity=f"{ckpt.identity}:early-exit={k}/{total}",
+    def early_exit(cls, ckpt: Checkpoint, k: int,
+                   adapter: ExitAdapter | None = None) -> HFDrafter:
+        """First ``k`` layers of ``ckpt`` (+ the exit ``adapter``) + its final norm and
+        LM head."""
+        if adapter is not None:
+            check_fits(adapter, ckpt.identity, k, hidden_size(ckpt.model))
+        return cls(early_exit_view(ckpt.model, k, adapter),
+                   identity=exit_identity(ckpt.identity, k, num_layers(ckpt.model), adapter),
                    tokenizer_digest=ckpt.tokenizer_digest, vocab=ckpt.vocab,
                    variant=ckpt.variant)
 
     @classmethod
-    def load_early_exit(cls, path, k: int, **load) -> HFDrafter:
+    def load_early_exit(cls, path, k: int, adapter: ExitAdapter | None = None,
+                        **load) -> HFDrafter:
         """Load a checkpoint for early exit only: layers past k are not kept alive."""
-        return cls.early_exit(load_checkpoint(path, **load), k)
+        return cls.early_exit(load_checkpoint(path, **load), k, adapter)
 
     # -- the seam ----------------------------------------------------------
 

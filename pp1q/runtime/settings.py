@@ -93,6 +93,9 @@ class DaemonSettings(_Checked, frozen=True, kw_only=True):
     # real models: the drafter is the first K layers; 28 of SmolLM2's 30 accepts the
     # most drafts per round (BENCHMARKS.md, Real model: k = 8..24 accept few)
     draft: Draft = "early-exit:28"
+    # real models, early exit: auto (the shipped map for this checkpoint and K, if any),
+    # none, or an adapter file (pp1q train-adapter); both daemons name it in HELLO
+    draft_adapter: str = "auto"
     draft_model: str | None = None  # real models: a second checkpoint drafts instead
     device: str = "cpu"  # real models: torch device (cpu, cuda, cuda:1, ...)
     dtype: Literal["float32", "bfloat16"] = "float32"  # real models: weights and compute

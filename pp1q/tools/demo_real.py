@@ -1,5 +1,6 @@
 """``pp1q demo`` on the embedded real model: SmolLM2-135M-Instruct as the target, its
-first K layers as the drafter (early exit, no training), both daemons on loopback.
+first K layers as the drafter (early exit, with the shipped exit adapter where one
+ships for K), both daemons on loopback.
 
 What it shows, in words: a few chat prompts and the text each produced, speculative
 and target-only (same seed; the texts differ because the two sample with different
@@ -37,6 +38,19 @@ FALLBACK_MEANING = {
 }
 
 
+
+def _exit_words(args) -> str:
+    """How the drafter exits, in words: with the shipped exit adapter or plainly."""
+    from pp1q.models.embedded import smollm2_gguf
+    from pp1q.models.exit_adapter import shipped_adapter
+    from pp1q.models.hf import checkpoint_identity
+
+    if args.adapter == "auto" and shipped_adapter(checkpoint_identity(smollm2_gguf()),
+                                                  args.early_exit) is not None:
+        return "early exit with the shipped exit adapter, an affine map fitted by " \
+               "`pp1q train-adapter`"
+    return "early exit, no adapter"
+
 def run_real(args) -> int:
     from pp1q.runtime.launcher import start_pair
     from pp1q.tools.demo_pair import run_on_pair
@@ -69,8 +83,8 @@ def run_real(args) -> int:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests or len(PROMPTS))]
     support = "dense" if args.top_k == 0 else f"top-{args.top_k}"
     print(f"pp1q demo: SmolLM2-135M-Instruct (embedded GGUF, 30 layers, vocabulary 49152) "
-          f"as the target; its first {args.early_exit} layers draft (early exit, no "
-          f"training); depth {DEPTH}, {support} q, temperature {args.temperature:g}")
+          f"as the target; its first {args.early_exit} layers draft ({_exit_words(args)}); "
+          f"depth {DEPTH}, {support} q, temperature {args.temperature:g}")
     cache = default_cache()
     warm_cache(cache)
     log_dir = tempfile.mkdtemp(prefix="pp1q-demo-")
@@ -80,7 +94,7 @@ def run_real(args) -> int:
         print("starting worker and verifier on 127.0.0.1 (each loads the model) ...",
               flush=True)
         with ticking("starting"):
-            pair = start_pair(log_dir, model=model_args(args.early_exit, cache),
+            pair = start_pair(log_dir, model=model_args(args.early_exit, cache, args.adapter),
                               top_k=args.top_k)
         print(f"ready in {time.perf_counter() - t0:.1f} s\n", flush=True)
         return pair

@@ -94,9 +94,11 @@ def quiet_progress_bars() -> None:
         hf_logging.disable_progress_bar()
 
 
-def model_args(k: int, cache: Path) -> list[str]:
-    """Options both daemons take to serve the embedded model with an early-exit drafter."""
-    return ["--model", "embedded", "--draft", f"early-exit:{k}", "--gguf-cache", str(cache)]
+def model_args(k: int, cache: Path, adapter: str = "auto") -> list[str]:
+    """Options both daemons take to serve the embedded model with an early-exit drafter
+    (``adapter``: the draft_adapter setting; auto uses the shipped map for k if any)."""
+    return ["--model", "embedded", "--draft", f"early-exit:{k}", "--draft-adapter", adapter,
+            "--gguf-cache", str(cache)]
 
 
 def accepted_lengths(metrics_port: int) -> list[int]:

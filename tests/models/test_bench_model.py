@@ -21,10 +21,12 @@ def test_bench_model_plumbing_with_the_drafter_equal_to_the_target(cache_home):
     out = proc.stdout
     assert re.search(r"pinned to core|note: ", out)
     assert "target-only T=1.0: 6 tokens" in out
-    row = re.search(r"^\| 30 \| 1\.0 \| ([\d.]+)% \| ([\d.]+)% \| ([\d.]+) \| ([\d.]+) \|", out,
-                    re.M)
+    assert "k=30: no shipped exit adapter" in out  # auto asked for, none ships for k = 30
+    row = re.search(r"^\| 30 \| none \| 5 \| 1\.0 \| ([\d.]+)% \| ([\d.]+)% \| ([\d.]+) \| "
+                    r"([\d.]+) \|", out, re.M)
     assert row, out
     per_position, of_drafted = float(row.group(1)), float(row.group(2))
     assert per_position >= 90.0 and of_drafted >= 50.0, row.group(0)
     assert float(row.group(4)) > 1.0  # tokens per target forward: drafts were committed
-    assert re.search(r"best drafter: k=30 at T=1\.0: x[\d.]+ fewer verifier-seconds", out)
+    assert re.search(r"best drafter: k=30 none D=5 at T=1\.0: x[\d.]+ fewer verifier-seconds",
+                     out)

@@ -1,8 +1,10 @@
 """``pp1q bench model``: the embedded SmolLM2-135M served by both daemons, the worker
-drafting with its first k layers (early exit, no training), the two daemons pinned to
-different cores (``taskset``) to stand in for two machines.
+drafting with its first k layers (early exit; plain, or with the shipped exit adapter,
+pp1q.models.exit_adapter), the two daemons pinned to different cores (``taskset``) to
+stand in for two machines.
 
-For each early-exit depth k and target temperature T (the draft temperature is T too),
+For each early-exit depth k, adapter (``none``; ``auto``: the shipped map for k, skipped
+where none ships), draft depth D and target temperature T (the draft temperature is T too),
 the same prompts run speculative and target-only, one request at a time, every
 request exactly ``tokens`` long (ignore_eos). Measured, same run: acceptance
 (accepted / drafted), accepted drafts per round, committed tokens per target forward
@@ -24,10 +26,11 @@ from dataclasses import dataclass, field
 TITLE = ("Real model: embedded SmolLM2-135M, early-exit drafters, worker and verifier "
          "on separate cores")
 KS = (8, 16, 24, 28)  # early-exit depths of the issue's table (30 layers in all)
+ADAPTERS = ("none", "auto")  # plain exit, then the shipped map where one ships
 TEMPERATURES = (0.7, 1.0)
 TOKENS = 24  # per request, 3 prompts: the full sweep takes about 12 min on 2 busy cores
 QUICK_TOKENS = 8
-DEPTH = 5  # the verifier's default depth
+DEPTHS = (5,)  # drafts per round: the verifier's default depth
 PROMPTS = (
     "Write a short story about a lighthouse keeper.",
     "Explain how a bicycle works to a child.",
@@ -91,7 +94,7 @@ def pin_cores() -> tuple[tuple[str, str] | None, str]:
 
 
 def batch(url: str, pair, *, speculative: bool, temperature: float, tokens: int,
-          prompts=PROMPTS) -> Run:
+          prompts=PROMPTS, depth: int = DEPTHS[0]) -> Run:
     from pp1q.tools.client import Client
     from pp1q.tools.realmodel import accepted_lengths
 
@@ -120,8 +123,8 @@ def batch(url: str, pair, *, speculative: bool, temperature: float, tokens: int,
         client.close()
     run.wall_s = time.perf_counter() - t0
     h1 = accepted_lengths(verifier.metrics_port)
-    if len(h0) > DEPTH and len(h1) > DEPTH:
-        run.full_rounds = h1[DEPTH] - h0[DEPTH]
+    if len(h0) > depth and len(h1) > depth:
+        run.full_rounds = h1[depth] - h0[depth]
     v1, w1 = cpu_seconds(verifier_pid), cpu_seconds(worker_pid)
     run.verifier_cpu_s = None if v0 is None or v1 is None else v1 - v0
     run.worker_cpu_s = None if w0 is None or w1 is None else w1 - w0
@@ -144,8 +147,38 @@ def _load_line(log_path: str) -> str | None:
     return m.group(1) if m else None
 
 
+@dataclass(frozen=True)
+class Drafter:
+    """One configuration of the sweep: exit k, exit adapter, drafts per round."""
+
+    k: int
+    adapter: str
+    depth: int
+
+    def label(self) -> str:
+        return f"k={self.k} {self.adapter} D={self.depth}"
+
+
+def sweep(ks, adapters, depths) -> tuple[list[Drafter], list[str]]:
+    """The configurations to run, and a note for each adapter asked for but not shipped."""
+    from pp1q.models.embedded import smollm2_gguf
+    from pp1q.models.exit_adapter import shipped_adapter
+    from pp1q.models.hf import checkpoint_identity
+
+    identity = checkpoint_identity(smollm2_gguf()) if "auto" in adapters else ""
+    out, notes = [], []
+    for k in ks:
+        for adapter in adapters:
+            if adapter == "auto" and shipped_adapter(identity, k) is None:
+                notes.append(f"k={k}: no shipped exit adapter (pp1q train-adapter --k {k})")
+                continue
+            out += [Drafter(k, adapter, d) for d in depths]
+    return out, notes
+
+
 def run(quick: bool, k: list[int] | None = None, temperatures: list[float] | None = None,
-        tokens: int | None = None) -> Iterator[str]:
+        tokens: int | None = None, adapters: list[str] | None = None,
+        depths: list[int] | None = None) -> Iterator[str]:
     from pp1q.runtime.launcher import start_pair
     from pp1q.tools.realmodel import default_cache, missing, model_args, warm_cache
 
@@ -153,14 +186,16 @@ def run(quick: bool, k: list[int] | None = None, temperatures: list[float] | Non
     if why is not None:
         yield f"skipped: {why}; the real model needs `bash scripts/install.sh`"
         return
-    ks = list(k or KS)
     temps = list(temperatures or TEMPERATURES)
     n_tokens = tokens or (QUICK_TOKENS if quick else TOKENS)
     prompts = PROMPTS[:1] if quick else PROMPTS
+    drafters, notes = sweep(list(k or KS), list(adapters or ADAPTERS), list(depths or DEPTHS))
     cores, note = pin_cores()
     yield note
-    yield (f"{len(prompts)} chat prompts x {n_tokens} tokens, one request at a time, depth "
-           f"{DEPTH}, dense q, draft temperature = target temperature; k in {ks}, T in {temps}")
+    yield from notes
+    yield (f"{len(prompts)} chat prompts x {n_tokens} tokens, one request at a time, dense q, "
+           f"draft temperature = target temperature; T in {temps}; drafters: "
+           + ", ".join(d.label() for d in drafters))
     cache = default_cache()
     parsed = warm_cache(cache, say=lambda line: None)
     if parsed is not None:
@@ -168,19 +203,20 @@ def run(quick: bool, k: list[int] | None = None, temperatures: list[float] | Non
     if not quick and parsed is None:
         yield from _gguf_load_time()
     baseline: dict[float, Run] = {}
-    results: list[tuple[int, float, Run]] = []
-    for depth_k in ks:
+    results: list[tuple[Drafter, float, Run]] = []
+    for d in drafters:
         log_dir = tempfile.mkdtemp(prefix="pp1q-bench-model-")
         t0 = time.perf_counter()
-        worker, verifier, url = start_pair(log_dir, model=model_args(depth_k, cache),
+        worker, verifier, url = start_pair(log_dir, model=model_args(d.k, cache, d.adapter),
+                                           verifier_args=["--depth", str(d.depth)],
                                            cores=cores)
         try:
-            loads = [_load_line(d.log_path) for d in (worker, verifier)]
-            yield (f"k={depth_k}: pair up in {time.perf_counter() - t0:.1f} s (cached model "
+            loads = [_load_line(p.log_path) for p in (worker, verifier)]
+            yield (f"{d.label()}: pair up in {time.perf_counter() - t0:.1f} s (cached model "
                    f"load: worker {loads[0]} s, verifier {loads[1]} s)")
             pids = (worker, verifier)
             batch(url, pids, speculative=True, temperature=1.0, tokens=WARMUP_TOKENS,
-                  prompts=prompts[:1])
+                  prompts=prompts[:1], depth=d.depth)
             for t in temps:
                 if t not in baseline:
                     baseline[t] = b = batch(url, pids, speculative=False, temperature=t,
@@ -189,9 +225,9 @@ def run(quick: bool, k: list[int] | None = None, temperatures: list[float] | Non
                            f"{_ms(b.per_token(b.verifier_cpu_s))} ms/token, "
                            f"{b.tokens / b.wall_s:.2f} tokens/s")
                 r = batch(url, pids, speculative=True, temperature=t, tokens=n_tokens,
-                          prompts=prompts)
-                results.append((depth_k, t, r))
-                yield "  " + _line(depth_k, t, r, baseline[t])
+                          prompts=prompts, depth=d.depth)
+                results.append((d, t, r))
+                yield "  " + _line(d, t, r, baseline[t])
         finally:
             verifier.stop()
             worker.stop()
@@ -218,9 +254,9 @@ def _ratio(base: Run, r: Run) -> float | None:
     return None if b is None or s is None or s == 0 else b / s
 
 
-def _line(k: int, t: float, r: Run, base: Run) -> str:
+def _line(d: Drafter, t: float, r: Run, base: Run) -> str:
     ratio = _ratio(base, r)
-    return (f"k={k} T={t}: acceptance {_pct(r.alpha)} per position "
+    return (f"{d.label()} T={t}: acceptance {_pct(r.alpha)} per position "
             f"({r.accepted}/{r.drafted} drafts), "
             f"{r.accepted / max(r.rounds, 1):.2f} accepted drafts/round, "
             f"{r.tokens / max(r.forwards, 1):.2f} tokens/target forward, verifier "
@@ -232,14 +268,15 @@ def _line(k: int, t: float, r: Run, base: Run) -> str:
 
 
 def _table(results, baseline) -> Iterator[str]:
-    yield ("| k | T | acceptance per position | accepted/drafted | accepted/round | "
+    yield ("| k | adapter | D | T | acceptance per position | accepted/drafted | accepted/round | "
            "tokens/target fwd | verifier ms/token spec | target-only | fewer verifier-s (x) | "
            "worker ms/token | tokens/s spec | target-only | fallbacks |")
-    yield "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
-    for k, t, r in results:
+    yield "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    for d, t, r in results:
         base = baseline[t]
         ratio = _ratio(base, r)
-        yield (f"| {k} | {t} | {_pct(r.alpha)} | {r.accepted / max(r.drafted, 1):.1%} | "
+        yield (f"| {d.k} | {d.adapter} | {d.depth} | {t} | {_pct(r.alpha)} | "
+               f"{r.accepted / max(r.drafted, 1):.1%} | "
                f"{r.accepted / max(r.rounds, 1):.2f} | {r.tokens / max(r.forwards, 1):.2f} | "
                f"{_ms(r.per_token(r.verifier_cpu_s))} | "
                f"{_ms(base.per_token(base.verifier_cpu_s))} | "
@@ -252,6 +289,6 @@ def _table(results, baseline) -> Iterator[str]:
         ratio = _ratio(baseline[best[1]], best[2])
         goal = "met" if ratio is not None and ratio >= 1.5 else "NOT met"
         yield ""
-        yield (f"best drafter: k={best[0]} at T={best[1]}: x"
+        yield (f"best drafter: {best[0].label()} at T={best[1]}: x"
                f"{'n/a' if ratio is None else f'{ratio:.2f}'} fewer verifier-seconds per "
                f"token than target-only (goal >= 1.5x: {goal})")
