@@ -58,8 +58,9 @@ def check_processors(temperature: float, top_k: int | None, top_p: float | None)
         raise DistributionError(Reason.BAD_TOP_P, f"top_p {top_p!r}")
 
 
-_EXP_OFFSET = 1075  # frexp exponents of float64 values > 0 are -1073..1024: bins >= 2
-_EXP_BINS = _EXP_OFFSET + 1025
+_EXP_SHIFT = 52  # a float64's biased exponent sits above its 52 mantissa bits
+_EXP_BINS = 2048  # 11 exponent bits: one bin per binade; bin 0 holds zeros and subnormals
+_TINY = math.ulp(0.0)  # the least float64 > 0: "at least this" is "has mass"
 
 
 def processed_probs(logits: torch.Tensor, temperature: float = 1.0,
@@ -89,28 +90,69 @@ def processed_probs(logits: torch.Tensor, temperature: float = 1.0,
     if k == vocab and not use_p:
         return p
     rows = p.reshape(-1, vocab)
-    keep = torch.zeros_like(rows, dtype=torch.bool)
-    for r in range(rows.shape[0]):
-        keep[r, _kept(rows[r], k, float(top_p) if use_p else None)] = True
-    out = torch.where(keep.view(p.shape), p, torch.zeros_like(p))
-    return out / out.sum(dim=-1, keepdim=True)
+    keep = _top_k(rows, k) if k < vocab else None
+    if not use_p:
+        kept = keep.nonzero(as_tuple=True)
+    elif keep is not None:
+        total = torch.where(keep, rows, torch.zeros_like(rows)).sum(-1)  # id order
+        kept = _nucleus(rows, keep, total, float(top_p), complete=True)
+    else:
+        total = rows.sum(-1)
+        kept = _nucleus(rows, _binade_candidates(rows, total, float(top_p)), total,
+                        float(top_p), complete=False)
+    # p on the kept ids, exact zeros elsewhere (built from the few kept ids: a masked
+    # select over the whole row, torch.where, cost ~2 ms for six rows here)
+    out = torch.zeros_like(rows)
+    out[kept] = rows[kept]
+    return out.div_(out.sum(dim=-1, keepdim=True)).view(p.shape)
 
 
-def _descending(ids: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-    """Ascending ``ids`` reordered by descending ``row`` value, equal values keeping id
-    order (stable=True is torch's documented guarantee of that, on every device)."""
-    return ids[torch.argsort(row[ids], descending=True, stable=True)]
+def _top_k(rows: torch.Tensor, k: int) -> torch.Tensor:
+    """Mask of each row's k largest entries, ties at the boundary lowest id first."""
+    nth = torch.topk(rows, k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    above = rows > nth
+    tied = rows == nth
+    room = k - above.sum(-1, keepdim=True)
+    return above | (tied & (tied.cumsum(-1) <= room))
 
 
-def _largest(row: torch.Tensor, n: int) -> torch.Tensor:
-    """Ids of the n largest entries of ``row`` in descending order, ties lowest id first:
-    the first n of a full stable descending sort, without sorting the rest."""
-    if n >= row.numel():
-        return torch.argsort(row, descending=True, stable=True)
-    nth = torch.topk(row, n, sorted=False).values.min()  # the n-th largest value
-    above = (row > nth).nonzero().squeeze(-1)  # ascending ids
-    tied = (row == nth).nonzero().squeeze(-1)[: n - above.numel()]  # the lowest ids win
-    return _descending(torch.cat([above, tied]), row)  # ties sit in ascending id order
+def _binade_candidates(rows: torch.Tensor, total: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask of the entries at or above the lower end of the binade (power-of-two interval)
+    where each row's mass counted from the top first reaches top_p * total: one
+    histogram pass, no sort. Only an estimate (its sums round in any order): _nucleus
+    checks that the candidates' running sum does reach top_p."""
+    binade = rows.view(torch.int64) >> _EXP_SHIFT  # p >= 0: the sign bit is 0
+    mass = torch.zeros(rows.shape[0], _EXP_BINS, dtype=rows.dtype, device=rows.device)
+    mass.scatter_add_(-1, binade, rows)
+    reach = torch.searchsorted(mass.flip(-1).cumsum(-1), (top_p * total).unsqueeze(-1))
+    lowest = (_EXP_BINS - 1 - reach).clamp(min=0)  # 0 when never reached: every id
+    bound = (lowest << _EXP_SHIFT).view(torch.float64)  # 2^(E - 1023); 0.0 for bin 0
+    return rows >= bound.clamp(min=_TINY)  # bin 0: every id with mass
+
+
+def _nucleus(rows: torch.Tensor, candidates: torch.Tensor, total: torch.Tensor, top_p: float,
+             complete: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, ids) kept: per row, the prefix of its candidates (a value threshold or the
+    top k: a prefix of the descending order, ties whole) in descending order, ties
+    lowest id first, whose mass strictly before each id is < top_p."""
+    r, ids = candidates.nonzero(as_tuple=True)  # row by row, ids ascending
+    # stable=True is torch's documented guarantee that equal values keep their order,
+    # on every device: by value within rows (ties stay in id order), then by row
+    order = torch.argsort(rows[r, ids], descending=True, stable=True)
+    order = order[torch.argsort(r[order], stable=True)]
+    ids = ids[order]
+    kept_rows, kept_ids = [], []
+    start = 0
+    for row, m in enumerate(torch.bincount(r, minlength=rows.shape[0]).tolist()):
+        kept = _prefix(ids[start:start + m], rows[row], total[row], top_p, complete)
+        if kept is None:  # the binned mass rounded past top_p: every id with mass (rare)
+            every = (rows[row] > 0).nonzero().squeeze(-1)
+            every = every[torch.argsort(rows[row][every], descending=True, stable=True)]
+            kept = _prefix(every, rows[row], total[row], top_p, complete=True)
+        kept_rows.append(torch.full_like(kept, row))
+        kept_ids.append(kept)
+        start += m
+    return torch.cat(kept_rows), torch.cat(kept_ids)
 
 
 def _prefix(ids: torch.Tensor, row: torch.Tensor, total: torch.Tensor, top_p: float,
@@ -118,44 +160,14 @@ def _prefix(ids: torch.Tensor, row: torch.Tensor, total: torch.Tensor, top_p: fl
     """The kept part of candidates ``ids`` (a prefix of the descending order), or None
     when they may end too early: unless ``complete``, the first id left out must have
     mass >= top_p before it, i.e. the candidates' inclusive running sum reaches top_p."""
+    if not ids.numel():
+        return None if not complete else ids
     # the renormalised prefix's running sum; the mass strictly before an id is the sum
     # before it (shifted, not run - top: that would round differently from run itself)
     run = torch.cumsum(row[ids] / total, dim=0)
     if not complete and float(run[-1]) < top_p:
         return None
     return ids[torch.cat([run.new_zeros(1), run[:-1]]) < top_p]
-
-
-def _kept(row: torch.Tensor, k: int, top_p: float | None) -> torch.Tensor:
-    """Ids one row keeps: its top k, then (top_p) the descending prefix whose mass
-    strictly before each kept id is < top_p (zero-probability ids may be left out:
-    they add nothing to p either way)."""
-    if top_p is None:
-        return _largest(row, k)
-    if k < row.numel():
-        ids = _largest(row, k)
-        in_k = torch.zeros_like(row, dtype=torch.bool)
-        in_k[ids] = True
-        total = torch.where(in_k, row, torch.zeros_like(row)).sum()  # id order
-        return _prefix(ids, row, total, top_p, complete=True)
-    total = row.sum()
-    # candidates: every entry at or above the lower bound of the binade (power-of-two
-    # interval) where the mass counted from the top first reaches top_p, one pass to
-    # find it; a value threshold keeps ties whole, so they are a prefix of the order
-    _, exponent = torch.frexp(row)
-    mass = torch.bincount(exponent.to(torch.int64) + _EXP_OFFSET, weights=row,
-                          minlength=_EXP_BINS)
-    reach = int(torch.searchsorted(mass.flip(0).cumsum(0), top_p * float(total)))
-    if reach < _EXP_BINS:
-        bound = math.ldexp(0.5, _EXP_BINS - 1 - reach - _EXP_OFFSET)
-        kept = _prefix(_descending((row >= bound).nonzero().squeeze(-1), row), row, total,
-                       top_p, complete=False)
-        if kept is not None:
-            return kept
-    # the binned mass rounded past top_p where the running sum does not: every id with
-    # mass (exact, slower, rare)
-    return _prefix(_descending((row > 0).nonzero().squeeze(-1), row), row, total, top_p,
-                   complete=True)
 
 
 DEFAULT_CONTEXT_VERSION = 0  # T = 1, no top-k, no top-p: what every STEP carried before
