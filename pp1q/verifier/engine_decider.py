@@ -88,7 +88,7 @@ class EngineDecider(Decider):
     def _p(job: Job, logits: torch.Tensor) -> np.ndarray:
         return round_p(job.req.processors, job.req.greedy, logits)
 
-    def decide_sampled(self, p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: list[int],
+    def verify_proposal(self, p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: list[int],
                        keys: RoundKeys) -> rounds.Outcome:
         """Standard verification of one round (what ``decide_round`` runs between the
         forward and the commit; ``pp1q bench profile`` times it alone)."""
@@ -106,7 +106,7 @@ class EngineDecider(Decider):
         else:
             keys = RoundKeys(self.draws.seed_for(job.req.seed), step.generation, step.round_id,
                              step.first_position)
-            out = self.decide_sampled(p, ready.q_rows, drafts, keys)
+            out = self.verify_proposal(p, ready.q_rows, drafts, keys)
         await self._call(self.target.commit, job.slot, out.accepted, out.token)
         return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
 

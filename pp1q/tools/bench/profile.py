@@ -14,7 +14,7 @@ through the production pieces, and times each verifier stage of every round:
   cache      the rest of HFTarget.score (rebuilding the request's cache, slicing the
              grown one back out) plus HFTarget.commit (the rollback)
   p          the request's processors on the round's logits (engine_decider.round_p)
-  decision   standard verification (EngineDecider.decide_sampled: pp1q_kernels)
+  decision   standard verification (EngineDecider.verify_proposal: pp1q_kernels)
 
 The worker's side runs in the same process, untimed: a WorkerEndpoint, the
 EngineProposer over HFDrafter (the daemon's drafting path), its REPLY frames.
@@ -216,7 +216,7 @@ def one_round(pair: _Pair, clocks: dict[str, _Clock]) -> tuple[dict[str, float],
     t["p"] = time.perf_counter() - t0
     keys = RoundKeys(pair.decider.draws.seed_for(SEED), 1, step.round_id, step.first_position)
     t0 = time.perf_counter()
-    out = pair.decider.decide_sampled(p, ready.q_rows, drafts, keys)
+    out = pair.decider.verify_proposal(p, ready.q_rows, drafts, keys)
     t["decision"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     pair.target.commit(0, out.accepted, out.token)
