@@ -103,7 +103,7 @@ def test_batched_score_equals_alone(smol64, story_ids, target):
     assert max_diff(rows, _rows(smol, committed["b"] + [1, 9], [10, 11])) <= TOL
 
 
-class _Boom(RuntimeError):
+class _BoomError(RuntimeError):
     pass
 
 
@@ -117,11 +117,11 @@ def test_a_forward_failing_part_way_drops_the_cache(smol64, story_ids, target):
     committed = story_ids + [11, 33]
 
     def boom(*_):
-        raise _Boom
+        raise _BoomError
 
     hook = smol.model.model.layers[15].register_forward_hook(boom)
     try:
-        with pytest.raises(_Boom):
+        with pytest.raises(_BoomError):
             target.score([("r", [44, 55, 66])])
     finally:
         hook.remove()
