@@ -6,7 +6,10 @@ reported, and each probe counted the calls it stands for (an unwired one counts 
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from real_model import run_pp1q
 
 from pp1q.wire import verifier_endpoint
 
@@ -41,3 +44,16 @@ def test_profiled_rounds_commit_on_both_ends(smol, case):
     assert verifier_endpoint.check_reply is original
     assert "forward" not in vars(target.lm)  # the probe is gone
     assert sum(accepted) >= 6  # drafter = target: nearly every draft accepted
+
+
+@pytest.mark.slow  # about 30 s: four cases x 5 rounds of the real model
+def test_bench_profile_command_prints_every_case(cache_home):
+    from pp1q.tools.bench import profile
+
+    proc = run_pp1q(cache_home, "bench", "profile", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert re.search(r"pinned to core \d+, torch threads 1|not pinned", out), out
+    rows = re.findall(r"^\| (dense|sparse k=32) T=[\d.]+.*\| ([\d.]+)% \| [\d,]+ \|$", out, re.M)
+    assert len(rows) == len(profile.CASES), out
+    assert "goal: non-forward <= 10% of the round's forward" in out
