@@ -57,3 +57,4 @@ def test_bench_profile_command_prints_every_case(cache_home):
     rows = re.findall(r"^\| (dense|sparse k=32) T=[\d.]+.*\| ([\d.]+)% \| [\d,]+ \|$", out, re.M)
     assert len(rows) == len(profile.CASES), out
     assert "goal: non-forward <= 10% of the round's forward" in out
+    assert len(re.findall(r"x a target-only step", out)) == len(profile.CASES), out

@@ -16,6 +16,10 @@ through the production pieces, and times each verifier stage of every round:
   p          the request's processors on the round's logits (engine_decider.round_p)
   decision   standard verification (EngineDecider.verify_proposal: pp1q_kernels)
 
+After each measured round, a target-only step from the same prefix (one-row forward,
+p, the TARGET_ONLY pick; rolled back) is timed too, for issue 11's figure: what a round
+costs the verifier against the step it replaces.
+
 The worker's side runs in the same process, untimed: a WorkerEndpoint, the
 EngineProposer over HFDrafter (the daemon's drafting path), its REPLY frames.
 Two probes split composite calls: ``check_reply`` as the VerifierEndpoint module sees
@@ -231,12 +235,22 @@ def one_round(pair: _Pair, clocks: dict[str, _Clock]) -> tuple[dict[str, float],
     return t, out.accepted
 
 
-def _forward_one(pair: _Pair, clocks) -> float:
-    """A target-only step's forward (one row), for scale; rolled back after."""
+def _target_only(pair: _Pair, clocks) -> tuple[float, float]:
+    """A target-only step after the request's prefix, as EngineDecider takes one: (the
+    one-row forward, the rest: cache, p and the pick), seconds; rolled back after."""
+    from pp1q.verifier import rounds
+    from pp1q.verifier.engine_decider import round_p
+
     clocks["forward"].take()
-    pair.target.score([(0, [])])
-    pair.target.reset(0)
-    return clocks["forward"].take()
+    t0 = time.perf_counter()
+    logits = pair.target.score([(0, [])])[0]
+    p = round_p(pair.processors, False, logits)
+    rounds.target_only(p[0], pair.decider.draws.seed_for(SEED), 1, pair.round_id + 1,
+                       len(pair.prefix), False)
+    pair.target.reset(0)  # not committed: the profile's request goes on unchanged
+    total = time.perf_counter() - t0
+    forward = clocks["forward"].take()
+    return forward, total - forward
 
 
 def _ms(x: float) -> str:
@@ -267,32 +281,41 @@ def run(quick: bool = False) -> Iterator[str]:
                f"medians in ms")
         target = HFTarget.from_checkpoint(ckpt)
         drafter = HFDrafter.early_exit(ckpt, K)
+        notes = []
         with probes(target) as clocks:
             yield "| case | " + " | ".join(STAGES) + " | non-forward | / forward | accepted |"
             yield "|---|" + "---:|" * (len(STAGES) + 3)
-            ones = []
             for case in CASES:
                 pair = open_pair(ckpt, drafter, target, prompt, case)
-                samples, accepted = [], []
+                samples, accepted, steps = [], [], []
                 for r in range(WARMUP_ROUNDS + n_rounds):
                     t, a = one_round(pair, clocks)
                     if r >= WARMUP_ROUNDS:
                         samples.append(t)
                         accepted.append(a)
-                ones.append(_forward_one(pair, clocks))
+                        steps.append(_target_only(pair, clocks))
                 target.close(0)
                 yield _row(case, samples, accepted)
-            yield (f"target-only step (one row) forward: median {_ms(statistics.median(ones))} "
-                   f"ms; goal: non-forward <= {GOAL:.0%} of the round's forward")
+                rounds_s = statistics.median(sum(t.values()) for t in samples)
+                step_s = statistics.median(f + rest for f, rest in steps)
+                notes.append(
+                    f"{_name(case)}: a round {_ms(rounds_s)} ms = {rounds_s / step_s:.2f}x a "
+                    f"target-only step ({_ms(step_s)} ms: forward "
+                    f"{_ms(statistics.median(f for f, _ in steps))}, the rest "
+                    f"{_ms(statistics.median(r for _, r in steps))}), medians")
+            yield f"goal: non-forward <= {GOAL:.0%} of the round's forward"
+            yield from notes
+
+def _name(case) -> str:
+    form, top_k, temperature, top_p = case
+    return (f"{form}{f' k={top_k}' if top_k else ''} T={temperature}"
+            f"{f' top-p {top_p}' if top_p else ''}")
 
 
 def _row(case, samples: list[dict[str, float]], accepted: list[int]) -> str:
-    form, top_k, temperature, top_p = case
     med = {s: statistics.median(t[s] for t in samples) for s in STAGES}
     rest = statistics.median(sum(t[s] for s in STAGES if s != "forward") for t in samples)
     ratio = statistics.median(sum(t[s] for s in STAGES if s != "forward") / t["forward"]
                               for t in samples)
-    name = (f"{form}{f' k={top_k}' if top_k else ''} T={temperature}"
-            f"{f' top-p {top_p}' if top_p else ''}")
-    return (f"| {name} | " + " | ".join(_ms(med[s]) for s in STAGES) +
+    return (f"| {_name(case)} | " + " | ".join(_ms(med[s]) for s in STAGES) +
             f" | {_ms(rest)} | {ratio:.1%} | {','.join(map(str, accepted))} |")
