@@ -1,7 +1,7 @@
 """The target over a Hugging Face causal LM: one batched forward per round.
 
-Each request keeps the K/V of its committed tokens (per layer, [1, heads, L, dim]).
-A round stacks the requests into one batch: caches left-padded to the longest, new
+Each request keeps the K/V of its committed tokens (a DynamicCache, [1, heads, L, dim]
+per layer). A round stacks the requests into one batch: caches left-padded to the longest, new
 tokens right-padded, an attention mask hiding both paddings, and explicit position
 ids (each request's own positions, so padding never shifts RoPE). After the forward
 each request takes back its slice of the grown cache.
@@ -13,7 +13,14 @@ count at these sizes. The price is a copy of every cache into the stacked tensor
 each round (cheap next to the forward at these lengths) and float differences of a
 few 1e-5 in the logits against an unpadded forward (the masked kernels sum in a
 different order); tests/models checks both stay under 1e-4. A batch of one request
-runs unpadded and unmasked.
+runs unpadded and unmasked, on the request's own cache.
+
+Each request keeps a live DynamicCache: a rollback is a crop (views, no copy), and a
+round of one request forwards on it directly. Rebuilding a cache from per-layer
+tensors every round copied the whole cache once more (DynamicCache.update
+concatenates), about 1 ms a round at 100 tokens on one core and growing with the
+prefix. A forward that fails part-way may leave its layers at different lengths, so
+its request's cache is dropped (the next round re-feeds the committed tokens).
 
 Requests are opened with an eager prefill of prompt[:-1], so a round feeds only the
 uncached committed tokens (one, or two after a bonus) plus the drafts, and a long
@@ -29,16 +36,8 @@ import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.models.engine import RequestKey, Target, lookup
-from pp1q.models.hf import HFRole, kv_tensors
+from pp1q.models.hf import HFRole, crop, kv_tensors
 from pp1q.models.ledger import Ledger
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer; [] when nothing is cached
-
-
-def _truncate(kv: KV, keep: int) -> KV:
-    if keep == 0:
-        return []
-    return [(k[:, :, :keep], v[:, :, :keep]) for k, v in kv]
 
 
 @dataclass
@@ -47,55 +46,56 @@ class _Plan:
 
     request: RequestKey
     ledger: Ledger
-    kv: KV  # cache rolled back to ``start`` tokens
+    cache: object  # the request's DynamicCache, cropped to ``start`` tokens
     start: int
     feed: list[int]  # tokens[start:]: uncached committed tokens, then the drafts
     rows: int  # len(drafts) + 1: the last ``rows`` fed positions give the logits
 
 
 class HFTarget(HFRole, Target):
-    """Batched target scoring over a causal LM. ``_requests``: request -> (Ledger, KV of
-    its committed tokens)."""
+    """Batched target scoring over a causal LM. ``_requests``: request -> (Ledger, the
+    DynamicCache of its committed tokens)."""
 
-    def _get(self, request: RequestKey) -> tuple[Ledger, KV]:
+    def _get(self, request: RequestKey) -> tuple[Ledger, object]:
         return lookup(self._requests, request)
 
     def open(self, request: RequestKey, prompt: Sequence[int]) -> None:
         ledger = Ledger.start(prompt)
-        kv: KV = []
+        cache = self.lm.new_cache()
         if len(ledger.committed) > 1:
-            cache = self.lm.new_cache()
             self.lm.forward(torch.tensor([ledger.committed[:-1]]), cache, last=1)
-            kv, ledger.cached = kv_tensors(cache), len(ledger.committed) - 1
-        self._requests[request] = (ledger, kv)
+            ledger.cached = len(ledger.committed) - 1
+        self._requests[request] = (ledger, cache)
 
     def score(self, batch: Sequence[tuple[RequestKey, Sequence[int]]]) -> list[torch.Tensor]:
         if len({req for req, _ in batch}) != len(batch):
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "a request twice in one batch")
         found = [(req, *self._get(req), drafts) for req, drafts in batch]  # all known first
         plans = []
-        for req, ledger, kv, drafts in found:
+        for req, ledger, cache, drafts in found:
             ledger.spec = [int(t) for t in drafts]  # replaces drafts scored but not committed
             rows = len(ledger.spec) + 1
             start = ledger.feed_start(rows)
-            plans.append(_Plan(req, ledger, _truncate(kv, start), start,
-                               ledger.tokens[start:], rows))
+            crop(cache, start)
+            ledger.cached = start  # what the cache holds now, whatever happens next
+            plans.append(_Plan(req, ledger, cache, start, ledger.tokens[start:], rows))
         if not plans:
             return []
-        out = self._forward_stacked(plans) if len(plans) > 1 else self._forward_one(plans[0])
-        for plan, (_, new_kv) in zip(plans, out, strict=True):
-            plan.ledger.cached = len(plan.ledger.tokens)
-            self._requests[plan.request] = (plan.ledger, new_kv)
-        return [rows for rows, _ in out]
+        if len(plans) > 1:
+            return self._forward_stacked(plans)
+        return [self._forward_one(plans[0])]
 
-    def _forward_one(self, plan: _Plan) -> list[tuple[torch.Tensor, KV]]:
-        cache = self.lm.new_cache()
-        for i, (k, v) in enumerate(plan.kv):
-            cache.update(k, v, i)
-        logits = self.lm.forward(torch.tensor([plan.feed]), cache, last=plan.rows)
-        return [(logits[0], kv_tensors(cache))]
+    def _forward_one(self, plan: _Plan) -> torch.Tensor:
+        try:
+            logits = self.lm.forward(torch.tensor([plan.feed]), plan.cache, last=plan.rows)
+        except BaseException:  # layers may differ in length now: start this cache over
+            plan.ledger.cached = 0
+            self._requests[plan.request] = (plan.ledger, self.lm.new_cache())
+            raise
+        plan.ledger.cached = len(plan.ledger.tokens)
+        return logits[0]
 
-    def _forward_stacked(self, plans: list[_Plan]) -> list[tuple[torch.Tensor, KV]]:
+    def _forward_stacked(self, plans: list[_Plan]) -> list[torch.Tensor]:
         dev = self.lm.device
         width = max(p.start for p in plans)  # longest cache: everyone is left-padded to it
         steps = max(len(p.feed) for p in plans)  # longest feed: the rest right-padded
@@ -108,30 +108,37 @@ class HFTarget(HFRole, Target):
             pos[b] = p.start + torch.arange(steps)  # each request's own positions
         cache = self.lm.new_cache()
         if width:
-            ref = next(p.kv for p in plans if p.kv)
+            kvs = [kv_tensors(p.cache) for p in plans]
+            ref = next(kv for kv in kvs if kv)
             for i, (rk, _) in enumerate(ref):
                 empty = rk.new_zeros((1, rk.shape[1], 0, rk.shape[3]))
-                ks = [torch.nn.functional.pad(p.kv[i][0] if p.kv else empty,
-                                              (0, 0, width - p.start, 0)) for p in plans]
-                vs = [torch.nn.functional.pad(p.kv[i][1] if p.kv else empty,
-                                              (0, 0, width - p.start, 0)) for p in plans]
+                ks = [torch.nn.functional.pad(kv[i][0] if kv else empty,
+                                              (0, 0, width - p.start, 0))
+                      for p, kv in zip(plans, kvs, strict=True)]
+                vs = [torch.nn.functional.pad(kv[i][1] if kv else empty,
+                                              (0, 0, width - p.start, 0))
+                      for p, kv in zip(plans, kvs, strict=True)]
                 cache.update(torch.cat(ks), torch.cat(vs), i)
         logits = self.lm.forward(ids, cache, attention_mask=mask.to(dev), position_ids=pos.to(dev))
         grown = kv_tensors(cache)
         out = []
         for b, p in enumerate(plans):
             lo, hi = width - p.start, width + len(p.feed)  # this request's real positions
-            out.append((logits[b, len(p.feed) - p.rows: len(p.feed)],
-                        [(k[b: b + 1, :, lo:hi], v[b: b + 1, :, lo:hi]) for k, v in grown]))
+            own = self.lm.new_cache()  # its slice, copied out of the stacked tensors
+            for i, (k, v) in enumerate(grown):
+                own.update(k[b: b + 1, :, lo:hi], v[b: b + 1, :, lo:hi], i)
+            p.ledger.cached = len(p.ledger.tokens)
+            self._requests[p.request] = (p.ledger, own)
+            out.append(logits[b, len(p.feed) - p.rows: len(p.feed)])
         return out
 
     def commit(self, request: RequestKey, accepted: int, token: int) -> None:
-        ledger, kv = self._get(request)
-        self._requests[request] = (ledger, _truncate(kv, ledger.commit(accepted, token)))
+        ledger, cache = self._get(request)
+        crop(cache, ledger.commit(accepted, token))
 
     def reset(self, request: RequestKey) -> None:
-        ledger, kv = self._get(request)
-        self._requests[request] = (ledger, _truncate(kv, ledger.reset()))
+        ledger, cache = self._get(request)
+        crop(cache, ledger.reset())
 
     def close(self, request: RequestKey) -> None:
         self._requests.pop(request, None)

@@ -16,6 +16,7 @@ for rounds and for target-only steps.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,13 +24,23 @@ import torch
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.outcomes import StepKind
+from pp1q.core.q import DyadicRow
 from pp1q.core.verify import RoundKeys
 from pp1q.models.engine import Target
+from pp1q.models.processors import Processors
 from pp1q.verifier import rounds
 from pp1q.verifier.decider import Decider
 from pp1q.verifier.job import Job
 from pp1q.wire import Step
 from pp1q.wire.events import ProposalReady
+
+
+def round_p(processors: Processors, greedy: bool, logits: torch.Tensor) -> np.ndarray:
+    """The rows a decision reads from the target's logits [rows, V]: the logits widened
+    (greedy: argmax only), else p after the request's processors."""
+    if greedy:
+        return logits.double().cpu().numpy()
+    return processors.probs(logits).cpu().numpy()
 
 
 class EngineDecider(Decider):
@@ -75,9 +86,13 @@ class EngineDecider(Decider):
 
     @staticmethod
     def _p(job: Job, logits: torch.Tensor) -> np.ndarray:
-        if job.req.greedy:
-            return logits.double().cpu().numpy()  # argmax only
-        return job.req.processors.probs(logits).cpu().numpy()
+        return round_p(job.req.processors, job.req.greedy, logits)
+
+    def verify_proposal(self, p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: list[int],
+                       keys: RoundKeys) -> rounds.Outcome:
+        """Standard verification of one round (what ``decide_round`` runs between the
+        forward and the commit; ``pp1q bench profile`` times it alone)."""
+        return rounds.sampled(p, q_rows, drafts, keys)
 
     async def open(self, job: Job) -> None:
         await self._call(self.target.open, job.slot, list(job.prefix.tokens))
@@ -91,7 +106,7 @@ class EngineDecider(Decider):
         else:
             keys = RoundKeys(self.draws.seed_for(job.req.seed), step.generation, step.round_id,
                              step.first_position)
-            out = rounds.sampled(p, ready.q_rows, drafts, keys)
+            out = self.verify_proposal(p, ready.q_rows, drafts, keys)
         await self._call(self.target.commit, job.slot, out.accepted, out.token)
         return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
 

@@ -97,3 +97,33 @@ def test_batched_score_equals_alone(smol64, story_ids, target):
         assert max_diff(rows, _rows(smol, committed[key], nxt[key])) <= TOL
     target.close("a")
     assert [r.shape[0] for r in target.score([("b", [1]), ("c", [])])] == [2, 1]
+    # one request alone after stacked rounds: its own cache, sliced out of the stack
+    target.commit("b", 1, 9)
+    rows = target.score([("b", [10, 11])])[0]
+    assert max_diff(rows, _rows(smol, committed["b"] + [1, 9], [10, 11])) <= TOL
+
+
+class _BoomError(RuntimeError):
+    pass
+
+
+def test_a_forward_failing_part_way_drops_the_cache(smol64, story_ids, target):
+    # a failure inside layer 15 leaves layers 0-14 one feed longer than the rest; the
+    # next round must not build on that cache (it re-feeds the committed tokens)
+    smol = smol64
+    target.open("r", story_ids)
+    target.score([("r", [11, 22])])
+    target.commit("r", 1, 33)
+    committed = story_ids + [11, 33]
+
+    def boom(*_):
+        raise _BoomError
+
+    hook = smol.model.model.layers[15].register_forward_hook(boom)
+    try:
+        with pytest.raises(_BoomError):
+            target.score([("r", [44, 55, 66])])
+    finally:
+        hook.remove()
+    rows = target.score([("r", [77, 88])])[0]
+    assert max_diff(rows, _rows(smol, committed, [77, 88])) <= TOL

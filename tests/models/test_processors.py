@@ -83,3 +83,62 @@ def test_bad_logits_refused():
     with pytest.raises(DistributionError) as err:
         processed_probs(torch.tensor([0.0, float("inf")]))
     assert err.value.reason is Reason.POSINF_LOGIT
+
+
+def full_sort(logits: torch.Tensor, temperature: float, top_k, top_p) -> torch.Tensor:
+    """The definition with one full stable sort per row (what processed_probs avoids):
+    top-k mass summed in id order, running sum over the whole descending order."""
+    p = torch.softmax(logits.double() / temperature, -1)
+    out = torch.zeros_like(p)
+    for r in range(p.shape[0]):
+        order = torch.argsort(p[r], descending=True, stable=True)
+        kept = order[: top_k or p.shape[1]]
+        if top_p is not None and top_p < 1:
+            mask = torch.zeros_like(p[r], dtype=torch.bool)
+            mask[kept] = True
+            total = torch.where(mask, p[r], 0.0).sum()
+            run = torch.cumsum(p[r][kept] / total, 0)
+            kept = kept[torch.cat([run.new_zeros(1), run[:-1]]) < top_p]
+        out[r, kept] = p[r, kept]
+    return out / out.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize(("scale", "temperature", "top_k", "top_p"), [
+    (3.0, 0.7, None, 0.9), (3.0, 1.0, None, 0.5), (3.0, 1.0, 40, 0.8), (3.0, 1.0, 3000, 0.95),
+    (0.05, 1.0, None, 0.9),  # nearly flat: thousands of candidates in the binade
+    (0.05, 1.0, None, 0.999), (8.0, 0.5, None, 0.05), (3.0, 1.0, 17, None),
+    (3.0, 1.0, None, 0.9999999999999999)])  # past the binned mass: every id with mass
+def test_prefix_search_equals_a_full_sort(scale, temperature, top_k, top_p):
+    rng = np.random.default_rng(11)
+    logits = torch.from_numpy(rng.standard_normal((4, 5000)) * scale).float()
+    logits[1, torch.from_numpy(rng.choice(5000, 300, replace=False))] = 0.5 * scale
+    logits[2] = torch.round(logits[2] * 4) / 4  # ties everywhere, at every boundary
+    got = processed_probs(logits, temperature, top_k, top_p)
+    assert torch.equal(got, full_sort(logits, temperature, top_k, top_p))
+    if top_p is not None and scale < 0.1:  # a nucleus of thousands, not a few ids
+        assert int((got[0] > 0).sum()) > 1000
+
+
+def test_overflow_after_temperature_is_zero_mass():
+    with pytest.raises(DistributionError) as err:
+        processed_probs(torch.tensor([1e300, 0.0], dtype=torch.float64), 1e-10)
+    assert err.value.reason is Reason.ZERO_MASS
+    with pytest.raises(DistributionError) as err:
+        processed_probs(torch.full((3,), float("-inf")))
+    assert err.value.reason is Reason.ZERO_MASS
+    with pytest.raises(DistributionError) as err:  # NaN wins over +inf, as before
+        processed_probs(torch.tensor([float("inf"), float("nan")]))
+    assert err.value.reason is Reason.NAN_LOGIT
+
+
+def test_candidates_that_may_end_too_early_are_refused():
+    # the binned mass only proposes candidates: a prefix whose running sum stays under
+    # top_p could be followed by kept ids, so it must not be taken as the answer
+    from pp1q.models.processors import _prefix
+
+    row = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    total = row.sum()
+    assert _prefix(torch.tensor([0]), row, total, 0.9, complete=False) is None
+    assert _prefix(torch.tensor([0, 1, 2]), row, total, 0.9, complete=False).tolist() == [0, 1, 2]
+    assert _prefix(torch.tensor([0, 1]), row, total, 0.7, complete=False).tolist() == [0, 1]
+    assert _prefix(torch.tensor([0]), row, total, 0.9, complete=True).tolist() == [0]

@@ -13,7 +13,8 @@ SUITES = {
     "goals": "pp1q.tools.bench.goals",
     "ranks": "pp1q.tools.bench.ranks",
     "model": "pp1q.tools.bench.model",
+    "profile": "pp1q.tools.bench.profile",
 }
 
-# run only when named: the model suite needs the real model and takes about 10 minutes
-OPT_IN = frozenset({"model"})
+# run only when named: both need the real model (model: about 10 minutes; profile: 2)
+OPT_IN = frozenset({"model", "profile"})

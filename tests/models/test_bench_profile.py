@@ -1,0 +1,60 @@
+"""``pp1q bench profile``'s round: the production pieces in process, every stage timed.
+
+Speed is not asserted (benchmarks measure it); what is checked is that the profiled
+round is a real round: it validates, decides and commits on both ends, every stage is
+reported, and each probe counted the calls it stands for (an unwired one counts none)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from real_model import run_pp1q
+
+from pp1q.wire import verifier_endpoint
+
+pytestmark = pytest.mark.model
+
+
+@pytest.mark.parametrize("case", [("dense", None, 1.0, None), ("sparse", 32, 0.7, 0.9)])
+def test_profiled_rounds_commit_on_both_ends(smol, case):
+    from pp1q.models.hf_drafter import HFDrafter
+    from pp1q.models.hf_target import HFTarget
+    from pp1q.models.text import TextCodec
+    from pp1q.tools.bench import profile
+
+    prompt = TextCodec(smol.tokenizer).encode(profile.PROMPT, chat=True)
+    target = HFTarget.from_checkpoint(smol)
+    drafter = HFDrafter.early_exit(smol, 30)  # the target itself: drafts are accepted
+    original = verifier_endpoint.check_reply
+    with profile.probes(target) as clocks:
+        pair = profile.open_pair(smol, drafter, target, prompt, case)
+        accepted = []
+        for _ in range(2):
+            calls = {name: c.calls for name, c in clocks.items()}
+            t, a = profile.one_round(pair, clocks)
+            accepted.append(a)
+            assert set(t) == set(profile.STAGES)
+            assert clocks["check"].calls - calls["check"] == profile.DEPTH  # one per REPLY
+            assert clocks["forward"].calls - calls["forward"] == 1  # one target forward
+        assert pair.worker.context(0) == pair.prefix.tokens  # COMMIT reached the worker
+        assert len(pair.prefix.tokens) == len(prompt) + sum(accepted) + 2
+        ledger, _ = target._get(0)
+        assert ledger.committed == pair.prefix.tokens  # the target committed the same
+    assert verifier_endpoint.check_reply is original
+    assert "forward" not in vars(target.lm)  # the probe is gone
+    assert sum(accepted) >= 6  # drafter = target: nearly every draft accepted
+
+
+@pytest.mark.slow  # about 30 s: four cases x 5 rounds of the real model
+def test_bench_profile_command_prints_every_case(cache_home):
+    from pp1q.tools.bench import profile
+
+    proc = run_pp1q(cache_home, "bench", "profile", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert re.search(r"pinned to core \d+, torch threads 1|not pinned", out), out
+    rows = re.findall(r"^\| (dense|sparse k=32) T=[\d.]+.*\| ([\d.]+)% \| [\d,]+ \|$", out, re.M)
+    assert len(rows) == len(profile.CASES), out
+    assert "goal: non-forward <= 10% of the round's forward" in out
+    assert len(re.findall(r"x a target-only step", out)) == len(profile.CASES), out
