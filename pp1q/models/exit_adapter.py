@@ -14,8 +14,11 @@ An adapter file is safetensors: ``weight`` [H, H] (out x in, as torch.nn.Linear)
 ``bias`` [H], float32, and metadata naming what it was fitted for (``source``: the
 checkpoint identity, ``k``, ``layers``) and how (``training``: JSON, see
 pp1q.tools.train_adapter). A file is refused unless it was fitted for the checkpoint
-and the exit it is loaded with. Its identity is the sha256 of its bytes, so two hosts
-agree at HELLO exactly when they hold the same map.
+and the exit it is loaded with. Its identity is the sha256 of its content (the
+metadata as sorted JSON, then the tensors' bytes), not of the file: safetensors writes
+the metadata keys in a different order in each process, so two runs of the script
+that fit the same map write different bytes; the content digest is the same, and two
+hosts agree at HELLO exactly when they hold the same map.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class ExitAdapter:
     k: int
     layers: int
     training: dict = field(default_factory=dict)  # how it was fitted (informational)
-    digest: str = ""  # sha256 of the file it came from ("" before it is saved)
+    digest: str = ""  # content_digest of the file it came from ("" before it is saved)
 
     @property
     def hidden(self) -> int:
@@ -69,8 +72,12 @@ class ExitAdapter:
         return load_adapter(path)
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def content_digest(weight: torch.Tensor, bias: torch.Tensor, meta: dict) -> str:
+    """sha256 of the sorted metadata JSON, then weight and bias as float32 bytes."""
+    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
+    for t in (weight, bias):
+        h.update(t.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def load_adapter(path: str | Path) -> ExitAdapter:
@@ -109,7 +116,8 @@ def load_adapter(path: str | Path) -> ExitAdapter:
     except (KeyError, ValueError):
         raise ConfigError(f"draft_adapter {path.name}: bad metadata", key="draft_adapter") \
             from None
-    return ExitAdapter(weight, bias, meta.get("source", ""), k, layers, training, _digest(path))
+    return ExitAdapter(weight, bias, meta.get("source", ""), k, layers, training,
+                       content_digest(weight, bias, meta))
 
 
 def shipped_adapter(identity: str, k: int) -> Path | None:
