@@ -202,6 +202,7 @@ class Recipe:
     """Everything that decides the fitted map (recorded in the adapter file)."""
 
     prompts: int = len(TASKS) * len(TOPICS)
+    held_out: int = len(HELD_OUT)  # evaluation prompts, never trained on
     tokens: int = 128
     seed: int = 1
     ridge: float = RIDGE
@@ -238,8 +239,9 @@ def train(ckpt, exits: Sequence[int], out_dir, recipe: Recipe = Recipe(), *,
     say(f"generating training text: {recipe.prompts} prompts x {recipe.tokens} tokens")
     texts = generate(model, tokenizer, training_prompts()[: recipe.prompts], recipe.tokens,
                      seed=recipe.seed, say=say)
-    say(f"generating held-out text: {len(HELD_OUT)} other prompts")
-    held = generate(model, tokenizer, HELD_OUT, recipe.tokens, seed=recipe.seed + 1, say=say)
+    say(f"generating held-out text: {recipe.held_out} other prompts")
+    held = generate(model, tokenizer, HELD_OUT[: recipe.held_out], recipe.tokens,
+                    seed=recipe.seed + 1, say=say)
     say("collecting hidden states")
     train_h = collect(model, texts, exits, say=say)
     held_h = collect(model, held, exits, say=say)

@@ -163,11 +163,11 @@ def test_train_writes_a_map_fitted_for_its_checkpoint_and_exit(smol, tmp_path):
     from pp1q.tools.train_adapter import Recipe, train
 
     lines = []
-    [fitted] = train(smol, [4], tmp_path, Recipe(prompts=2, tokens=6, refine_steps=2),
-                     say=lines.append)
+    recipe = Recipe(prompts=2, held_out=1, tokens=4, refine_steps=1)
+    [fitted] = train(smol, [4], tmp_path, recipe, say=lines.append)
     adapter = load_adapter(fitted.path)
     check_fits(adapter, smol.identity, 4, adapter.hidden)
-    assert adapter.training["prompts"] == 2 and adapter.training["refine_steps"] == 2
+    assert adapter.training["prompts"] == 2 and adapter.training["refine_steps"] == 1
     assert set(fitted.plain) == set(fitted.adapted) == {0.7, 1.0}
     assert any("held-out acceptance" in line for line in lines)  # progress was reported
     with pytest.raises(ValueError, match="last layer"):
