@@ -257,6 +257,15 @@ class CausalLM:
             logits = logits[:, -last:]
         return logits if logits.dtype == torch.float64 else logits.float()
 
+    @torch.inference_mode()
+    def hidden(self, ids: torch.Tensor, cache, last: int) -> torch.Tensor:
+        """The last ``last`` hidden states [B, last, H] of a decoder (the model under an
+        LM head: ``get_decoder()``) for ``ids`` [B, T]; extends ``cache``. What the head
+        of a vocabulary shard multiplies (pp1q.models.hf_shard)."""
+        out = self.model(input_ids=ids.to(self.device), **{self._cache_kw: cache,
+                                                           "use_cache": True})
+        return out.last_hidden_state[:, -last:]
+
 
 def cache_length(cache) -> int:
     return int(cache.get_seq_length())

@@ -52,10 +52,12 @@ def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
         while True:
             seq += 1
             decided, invalidated = state.decided, state.invalidations
+            evicted = state.decisions.evictions
             _, _, flags = coll.exchange(state, seq)  # (timed on rank 0: here it waits too)
             metrics.rank_exchanges.inc()
             metrics.rank_decisions.inc(state.decided - decided)
             metrics.generation_invalidations.inc(state.invalidations - invalidated)
+            metrics.rank_kv_evictions.inc(state.decisions.evictions - evicted)
             if flags & FLAG_STOP:
                 coll.close()
                 log.info("rank %d: the group stopped", rv.rank)

@@ -40,10 +40,10 @@ def _roundtrip(ops, seq=1, flags=0, limits=LIMITS):
     return rank_ops.decode(head, rank_ops.body_of(head, env, over), limits), env, over
 
 
-def _open(slot=0, prompt=PROMPT, decider=0, greedy=False):
+def _open(slot=0, prompt=PROMPT, decider=0, greedy=False, temperature=1.0):
     return Op(OpKind.OPEN, slot, seed=SEED, decider=decider, greedy=greedy,
               prefix_len=len(prompt), prefix_digest=Prefix(prompt).digest,
-              prompt=np.asarray(prompt, np.int32))
+              prompt=np.asarray(prompt, np.int32), temperature=temperature)
 
 
 def _proposal(prefix: list[int], depth=3, top_k=8, seed=5):
@@ -143,6 +143,29 @@ def test_out_of_bounds_ops_are_refused(field, value, reason):
     with pytest.raises(RemoteProtocolError) as e:
         _roundtrip([op])
     assert e.value.reason is reason
+
+
+def test_open_carries_the_exact_temperature():
+    t = 0.7000000000000001  # not a float32: the FP64 the API decoded, bit for bit
+    out, *_ = _roundtrip([_open(0, temperature=t), _open(1)])
+    assert (out[0].temperature, out[1].temperature) == (t, 1.0)
+
+
+@pytest.mark.parametrize("t", [0.0, -1.0, float("nan"), float("inf"), 100.5])
+def test_an_open_with_a_bad_temperature_is_refused(t):
+    with pytest.raises(RemoteProtocolError) as e:
+        _roundtrip([_open(0, temperature=t)])
+    assert e.value.reason is Reason.BAD_TEMPERATURE
+
+
+def test_replicated_ranks_refuse_to_decide_at_another_temperature():
+    # the HTTP API refuses such requests (422); a replica never samples them at T = 1
+    ranks = _ranks()
+    _exchange(ranks, [_open(1, decider=1, temperature=0.5)], 1)
+    t = Op(OpKind.TARGET_ONLY, 1, 3, 9, 1, seed=SEED, prefix_len=3,
+           prefix_digest=Prefix(PROMPT).digest)
+    (v,) = _exchange(ranks, [t], 2)
+    assert not v.ok and v.reason is Reason.UNSUPPORTED_FEATURE
 
 
 def test_two_ops_of_one_slot_in_one_exchange_are_refused():

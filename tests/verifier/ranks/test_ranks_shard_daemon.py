@@ -111,5 +111,5 @@ def test_toy_shard_logits_are_the_whole_rows_ids_bit_for_bit():
     for lo, hi in balanced(129280, 3):
         shard = ToyShard(target, lo, hi)
         for prefix, draft in [([], []), ([5], [9, 11]), ([1, 2, 3], [4, 5, 6, 7, 8])]:
-            assert np.array_equal(shard.logits(prefix, draft),
+            assert np.array_equal(shard.logits(0, prefix, draft).numpy(),
                                   target.logits(prefix, draft)[:, lo:hi])
