@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from pp1q_kernels import shard_step as ss
 from pp1q_kernels.lookup import from_rows
+from pp1q_kernels.shard_comm import ShardLayout
 from pp1q_kernels.shard_spmd import Gather, Place, drive
 
 from pp1q.core.errors import ConfigError, Pp1qError
@@ -65,9 +66,14 @@ def balanced(vocab: int, world: int) -> tuple[tuple[int, int], ...]:
 class ShardedDecisions(RankDecisions):
     """One rank's share of every decision (``comm`` is set when the group forms)."""
 
-    def __init__(self, target, limits: Limits, rank: int) -> None:
+    def __init__(self, target, limits: Limits, rank: int, bounds=None) -> None:
+        """``bounds``: every rank's (lo, hi), in rank order (default ``balanced``)."""
         self.vocab = limits.vocab
-        self.bounds = balanced(limits.vocab, limits.world)
+        self.bounds = balanced(limits.vocab, limits.world) if bounds is None else \
+            ShardLayout(limits.vocab, tuple(bounds)).bounds  # contiguous, covering, non-empty
+        if len(self.bounds) != limits.world:
+            raise ConfigError(f"{len(self.bounds)} shards for {limits.world} ranks",
+                              key="shard_vocab")
         self.place = Place.of(self.bounds, rank)
         self.shard = shard_of(target, self.place.lo, self.place.hi)
         self.draws = None
