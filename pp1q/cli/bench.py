@@ -28,6 +28,9 @@ def add_arguments(p) -> None:
                    help="model suite: target temperatures (default 0.7,1.0)")
     p.add_argument("--tokens", type=int, metavar="N",
                    help="model suite: tokens per request (default 24; --quick 8)")
+    p.add_argument("--model", metavar="embedded|PATH",
+                   help="ranks suite: a real model on vocabulary-sharded ranks (1 and 2) "
+                        "instead of the toy")
 
 
 def _ints(text: str) -> list[int]:
@@ -59,7 +62,7 @@ def run(args) -> int:
         t0 = time.perf_counter()
         # suite options (--k, ...) go to the suites whose run() takes them
         wanted = inspect.signature(mod.run).parameters
-        options = {key: getattr(args, key) for key in ("k", "temperatures", "tokens")
+        options = {key: getattr(args, key) for key in ("k", "temperatures", "tokens", "model")
                    if key in wanted and getattr(args, key) is not None}
         for line in mod.run(quick=args.quick, **options):
             print(line, flush=True)

@@ -76,6 +76,7 @@ class HFShard:
             raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE,
                                      "the model has no linear LM head to split by rows")
         self.lo, self.hi, self.vocab, self.identity = lo, hi, vocab, identity
+        self.dtype = str(head.weight.dtype).removeprefix("torch.")  # ranks must agree
         decoder = model.get_decoder()
         _check_head_is_last(model, decoder, head)
         with torch.no_grad():

@@ -89,7 +89,7 @@ async def serve_follower(settings: VerifierSettings, plan: RankPlan, limits: Lim
         state = RankState(rv.rank, limits, decisions(target, limits), delay_s)
     host = settings.metrics_host
     with metrics.served(host, settings.metrics_port) as mport:
-        record = identity(target.identity, limits, rv.backend,
+        record = identity(target, limits, rv.backend,
                           f"{host}:{mport}" if mport else None)
         where = f"{rv.master[0]}:{rv.master[1]}" if rv.master else "env://"
 

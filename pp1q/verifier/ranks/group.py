@@ -218,7 +218,7 @@ async def start_group(settings: VerifierSettings, launch, decider, config,
 
     rv = launch.plan.rv
     limits = limits_of(config, rv.world, settings.shard_vocab)
-    record = identity(decider.target.identity, limits, rv.backend, None)
+    record = identity(decider.target, limits, rv.backend, None)
     record[DRAW_SECRET] = decider.draws.hex()
     try:
         coll, records = await form_group(launch, limits, record, stop)

@@ -14,14 +14,14 @@ anything malformed) and votes into verdicts; pp1q.verifier.ranks.collective move
 pp1q.verifier.ranks.replica checks and applies the ops.
 
 Envelope head, 40 bytes LE: magic ``PP1QRANK``, version u16, op count u16, flags u32,
-exchange sequence u64, body length u32, overflow length u32, xxh3_64 of head bytes
-0..31 followed by the body. Body: per op a 52-byte head (``_OP``) and its payload:
-OPEN the prompt (int32 ids) then the request's target temperature (FP64, exactly the
-float the HTTP API decoded; 1 for greedy and T = 1 requests); ROUND the draft ids (int32), a row table (form, entries:
-u32 pairs) and the rows exactly as the worker sent them (dense FP32 q, or sparse int32
-ids then FP32 q; a SHARDED row, --shard-vocab's dense row, has no bytes here: rank 0
-scatters its slices after the envelope, pp1q.verifier.ranks.sharded); the other kinds
-nothing.
+exchange sequence u64, body length u32, overflow length u32, xxh3_64 of head bytes 0..31
+followed by the body. Body: per op a 52-byte head (``_OP``) and its payload: OPEN the
+prompt (int32 ids) then the request's target temperature (FP64, exactly the float the
+HTTP API decoded; 1 for greedy and T = 1 requests); ROUND the draft ids (int32), a row
+table (form, entries: u32 pairs) and the rows exactly as the worker sent them (dense
+FP32 q, or sparse int32 ids then FP32 q; a SHARDED row, --shard-vocab's dense row, has
+no bytes here: rank 0 scatters its slices after the envelope,
+pp1q.verifier.ranks.sharded); the other kinds nothing.
 """
 
 from __future__ import annotations

@@ -368,7 +368,10 @@ def test_identity_records_must_agree():
     from pp1q.core.errors import ConfigError
     from pp1q.verifier.ranks.launch import check_identities, identity
 
-    one = identity("toy-target-v1:vocab=64:seed=0", LIMITS, "gloo", "127.0.0.1:1")
+    one = identity(TARGET, LIMITS, "gloo", "127.0.0.1:1")
+    assert one["target"] == TARGET.identity and one["dtype"] is None  # the toy has none
     check_identities([one, {**one, "metrics": None}])  # metrics addresses may differ
     with pytest.raises(ConfigError, match="disagree on depth"):
         check_identities([one, {**one, "depth": 4}])
+    with pytest.raises(ConfigError, match="disagree on dtype"):  # a real model's shards
+        check_identities([{**one, "dtype": "float32"}, {**one, "dtype": "bfloat16"}])
