@@ -13,6 +13,8 @@ Exactness of the head: ``HFShard`` refuses (unsupported_feature) a model whose l
 not exactly its head's product of the decoder's output (a soft cap or a scale after the
 head, which the shard would silently skip): at construction it runs the full model once
 on PROBE_TOKENS ids and requires bit equality with the decoder times the whole head.
+Sliding-window attention is refused at construction too (its caches crop differently:
+pp1q.models.hf.CausalLM), so a model the shard cannot serve never joins a group.
 The slice's product then differs from the full row's ids only by the matmul's blocking:
 measured on the 2-core CPU with SmolLM2-135M (float32), bit-identical on every split
 tried (the balanced 2-, 3- and 4-way splits of its 49152 ids, and a cut at 20000) and
@@ -84,6 +86,7 @@ class HFShard:
             bias = getattr(head, "bias", None)
             self.bias = None if bias is None else bias[lo:hi].detach().clone()
         self.lm = CausalLM(decoder)
+        self.lm.new_cache()  # sliding-window layers are refused here, at load, not per op
         self.budget = int(kv_budget_bytes)
         self._slots: OrderedDict[Hashable, _SlotCache] = OrderedDict()  # LRU order
         self.evictions = 0  # slot caches dropped to stay under the budget (a metric)

@@ -92,22 +92,25 @@ def test_a_cache_past_its_budget_is_evicted_counted_and_recomputed(smol, story_i
     assert shard.evictions == 2 and shard.kv_bytes == 0 and shard.cached_tokens == 0
 
 
-def test_a_model_that_changes_logits_after_its_head_is_refused():
+def test_a_model_that_changes_logits_after_its_head_or_slides_is_refused():
     transformers = pytest.importorskip("transformers")
     from pp1q.core.errors import LocalProtocolError, Reason
     from pp1q.models.hf_shard import HFShard
 
-    def tiny(**extra):
+    def tiny(layer="full_attention", **extra):
         torch.manual_seed(0)
         cfg = transformers.Gemma2Config(
             vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=8, **extra)
+            num_attention_heads=2, num_key_value_heads=1, head_dim=8, layer_types=[layer],
+            **extra)
         return transformers.Gemma2ForCausalLM(cfg).eval()
 
     HFShard(tiny(final_logit_softcapping=None), 0, 32, identity="tiny")  # plain head: fine
-    with pytest.raises(LocalProtocolError) as e:  # tanh soft cap after the head
-        HFShard(tiny(final_logit_softcapping=0.01), 0, 32, identity="tiny")
-    assert e.value.reason is Reason.UNSUPPORTED_FEATURE
+    for bad in (tiny(final_logit_softcapping=0.01),  # a tanh soft cap after the head
+                tiny("sliding_attention", final_logit_softcapping=None)):  # crops differently
+        with pytest.raises(LocalProtocolError) as e:
+            HFShard(bad, 0, 32, identity="tiny")  # at load, never per op
+        assert e.value.reason is Reason.UNSUPPORTED_FEATURE
 
 
 def _one_rank(smol):
