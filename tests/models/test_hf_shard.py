@@ -164,3 +164,26 @@ def test_two_gloo_ranks_with_uneven_shards_decide_as_one_rank(smol, tmp_path):
         assert max(n for kind, _, n in run["log"] if kind != "Scatter") <= 2 * (DEPTH + 1)
         assert {n for kind, _, n in run["log"] if kind == "Scatter"} == {DEPTH * widest}
         assert widest < smol.vocab
+
+
+def test_an_untied_full_head_is_freed_once_the_model_is_let_go():
+    import gc
+    import weakref
+
+    transformers = pytest.importorskip("transformers")
+    from pp1q.models.hf_shard import HFShard
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                   num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    head = weakref.ref(model.lm_head.weight)
+    shard = HFShard(model, 16, 48, identity="tiny")
+    with torch.no_grad():  # (an autograd graph would keep the head alive itself)
+        want = model(input_ids=torch.tensor([[1, 2, 3]])).logits[0, -1:, 16:48]
+    del model
+    gc.collect()
+    assert head() is None  # the rank keeps its 32 rows, not the 64-row head
+    assert shard.weight.shape == (32, 16)
+    assert max_diff(shard.logits(0, [1, 2, 3], []), want) <= HEAD_TOLERANCE
