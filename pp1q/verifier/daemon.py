@@ -149,11 +149,13 @@ def breaker_config(settings: VerifierSettings) -> BreakerConfig:
                          open_s=settings.breaker_open_s, open_max_s=settings.breaker_open_max_s)
 
 
-def unsupported_processors(settings: VerifierSettings, processors) -> str | None:
-    """Why a rank group cannot apply these target processors exactly (None: it can).
-    Vocabulary shards apply the temperature element by element, exactly as one row;
-    top-k and top-p need the whole row's order, which no sharded rank holds."""
-    if settings.ranks <= 1:
+def unsupported_processors(settings: VerifierSettings, processors,
+                           world: int) -> str | None:
+    """Why a rank group of ``world`` ranks (the group's, not ``settings.ranks``: torchrun
+    sets it through its environment) cannot apply these target processors exactly (None:
+    it can). Vocabulary shards apply the temperature element by element, exactly as one
+    row; top-k and top-p need the whole row's order, which no sharded rank holds."""
+    if world <= 1:
         return None
     if settings.shard_vocab:
         if processors.top_k is None and processors.top_p is None:
@@ -166,8 +168,10 @@ def unsupported_processors(settings: VerifierSettings, processors) -> str | None
             "greedy, temperature 0); --shard-vocab applies a temperature")
 
 
-def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config) -> dict:
-    """Every route of the verifier's HTTP API (docs/operations.md, "HTTP API")."""
+def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config,
+           world: int = 1) -> dict:
+    """Every route of the verifier's HTTP API (docs/operations.md, "HTTP API");
+    ``world``: the verifier's ranks (1: one process)."""
     vocab = config.identity.vocab
     top_k = settings.top_k
     default_top_k = top_k if 0 < top_k < vocab else None  # k >= vocab: the dense support
@@ -178,7 +182,7 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
     def check(req):
         """The request as this verifier will run it (speculation mode, rank limits);
         the OpenAI routes call it on their decoded request too."""
-        why = unsupported_processors(settings, req.processors)
+        why = unsupported_processors(settings, req.processors, world)
         if why is not None:
             scheduler.metrics.request_refused(Reason.UNSUPPORTED_PROCESSORS)
             raise HttpError(422, Reason.UNSUPPORTED_PROCESSORS.value, why)
@@ -249,7 +253,8 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         if group is None:  # the ranks did not all join in time: let the supervisor retry
             return EXIT_RANKS_LOST
     # a target with a tokenizer takes text (scheduler.text; the toy has none)
-    http = HttpServer(routes(settings, link, scheduler, config),
+    http = HttpServer(routes(settings, link, scheduler, config,
+                             plan.rv.world if plan is not None else 1),
                       on_refused=metrics.request_refused)
     host, port = parse_hostport(settings.http)
     try:

@@ -120,3 +120,17 @@ def test_toy_shard_logits_are_the_whole_rows_ids_bit_for_bit():
         for prefix, draft in [([], []), ([5], [9, 11]), ([1, 2, 3], [4, 5, 6, 7, 8])]:
             assert np.array_equal(shard.logits(0, prefix, draft).numpy(),
                                   target.logits(prefix, draft)[:, lo:hi])
+
+
+def test_processors_a_group_cannot_apply_are_named_by_the_groups_size():
+    from pp1q.models.processors import Processors
+    from pp1q.verifier.daemon import unsupported_processors
+
+    sharded, replicated = VerifierSettings(ranks=2, shard_vocab=True), VerifierSettings()
+    warm, top_p, top_k = Processors(0.7), Processors(0.7, top_p=0.9), Processors(top_k=5)
+    assert unsupported_processors(sharded, warm, 2) is None  # a temperature: per element
+    assert "top-k/top-p" in unsupported_processors(sharded, top_p, 2)
+    assert "top-k/top-p" in unsupported_processors(sharded, top_k, 2)
+    # torchrun: --ranks stays 1, the group's size comes from its environment
+    assert unsupported_processors(replicated, warm, 2) is not None
+    assert unsupported_processors(replicated, top_p, 1) is None  # one process: all apply
