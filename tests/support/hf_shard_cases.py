@@ -17,6 +17,7 @@ import torch
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.prefix import Prefix
 from pp1q.core.q import build_row
+from pp1q.models.processors import Processors
 from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind
 from pp1q.verifier.ranks.replica import SlotReplica, committed_tokens
 
@@ -64,7 +65,8 @@ def play(decisions, tokenizer, rank: int) -> list[list[int]]:
     out = []
     for k, (kind, temperature, form) in enumerate(STEPS):
         greedy = kind.startswith("greedy")
-        s = SlotReplica(seed=77 + k, greedy=greedy, prefix=Prefix(prompt), temperature=temperature)
+        s = SlotReplica(seed=77 + k, greedy=greedy, prefix=Prefix(prompt),
+                        processors=Processors(temperature))
         prompt_len = len(prompt)
         at = len(prompt) - start  # tokens committed so far: the story's next words
         drafts = [cont[(at + i) % len(cont)] for i in range(DEPTH)]

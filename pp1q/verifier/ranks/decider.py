@@ -1,7 +1,7 @@
 """Rank 0's Decider: every decision of the scheduler made by the rank group.
 
 Each call becomes an op for the group (pp1q.verifier.ranks.group): OPEN when a request
-takes a slot (its prompt, seed and target temperature), ROUND with the validated draft
+takes a slot (its prompt, seed and target processors), ROUND with the validated draft
 ids and q rows (replicated q: every rank receives them), TARGET_ONLY for a target-only
 step, INVALIDATE after a discarded proposal (RESET sent), CLOSE when the slot is
 released. The op's decider (rank ``slot % world``: requests are spread over the ranks
@@ -87,7 +87,7 @@ class RankedDecider(Decider):
             raise ServiceError(Reason.RANKS_LOST, "the verifier rank group is down; restarting")
         self._submit_unawaited(self._op(job, OpKind.OPEN, greedy=job.req.greedy,
                                         prompt=np.asarray(job.req.prompt, dtype=np.int32),
-                                        temperature=float(job.req.processors.temperature)))
+                                        processors=job.req.processors))
 
     def close(self, job: Job) -> None:
         if self.group.lost is None:

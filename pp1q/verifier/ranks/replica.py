@@ -26,6 +26,7 @@ from pp1q.core.errors import LocalProtocolError, Pp1qError, Reason
 from pp1q.core.prefix import Prefix
 from pp1q.core.q import parse_dense, parse_sparse
 from pp1q.core.verify import RoundKeys
+from pp1q.models.processors import Processors
 from pp1q.models.toy import TargetModel
 from pp1q.verifier import rounds
 from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind, Verdict, no, yes
@@ -38,7 +39,7 @@ class SlotReplica:
     greedy: bool
     prefix: Prefix
     invalid_through: int = 0  # no proposal of a generation <= this is verified again
-    temperature: float = 1.0  # the request's target temperature (OPEN; --shard-vocab uses it)
+    processors: Processors = Processors()  # the request's target processors (OPEN)
 
 
 def committed_tokens(op: Op, accepted: int, token: int) -> list[int]:
@@ -66,9 +67,9 @@ class RankDecisions:
 
     def decide(self, op: Op, s: SlotReplica) -> rounds.Outcome:
         """The decision of a ROUND or TARGET_ONLY op after ``s``'s committed prefix."""
-        if s.temperature != 1.0:  # the HTTP API refuses these (422); never sample at T = 1
-            raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE,
-                                     "replicated ranks sample the target at T = 1 only")
+        if not s.processors.is_default:  # the HTTP API refuses these (422): never ignore them
+            raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, "replicated ranks sample the "
+                                     "target at T = 1 without top-k/top-p only")
         if op.kind is OpKind.TARGET_ONLY:
             return self.rows.target_only(op.slot, s.prefix.tokens, self.draw_seed(s),
                                          op.generation, op.round_id, s.greedy)
@@ -171,7 +172,7 @@ class RankState:
         if op.kind is OpKind.OPEN:
             self.decisions.closed(op.slot)
             self.slots[op.slot] = SlotReplica(op.seed, op.greedy, Prefix(op.prompt),
-                                              temperature=op.temperature)
+                                              processors=op.processors)
         elif op.kind is OpKind.CLOSE:
             self.slots.pop(op.slot, None)
             self.decisions.closed(op.slot)

@@ -18,11 +18,12 @@ A refusal inside a decision (q = 0 at a draft, a bad row) is reached by every ra
 the same collective, so every rank votes the same no. A rank that dies or hangs fails
 the collective it is in: the group is lost (503 ranks_lost), nothing is committed.
 
-The request's target temperature (in its OPEN op) divides every shard's logits in
-float64 before the sampler, the same element-wise x / T that pp1q.models.processors
-applies to a whole row, so N ranks still decide exactly as one rank from the
-concatenated rows. Top-k and top-p need a global order of the whole row; the HTTP API
-refuses them with --shard-vocab (422 unsupported_processors, counted).
+The request's target temperature (in its OPEN op, with its other processors) divides
+every shard's logits in float64 before the sampler, the same element-wise x / T that
+pp1q.models.processors applies to a whole row, so N ranks still decide exactly as one
+rank from the concatenated rows. Top-k and top-p need a global order of the whole row;
+the HTTP API refuses them with --shard-vocab (422 unsupported_processors, counted), and
+a rank refuses to decide a slot that has them (every rank alike, before any collective).
 
 q to ranks: sparse rows are in the op (every rank holds the whole, small row); a dense
 row travels as Form.SHARDED: rank 0 scatters each rank its slice of the counts after
@@ -40,7 +41,7 @@ from pp1q_kernels.lookup import from_rows
 from pp1q_kernels.shard_comm import ShardLayout
 from pp1q_kernels.shard_spmd import Gather, Place, drive
 
-from pp1q.core.errors import ConfigError, Pp1qError
+from pp1q.core.errors import ConfigError, LocalProtocolError, Pp1qError, Reason
 from pp1q.core.q import parse_sparse
 from pp1q.core.verify import RoundKeys, round_draws, target_only_draw
 from pp1q.verifier import rounds
@@ -89,10 +90,14 @@ class ShardedDecisions(RankDecisions):
     def _logits(self, op: Op, s: SlotReplica, drafts: list[int], greedy: bool) -> torch.Tensor:
         """This shard's rows; sampled at T != 1: x / T in float64, element by element as
         pp1q.models.processors does to a whole row (so any split gives the same p)."""
+        p = s.processors
+        if p.top_k is not None or p.top_p is not None:  # refused at the API (422) too
+            raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, "top-k/top-p need the whole "
+                                     "row; a vocabulary shard applies the temperature only")
         logits = self.shard.logits(op.slot, s.prefix.tokens, drafts)
-        if greedy or s.temperature == 1.0:
+        if greedy or p.temperature == 1.0:
             return logits
-        return logits.to(torch.float64) / float(s.temperature)
+        return logits.to(torch.float64) / float(p.temperature)
 
     def decide(self, op: Op, s: SlotReplica) -> rounds.Outcome:
         pos = len(s.prefix)
