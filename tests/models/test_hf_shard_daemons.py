@@ -17,6 +17,7 @@ from pp1q.tools.client import ApiError
 pytestmark = [pytest.mark.model, pytest.mark.daemons]
 
 PROMPT = "Once upon a time, in a small village by the sea,"
+STARTUP_S = 300  # both ranks load the model before rank 0 prints its ports (2 busy cores)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,8 @@ def pair(smol, tmp_path_factory):  # smol: skips when the model or transformers 
     real = ["--model", str(folder), "--draft", "early-exit:30"]
     p = Pair(tmp_path_factory.mktemp("sharded"), worker_args=real,
              verifier_args=[*real, "--ranks", "2", "--shard-vocab", "--watchdog-ms", "60000",
-                            "--rank-timeout-s", "120"])
+                            "--rank-timeout-s", "120"],
+             startup_s=STARTUP_S)
     yield p
     p.close()
 
