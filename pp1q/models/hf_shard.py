@@ -29,7 +29,8 @@ a cache that is either reused exactly (K/V at a position depend only on the toke
 it) or cut. A slot's cache is freed when its request ends (``close``); all slots together
 stay under ``kv_budget_bytes``: past it the least recently used caches are dropped
 (``evictions`` counts them; their next round recomputes the prefix, same logits to the
-cached-vs-uncached tolerance of tests/models, 1e-4).
+cached-vs-uncached tolerance of tests/models, 1e-4). ``prepare`` runs the requests of
+one exchange in one stacked forward (pp1q.models.hf.forward_stacked, HFTarget's batch).
 """
 
 from __future__ import annotations
@@ -41,7 +42,15 @@ from dataclasses import dataclass
 import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
-from pp1q.models.hf import CausalLM, Checkpoint, crop, kv_tensors, logits_width
+from pp1q.models.hf import (
+    CausalLM,
+    Checkpoint,
+    cache_from,
+    crop,
+    forward_stacked,
+    kv_tensors,
+    logits_width,
+)
 
 KV_BUDGET_BYTES = 8 << 30  # K/V of all open slots on one rank: 64 slots x 2800 tokens of
 # SmolLM2-135M (46 KB a token, float32); past it least recently used caches are dropped
@@ -89,6 +98,7 @@ class HFShard:
         self.lm.new_cache()  # sliding-window layers are refused here, at load, not per op
         self.budget = int(kv_budget_bytes)
         self._slots: OrderedDict[Hashable, _SlotCache] = OrderedDict()  # LRU order
+        self._ready: dict[Hashable, tuple[tuple[int, ...], torch.Tensor]] = {}  # prepare()
         self.evictions = 0  # slot caches dropped to stay under the budget (a metric)
         self.cached_tokens = 0  # tokens whose K/V a request reused (benchmarks)
         self.fed_tokens = 0  # tokens run through the decoder (benchmarks)
@@ -106,17 +116,53 @@ class HFShard:
         """Logits [len(drafts) + 1, hi - lo] of this shard's ids after ``prefix`` and
         each prefix of ``drafts`` (row i sees drafts[:i]), on the CPU; float32 (float64
         for a float64 model)."""
-        seq = [int(t) for t in prefix] + [int(t) for t in drafts]
-        rows = len(drafts) + 1
-        if len(seq) < rows or not prefix:
-            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "a row needs a committed token")
+        seq, rows = _request(prefix, drafts)
+        ready = self._ready.pop(slot, None)
+        if ready is not None and ready[0] == tuple(seq) and ready[1].shape[0] == rows:
+            return ready[1]
+        entry, keep = self._reuse(slot, seq, rows)
+        h = self.lm.hidden(torch.tensor([seq[keep:]]), entry.cache, rows)[0]
+        self._keep(slot, entry, seq, keep)
+        return self._head(h)
+
+    def prepare(self, requests: Sequence[tuple[Hashable, Sequence[int], Sequence[int]]]
+                ) -> None:
+        """Run several slots' next ``logits`` calls, (slot, prefix, drafts) each, in one
+        stacked forward (pp1q.models.hf.forward_stacked: 2 requests cost about half of
+        two forwards on the 2-core CPU); each ``logits`` call that asks for exactly a
+        prepared request then returns its rows. Every rank prepares the same batch in the
+        same order, so every rank's rows come from the same computation."""
+        self._ready = {}
+        requests = [r for r in requests if r[1]]  # no prefix: its ``logits`` call refuses it
+        if len(requests) < 2 or len({slot for slot, _, _ in requests}) != len(requests):
+            return  # one request (or a slot twice: never in one exchange) runs alone
+        plans = []
+        for slot, prefix, drafts in requests:
+            seq, rows = _request(prefix, drafts)
+            entry, keep = self._reuse(slot, seq, rows)
+            plans.append((slot, entry, seq, keep, rows))
+
+        def run(ids, cache, mask, pos):
+            return self.lm.hidden(ids, cache, attention_mask=mask, position_ids=pos)
+
+        out = forward_stacked(self.lm, run, [(kv_tensors(e.cache), keep, seq[keep:], rows)
+                                             for _, e, seq, keep, rows in plans])
+        for (slot, entry, seq, keep, _), (h, kv) in zip(plans, out, strict=True):
+            entry.cache = cache_from(self.lm, kv)
+            self._keep(slot, entry, seq, keep)
+            self._ready[slot] = (tuple(seq), self._head(h))
+
+    def _reuse(self, slot: Hashable, seq: list[int], rows: int) -> tuple[_SlotCache, int]:
+        """The slot's cache cut to what it holds of ``seq``, but never past the rows whose
+        logits are wanted (they are fed again); and how many tokens that keeps."""
         entry = self._slots.pop(slot, None)
         if entry is None:
             entry = _SlotCache([], self.lm.new_cache())
-        # reuse what is cached of seq, but feed at least the rows whose logits we need
         keep = min(common_prefix(entry.tokens, seq), len(seq) - rows)
         crop(entry.cache, keep)
-        h = self.lm.hidden(torch.tensor([seq[keep:]]), entry.cache, rows)[0]
+        return entry, keep
+
+    def _keep(self, slot: Hashable, entry: _SlotCache, seq: list[int], keep: int) -> None:
         self.cached_tokens += keep
         self.fed_tokens += len(seq) - keep
         entry.tokens = seq
@@ -124,6 +170,8 @@ class HFShard:
                            for k, v in kv_tensors(entry.cache))
         self._slots[slot] = entry  # most recently used
         self._fit_budget()
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
             out = torch.nn.functional.linear(h, self.weight, self.bias)
         out = out if out.dtype == torch.float64 else out.float()
@@ -132,6 +180,7 @@ class HFShard:
     def close(self, slot: Hashable) -> None:
         """Free ``slot``'s cache (its request ended; unknown slots are ignored)."""
         self._slots.pop(slot, None)
+        self._ready.pop(slot, None)
 
     @property
     def kv_bytes(self) -> int:
@@ -141,6 +190,13 @@ class HFShard:
         while self._slots and self.kv_bytes > self.budget:
             self._slots.popitem(last=False)  # least recently used first, this one last
             self.evictions += 1
+
+
+def _request(prefix: Sequence[int], drafts: Sequence[int]) -> tuple[list[int], int]:
+    seq = [int(t) for t in prefix] + [int(t) for t in drafts]
+    if not prefix:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "a row needs a committed token")
+    return seq, len(drafts) + 1
 
 
 def _check_head_is_last(model, decoder, head) -> None:

@@ -29,7 +29,7 @@ import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.models.engine import RequestKey, Target, lookup
-from pp1q.models.hf import HFRole, kv_tensors
+from pp1q.models.hf import HFRole, forward_stacked, kv_tensors
 from pp1q.models.ledger import Ledger
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer; [] when nothing is cached
@@ -96,34 +96,10 @@ class HFTarget(HFRole, Target):
         return [(logits[0], kv_tensors(cache))]
 
     def _forward_stacked(self, plans: list[_Plan]) -> list[tuple[torch.Tensor, KV]]:
-        dev = self.lm.device
-        width = max(p.start for p in plans)  # longest cache: everyone is left-padded to it
-        steps = max(len(p.feed) for p in plans)  # longest feed: the rest right-padded
-        ids = torch.zeros(len(plans), steps, dtype=torch.long)
-        mask = torch.zeros(len(plans), width + steps, dtype=torch.long)
-        pos = torch.zeros(len(plans), steps, dtype=torch.long)
-        for b, p in enumerate(plans):
-            ids[b, : len(p.feed)] = torch.tensor(p.feed)
-            mask[b, width - p.start: width + len(p.feed)] = 1
-            pos[b] = p.start + torch.arange(steps)  # each request's own positions
-        cache = self.lm.new_cache()
-        if width:
-            ref = next(p.kv for p in plans if p.kv)
-            for i, (rk, _) in enumerate(ref):
-                empty = rk.new_zeros((1, rk.shape[1], 0, rk.shape[3]))
-                ks = [torch.nn.functional.pad(p.kv[i][0] if p.kv else empty,
-                                              (0, 0, width - p.start, 0)) for p in plans]
-                vs = [torch.nn.functional.pad(p.kv[i][1] if p.kv else empty,
-                                              (0, 0, width - p.start, 0)) for p in plans]
-                cache.update(torch.cat(ks), torch.cat(vs), i)
-        logits = self.lm.forward(ids, cache, attention_mask=mask.to(dev), position_ids=pos.to(dev))
-        grown = kv_tensors(cache)
-        out = []
-        for b, p in enumerate(plans):
-            lo, hi = width - p.start, width + len(p.feed)  # this request's real positions
-            out.append((logits[b, len(p.feed) - p.rows: len(p.feed)],
-                        [(k[b: b + 1, :, lo:hi], v[b: b + 1, :, lo:hi]) for k, v in grown]))
-        return out
+        def run(ids, cache, mask, pos):
+            return self.lm.forward(ids, cache, attention_mask=mask, position_ids=pos)
+
+        return forward_stacked(self.lm, run, [(p.kv, p.start, p.feed, p.rows) for p in plans])
 
     def commit(self, request: RequestKey, accepted: int, token: int) -> None:
         ledger, kv = self._get(request)

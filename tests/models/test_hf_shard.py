@@ -187,3 +187,98 @@ def test_an_untied_full_head_is_freed_once_the_model_is_let_go():
     assert head() is None  # the rank keeps its 32 rows, not the 64-row head
     assert shard.weight.shape == (32, 16)
     assert max_diff(shard.logits(0, [1, 2, 3], []), want) <= HEAD_TOLERANCE
+
+
+def test_an_exchanges_rows_in_one_batch_equal_each_alone(smol, story_ids):
+    shard = _shard(smol, 20000, 49152)
+    a, b = story_ids[:9], story_ids[3:15]  # two slots, caches of different lengths
+    shard.logits(0, a, [])  # slot 0 has a cache; slot 1 starts empty
+    requests = [(0, a + [11], [262, 314]), (1, b, [5]), (2, a[:4], [])]
+    shard.prepare(requests)
+    for slot, prefix, drafts in requests:
+        got = shard.logits(slot, prefix, drafts)  # the prepared rows
+        want = _full_rows(smol, prefix + drafts, len(drafts) + 1)[:, 20000:]
+        assert max_diff(got, want) <= CACHE_TOLERANCE, slot
+    # the batch's grown caches serve the next rounds; a request other than the one
+    # prepared is computed afresh, never answered with the prepared rows
+    shard.prepare([(0, a + [11, 262, 7], [8]), (1, b + [5, 6], [])])
+    for slot, prefix, drafts in [(0, a + [11, 262, 7], [9]), (1, b + [5, 6], [])]:
+        got = shard.logits(slot, prefix, drafts)
+        want = _full_rows(smol, prefix + drafts, len(drafts) + 1)[:, 20000:]
+        assert max_diff(got, want) <= CACHE_TOLERANCE, slot
+    assert shard.cached_tokens >= len(a) + len(b)  # the batch reused the slots' K/V
+
+
+def test_an_exchanges_decisions_share_one_batch_and_decide_as_alone(smol, story_ids):
+    """ShardedRankState.votes prepares the exchange's deciding ops in one batch (a spy
+    on the shard seam sees it) and decides them as exchanges of one op each do."""
+    import dataclasses
+
+    import numpy as np
+    from pp1q_kernels.shard_spmd import deliver
+
+    from pp1q.core.prefix import Prefix
+    from pp1q.core.q import build_row
+    from pp1q.verifier.ranks.ops import Form, Op, OpKind, Verdict
+    from pp1q.verifier.ranks.sharded import sharded_state
+
+    class Local:  # a group of one rank
+        def run(self, req):
+            return deliver([req])[0]
+
+    class Spy:  # the HFShard seam, recording each batch
+        def __init__(self, shard):
+            self.shard, self.batches = shard, []
+            self.lo, self.hi, self.identity = shard.lo, shard.hi, shard.identity
+
+        def prepare(self, requests):
+            self.batches.append(len(requests))
+            self.shard.prepare(requests)
+
+        def logits(self, *a):
+            return self.shard.logits(*a)
+
+        def close(self, slot):
+            self.shard.close(slot)
+
+    lim = dataclasses.replace(limits(1, smol.vocab), slots=2)
+    prompts = [story_ids[:7], story_ids[2:12]]
+
+    def state_of(spy):
+        st = sharded_state(0, lim, spy, 0.0)
+        st.decisions.comm, st.decisions.draws = Local(), SCENARIO_DRAWS
+        for slot, prompt in enumerate(prompts):
+            st.apply(Op(OpKind.OPEN, slot, seed=5 + slot, prefix_len=len(prompt),
+                        prefix_digest=Prefix(prompt).digest,
+                        prompt=np.asarray(prompt, np.int32)), Verdict(True))
+        return st
+
+    def ops_for(st, kind):
+        g, out = np.random.default_rng(3), []  # the same q rows for both states
+        for slot in (0, 1):
+            s = st.slots[slot]
+            head = dict(prefix_len=len(s.prefix), prefix_digest=s.prefix.digest)
+            if kind is OpKind.TARGET_ONLY:
+                out.append(Op(kind, slot, 1, 2, **head))
+                continue
+            drafts = [int(t) for t in story_ids[len(s.prefix):len(s.prefix) + 2]]
+            rows = []
+            for x in drafts:
+                logits = g.normal(0, 1.0, smol.vocab)
+                logits[x] += 6.0
+                rows.append(build_row(logits, top_k=16))
+            out.append(Op(kind, slot, 1, 1, drafts=np.asarray(drafts, np.int32),
+                          rows=tuple((Form.SPARSE, *r.to_sparse()) for r in rows), **head))
+        return out
+
+    batched, alone = Spy(_shard(smol, 0, smol.vocab)), Spy(_shard(smol, 0, smol.vocab))
+    together, apart = state_of(batched), state_of(alone)
+    for kind in (OpKind.ROUND, OpKind.TARGET_ONLY):
+        ops = ops_for(together, kind)
+        votes = together.votes(ops)
+        assert [v.tolist() for v in votes] == [apart.votes([op])[0].tolist() for op in ops]
+        for st in (together, apart):
+            for op, v in zip(ops, votes, strict=True):
+                drafts = [] if op.drafts is None else [int(t) for t in op.drafts]
+                st.slots[op.slot].prefix.extend([*drafts[:int(v[2])], int(v[3])])
+    assert batched.batches == [2, 2] and set(alone.batches) == {1}

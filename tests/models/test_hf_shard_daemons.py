@@ -61,6 +61,18 @@ def test_two_sharded_ranks_serve_a_real_model(pair, smol):
     assert value(rank_metrics(pair, 1), "pp1q_rank_decisions_total") >= 4  # rank 1 decides
 
 
+def test_concurrent_requests_get_what_each_gets_alone(pair):
+    # an exchange's steps run in one stacked forward on every rank (HFShard.prepare);
+    # its rows differ from a lone forward's by ~1e-5, far from moving a keyed draw.
+    # Target-only: a speculative answer also depends on the worker's q, whose own
+    # batching may round its rows differently (still exact, not the same tokens)
+    bodies = [{"prompt": PROMPT, "max_tokens": 8, "seed": s, "speculative": False,
+               "temperature": 0.8} for s in (11, 12)]
+    alone = [pair.generate_many([b])[0]["token_ids"] for b in bodies]
+    together = [a["token_ids"] for a in pair.generate_many(bodies, concurrency=2)]
+    assert together == alone
+
+
 def test_top_p_is_refused_and_counted(pair):
     with pytest.raises(ApiError) as e:
         _one(pair, top_p=0.9)

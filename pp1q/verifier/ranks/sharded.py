@@ -83,6 +83,16 @@ class ShardedDecisions(RankDecisions):
     def closed(self, slot: int) -> None:
         self.shard.close(slot)
 
+    def prepare(self, work: list[tuple[Op, SlotReplica]]) -> None:
+        """The target rows of an exchange's decisions in one batch, where the shard can
+        (a real model's: HFShard.prepare); every rank prepares the same list."""
+        prepare = getattr(self.shard, "prepare", None)
+        if prepare is None:
+            return
+        prepare([(op.slot, s.prefix.tokens, [] if op.kind is OpKind.TARGET_ONLY
+                  else [int(t) for t in op.drafts]) for op, s in work
+                 if s.processors.top_k is None and s.processors.top_p is None])
+
     @property
     def evictions(self) -> int:
         return getattr(self.shard, "evictions", 0)  # the toy shard keeps no cache
@@ -146,6 +156,10 @@ class ShardedRankState(RankState):
         every = drive(_gather(codes), self.decisions.comm)  # [N, ops]: who refuses what
         if self.target_delay_s and any(op.kind in _DECIDING for op in ops):
             time.sleep(self.target_delay_s)  # simulated forward pass (demo), every rank
+        # the target rows of every decision below in one batch where the shard can
+        self.decisions.prepare([(op, self.slots[op.slot]) for i, op in enumerate(ops)
+                                if mine[i] is None and not bool(every[:, i].any())
+                                and op.kind in _DECIDING])
         out = []
         for i, op in enumerate(ops):
             if mine[i] is not None:
