@@ -17,7 +17,7 @@ Sliding-window attention is refused at construction too (its caches crop differe
 pp1q.models.hf.CausalLM), so a model the shard cannot serve never joins a group.
 The slice's product then differs from the full row's ids only by the matmul's blocking:
 measured on the 2-core CPU with SmolLM2-135M (float32), bit-identical on every split
-tried (the balanced 2-, 3- and 4-way splits of its 49152 ids, and a cut at 20000) and
+tried (the balanced 2- and 3-way splits of its 49152 ids, and a cut at 20000) and
 3.8e-6 apart on one odd split ([100, 49151), 6 rows); tests/models/test_hf_shard.py
 bounds it by 1e-5. The rank group's decisions are bit-identical to one rank deciding from the
 concatenation of the shards' logits whatever the split (the exact integer sampler).
