@@ -32,6 +32,9 @@ def add_arguments(p) -> None:
                    help="model suite: exit adapters, none and/or auto (default none,auto)")
     p.add_argument("--depths", type=_ints, metavar="D,D,...",
                    help="model suite: drafts per round (default 5)")
+    p.add_argument("--model", metavar="embedded|PATH",
+                   help="ranks suite: a real model on vocabulary-sharded ranks (1 and 2) "
+                        "instead of the toy")
 
 
 def _ints(text: str) -> list[int]:
@@ -73,7 +76,7 @@ def run(args) -> int:
         # suite options (--k, ...) go to the suites whose run() takes them
         wanted = inspect.signature(mod.run).parameters
         options = {key: getattr(args, key)
-                   for key in ("k", "temperatures", "tokens", "adapters", "depths")
+                   for key in ("k", "temperatures", "tokens", "adapters", "depths", "model")
                    if key in wanted and getattr(args, key) is not None}
         for line in mod.run(quick=args.quick, **options):
             print(line, flush=True)

@@ -85,6 +85,9 @@ class Reason(enum.StrEnum):
     GENERATIONS_EXHAUSTED = "generations_exhausted"  # a slot used all its 24-bit generations
     BAD_REQUEST = "bad_request"  # the HTTP layer refused a request (status and code say how)
     STOPPING = "stopping"  # the verifier is stopping (SIGTERM): queued and new requests refused
+    # target processors a rank group cannot apply exactly (top-k/top-p across vocabulary
+    # shards; anything but T = 1 on replicated ranks): 422, never sampled otherwise
+    UNSUPPORTED_PROCESSORS = "unsupported_processors"
     # HTTP connections at their bound: one 503; worker: a newer wire connection took the
     # place of this one before its HELLO (pp1q.wire.sessions)
     TOO_MANY_CONNECTIONS = "too_many_connections"

@@ -257,6 +257,20 @@ class CausalLM:
             logits = logits[:, -last:]
         return logits if logits.dtype == torch.float64 else logits.float()
 
+    @torch.inference_mode()
+    def hidden(self, ids: torch.Tensor, cache, last: int | None = None, *,
+               attention_mask=None, position_ids=None) -> torch.Tensor:
+        """The last ``last`` (None: all) hidden states [B, last, H] of a decoder (the
+        model under an LM head: ``get_decoder()``) for ``ids`` [B, T]; extends ``cache``.
+        What the head of a vocabulary shard multiplies (pp1q.models.hf_shard)."""
+        kwargs = {self._cache_kw: cache, "use_cache": True}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        out = self.model(input_ids=ids.to(self.device), **kwargs).last_hidden_state
+        return out if last is None else out[:, -last:]
+
 
 def cache_length(cache) -> int:
     return int(cache.get_seq_length())
@@ -278,6 +292,52 @@ def kv_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
     return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+
+
+def cache_from(lm: CausalLM, kv) -> object:
+    """A new DynamicCache holding ``kv`` (per layer (keys, values); [] for none)."""
+    cache = lm.new_cache()
+    for i, (k, v) in enumerate(kv):
+        cache.update(k, v, i)
+    return cache
+
+
+def forward_stacked(lm: CausalLM, run, items) -> list:
+    """One forward for several requests: ``items`` (kv, start, feed, rows) per request,
+    its cached K/V of ``start`` tokens, the tokens to feed and how many last positions
+    it wants; ``run(ids, cache, mask, positions)`` is the model call ([B, T, X] out).
+    Caches are left-padded to the longest, feeds right-padded, an attention mask hides
+    both and each request keeps its own positions (padding never shifts RoPE). Returns
+    per request (its last ``rows`` outputs, its grown K/V). Used by HFTarget's batched
+    rounds and a vocabulary shard's (pp1q.models.hf_shard)."""
+    dev = lm.device
+    width = max(start for _, start, _, _ in items)  # longest cache: the rest left-padded
+    steps = max(len(feed) for _, _, feed, _ in items)  # longest feed: the rest right-padded
+    ids = torch.zeros(len(items), steps, dtype=torch.long)
+    mask = torch.zeros(len(items), width + steps, dtype=torch.long)
+    pos = torch.zeros(len(items), steps, dtype=torch.long)
+    for b, (_, start, feed, _) in enumerate(items):
+        ids[b, : len(feed)] = torch.tensor(feed)
+        mask[b, width - start: width + len(feed)] = 1
+        pos[b] = start + torch.arange(steps)  # each request's own positions
+    cache = lm.new_cache()
+    if width:
+        ref = next(kv for kv, _, _, _ in items if kv)
+        for i, (rk, _) in enumerate(ref):
+            empty = rk.new_zeros((1, rk.shape[1], 0, rk.shape[3]))
+            ks = [torch.nn.functional.pad(kv[i][0] if kv else empty, (0, 0, width - start, 0))
+                  for kv, start, _, _ in items]
+            vs = [torch.nn.functional.pad(kv[i][1] if kv else empty, (0, 0, width - start, 0))
+                  for kv, start, _, _ in items]
+            cache.update(torch.cat(ks), torch.cat(vs), i)
+    out = run(ids, cache, mask.to(dev), pos.to(dev))
+    grown = kv_tensors(cache)
+    result = []
+    for b, (_, start, feed, rows) in enumerate(items):
+        lo, hi = width - start, width + len(feed)  # this request's real positions
+        result.append((out[b, len(feed) - rows: len(feed)],
+                       [(k[b: b + 1, :, lo:hi], v[b: b + 1, :, lo:hi]) for k, v in grown]))
+    return result
 
 
 def export_folder(ckpt: Checkpoint, folder: str | Path) -> Path:

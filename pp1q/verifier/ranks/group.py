@@ -145,7 +145,7 @@ class RankGroup:
             while True:
                 batch, stop = self._take()
                 self._seq += 1
-                decided = self.state.decided
+                decided, evicted = self.state.decided, self.state.decisions.evictions
                 t0 = time.perf_counter()
                 _, verdicts, _ = self.coll.exchange(self.state, self._seq,
                                                     [op for op, _ in batch],
@@ -153,6 +153,7 @@ class RankGroup:
                 self.metrics.rank_exchange_seconds.observe(time.perf_counter() - t0)
                 self.metrics.rank_exchanges.inc()
                 self.metrics.rank_decisions.inc(self.state.decided - decided)
+                self.metrics.rank_kv_evictions.inc(self.state.decisions.evictions - evicted)
                 self._loop.call_soon_threadsafe(self._resolve, batch, verdicts)
                 if stop:
                     return
@@ -217,7 +218,7 @@ async def start_group(settings: VerifierSettings, launch, decider, config,
 
     rv = launch.plan.rv
     limits = limits_of(config, rv.world, settings.shard_vocab)
-    record = identity(decider.target.identity, limits, rv.backend, None)
+    record = identity(decider.target, limits, rv.backend, None)
     record[DRAW_SECRET] = decider.draws.hex()
     try:
         coll, records = await form_group(launch, limits, record, stop)

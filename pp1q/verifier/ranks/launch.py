@@ -45,9 +45,10 @@ CHILD_STOP_S = 10.0  # spawned ranks get this long to exit after the group stops
 # settings a spawned rank inherits from rank 0 (the rest concern rank 0 alone)
 CHILD_KEYS = ("vocab", "model_seed", "slots", "depth", "target_delay_ms", "log_level",
               "metrics_host", "ranks", "rank_timeout_s", "rank_join_timeout_s",
-              "rank_backend", "rank_exit_grace_s", "shard_vocab")
+              "rank_backend", "rank_exit_grace_s", "shard_vocab",
+              "model", "draft", "draft_model", "device", "dtype", "gguf_cache")
 IDENTITY_KEYS = ("pp1q", "target", "vocab", "slots", "depth", "dense_len", "max_support",
-                 "backend", "sharded")
+                 "backend", "sharded", "dtype")
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,11 @@ def limits_of(config, world: int, sharded: bool = False) -> Limits:
                   max_support=lim.max_support, sharded=sharded)
 
 
-def identity(target_id: str, limits: Limits, backend: str, metrics: str | None) -> dict:
-    return {"pp1q": __version__, "target": target_id, "vocab": limits.vocab,
+def identity(target, limits: Limits, backend: str, metrics: str | None) -> dict:
+    """``target``: the rank's target (its identity; a real model's shard also its dtype:
+    ranks computing their rows at different precisions would mix two p's in one row)."""
+    return {"pp1q": __version__, "target": target.identity,
+            "dtype": getattr(target, "dtype", None), "vocab": limits.vocab,
             "slots": limits.slots, "depth": limits.depth, "dense_len": limits.dense_len,
             "max_support": limits.max_support, "backend": backend, "metrics": metrics,
             "sharded": limits.sharded}
@@ -162,6 +166,8 @@ class Children:
             args = [*command, "--rank", str(r), "--rank-master", f"{host}:{port}"]
             for key in CHILD_KEYS:
                 v = getattr(settings, key)
+                if v is None:  # unset (draft_model, gguf_cache): the default
+                    continue
                 if isinstance(v, bool):  # a --flag / --no-flag pair
                     args.append(option_of(key) if v else option_of(f"no_{key}"))
                 else:

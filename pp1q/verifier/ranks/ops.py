@@ -14,13 +14,15 @@ anything malformed) and votes into verdicts; pp1q.verifier.ranks.collective move
 pp1q.verifier.ranks.replica checks and applies the ops.
 
 Envelope head, 40 bytes LE: magic ``PP1QRANK``, version u16, op count u16, flags u32,
-exchange sequence u64, body length u32, overflow length u32, xxh3_64 of head bytes
-0..31 followed by the body. Body: per op a 52-byte head (``_OP``) and its payload:
-OPEN the prompt (int32 ids); ROUND the draft ids (int32), a row table (form, entries:
-u32 pairs) and the rows exactly as the worker sent them (dense FP32 q, or sparse int32
-ids then FP32 q; a SHARDED row, --shard-vocab's dense row, has no bytes here: rank 0
-scatters its slices after the envelope, pp1q.verifier.ranks.sharded); the other kinds
-nothing.
+exchange sequence u64, body length u32, overflow length u32, xxh3_64 of head bytes 0..31
+followed by the body. Body: per op a 52-byte head (``_OP``) and its payload: OPEN the
+prompt (int32 ids) then the request's target processors (``_PROCESSORS``: temperature
+FP64, exactly the float the HTTP API decoded, 1 for greedy requests; top-k u32, 0 for
+none; top-p FP64, 1 for none), so every rank knows the p it decides from; ROUND the
+draft ids (int32), a row table (form, entries: u32 pairs) and the rows exactly as the
+worker sent them (dense FP32 q, or sparse int32 ids then FP32 q; a SHARDED row, --shard-
+vocab's dense row, has no bytes here: rank 0 scatters its slices after the envelope,
+pp1q.verifier.ranks.sharded); the other kinds nothing.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.errors import DistributionError, Reason, RemoteProtocolError
 from pp1q.core.q import DyadicRow
+from pp1q.models.processors import Processors
+from pp1q.verifier.api import MAX_TEMPERATURE  # an OPEN's temperature: what the API takes
 
 MAGIC = b"PP1QRANK"
-VERSION = 1
+VERSION = 2  # 2: OPEN carries the target processors (--shard-vocab samples at T)
 ENVELOPE_BYTES = 16 * 1024  # gloo's broadcast costs the same from 128 B to ~64 KiB on
 # loopback; 16 KiB holds four sparse k=32 rounds, so overflow broadcasts are for dense rows
 MAX_PROMPT_TOKENS = 65536  # as the HTTP API (pp1q.verifier.api): bounds an OPEN payload
@@ -47,6 +51,7 @@ VOTE_WORDS = 6  # vote, reason, accepted, token, committed length, committed dig
 _HEAD = struct.Struct("<8sHHIQIIQ")
 _OP = struct.Struct("<BBHHHHHIIIIQQII")
 _ROW = struct.Struct("<II")  # form, entries
+_PROCESSORS = struct.Struct("<dId")  # OPEN, after the prompt: temperature, top-k, top-p
 _CHECKED = _HEAD.size - 8  # the checksum covers the head up to itself, then the body
 HEAD_BYTES = _HEAD.size
 
@@ -86,7 +91,7 @@ class Limits:
     def max_payload(self) -> int:
         """The largest single op payload: a ROUND of dense rows, or a longest prompt."""
         row = max(self.dense_len * 4, self.max_support * 8)
-        return max(self.depth * (4 + _ROW.size + row), MAX_PROMPT_TOKENS * 4)
+        return max(self.depth * (4 + _ROW.size + row), MAX_PROMPT_TOKENS * 4 + _PROCESSORS.size)
 
     @property
     def max_body(self) -> int:
@@ -113,10 +118,13 @@ class Op:
     drafts: np.ndarray | None = None  # ROUND: int32 ids
     rows: tuple = ()  # ROUND sampled: (form, ids or None, q) per draft, wire bytes
     q_rows: tuple[DyadicRow, ...] | None = None  # rank 0 only: the rows it validated
+    processors: Processors = Processors()  # OPEN: the request's target processors
 
     def payload_parts(self) -> list:
         if self.kind is OpKind.OPEN:
-            return [_le(self.prompt, "<i4")]
+            p = self.processors
+            return [_le(self.prompt, "<i4"), _PROCESSORS.pack(
+                p.temperature, p.top_k or 0, 1.0 if p.top_p is None else p.top_p)]
         if self.kind is not OpKind.ROUND:
             return []
         parts = [_le(self.drafts, "<i4")]
@@ -259,10 +267,10 @@ def _with_payload(op: Op, n_drafts: int, n_rows: int, payload: memoryview,
                   limits: Limits) -> Op:
     if op.kind is OpKind.OPEN:
         if n_drafts or n_rows or not 1 <= op.prefix_len <= MAX_PROMPT_TOKENS \
-                or len(payload) != 4 * op.prefix_len:
+                or len(payload) != 4 * op.prefix_len + _PROCESSORS.size:
             raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "OPEN payload")
         prompt = _ids(payload, op.prefix_len, limits.vocab)
-        return _replace(op, prompt=prompt)
+        return _replace(op, prompt=prompt, processors=_processors(payload, 4 * op.prefix_len))
     if op.kind is not OpKind.ROUND:
         if n_drafts or n_rows or len(payload):
             raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"{op.kind.name} payload")
@@ -298,6 +306,16 @@ def _with_payload(op: Op, n_drafts: int, n_rows: int, payload: memoryview,
     if table_end != len(payload):
         raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "bytes after the ROUND rows")
     return _replace(op, drafts=drafts, rows=tuple(rows))
+
+
+def _processors(payload: memoryview, at: int) -> Processors:
+    temperature, top_k, top_p = _PROCESSORS.unpack_from(payload, at)
+    if not 0.0 < temperature <= MAX_TEMPERATURE:  # NaN fails this too
+        raise RemoteProtocolError(Reason.BAD_TEMPERATURE, f"OPEN temperature {temperature!r}")
+    try:  # the same checks as the API's (top_p in (0, 1], top_k >= 1)
+        return Processors(temperature, top_k or None, None if top_p == 1.0 else top_p)
+    except DistributionError as e:
+        raise RemoteProtocolError(e.reason, f"OPEN processors: {e.detail}") from None
 
 
 def _ids(payload: memoryview, n: int, vocab: int) -> np.ndarray:

@@ -26,6 +26,7 @@ from pp1q.core.errors import LocalProtocolError, Pp1qError, Reason
 from pp1q.core.prefix import Prefix
 from pp1q.core.q import parse_dense, parse_sparse
 from pp1q.core.verify import RoundKeys
+from pp1q.models.processors import Processors
 from pp1q.models.toy import TargetModel
 from pp1q.verifier import rounds
 from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind, Verdict, no, yes
@@ -38,6 +39,7 @@ class SlotReplica:
     greedy: bool
     prefix: Prefix
     invalid_through: int = 0  # no proposal of a generation <= this is verified again
+    processors: Processors = Processors()  # the request's target processors (OPEN)
 
 
 def committed_tokens(op: Op, accepted: int, token: int) -> list[int]:
@@ -65,6 +67,9 @@ class RankDecisions:
 
     def decide(self, op: Op, s: SlotReplica) -> rounds.Outcome:
         """The decision of a ROUND or TARGET_ONLY op after ``s``'s committed prefix."""
+        if not s.processors.is_default:  # the HTTP API refuses these (422): never ignore them
+            raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, "replicated ranks sample the "
+                                     "target at T = 1 without top-k/top-p only")
         if op.kind is OpKind.TARGET_ONLY:
             return self.rows.target_only(op.slot, s.prefix.tokens, self.draw_seed(s),
                                          op.generation, op.round_id, s.greedy)
@@ -73,6 +78,16 @@ class RankDecisions:
             op.q_rows if op.q_rows is not None else self._parse_rows(op))
         keys = RoundKeys(self.draw_seed(s), op.generation, op.round_id, len(s.prefix))
         return self.rows.round(op.slot, s.prefix.tokens, drafts, q_rows, keys, op.greedy)
+
+    @property
+    def evictions(self) -> int:
+        """Slot K/V caches dropped to stay under the memory budget (a metric; only a real
+        model's shard keeps any, pp1q.models.hf_shard)."""
+        return 0
+
+    def closed(self, slot: int) -> None:
+        """``slot``'s request ended (or a new one took it): free what is held for it (a
+        real model's per-slot K/V, pp1q.models.hf_shard)."""
 
     def committed(self, rank: int, op: Op, s: SlotReplica, v: Verdict) -> list[int]:
         """The tokens ``rank`` appends for the verdict every rank derived: the verdict's."""
@@ -155,9 +170,12 @@ class RankState:
         if not v.ok:
             return True
         if op.kind is OpKind.OPEN:
-            self.slots[op.slot] = SlotReplica(op.seed, op.greedy, Prefix(op.prompt))
+            self.decisions.closed(op.slot)
+            self.slots[op.slot] = SlotReplica(op.seed, op.greedy, Prefix(op.prompt),
+                                              processors=op.processors)
         elif op.kind is OpKind.CLOSE:
             self.slots.pop(op.slot, None)
+            self.decisions.closed(op.slot)
         elif op.kind is OpKind.INVALIDATE:
             s = self.slots[op.slot]
             s.invalid_through = max(s.invalid_through, op.generation)

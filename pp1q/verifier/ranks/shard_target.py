@@ -1,20 +1,28 @@
-"""The toy target's LM head split by vocabulary rows: one rank's logits, never a full row.
+"""A target's LM head split by vocabulary rows: one rank's logits, never a full row.
 
-``ToyShard`` keeps rows [lo, hi) of the toy target's output embedding and unigram bias
-(pp1q.models.toy._ToyWeights) and computes the same expression as ``ToyTarget.logits``
-for those ids only; the context embedding (E_in) stays whole, as a vocabulary-parallel
-LM head keeps its input replicated. The product is one dot product of TOY_RANK terms per
-id, so a shard's logits equal the same ids of the whole row bit for bit
-(tests/verifier/ranks/test_ranks_shard_daemon.py checks it). The Hugging Face adapter's
-LM head is not split yet (docs/operations.md, "Vocabulary-sharded ranks").
+Two shards answer ``logits(slot, prefix, drafts)`` with torch logits [len(drafts) + 1,
+hi - lo] for the ids [lo, hi), and ``close(slot)``:
+
+- ``ToyShard`` (here) keeps rows [lo, hi) of the toy target's output embedding and
+  unigram bias (pp1q.models.toy._ToyWeights) and computes the same expression as
+  ``ToyTarget.logits`` for those ids only; the context embedding (E_in) stays whole, as
+  a vocabulary-parallel LM head keeps its input replicated. The product is one dot
+  product of TOY_RANK terms per id, so a shard's logits equal the same ids of the whole
+  row bit for bit (tests/verifier/ranks/test_ranks_shard_daemon.py checks it). It keeps
+  nothing per slot.
+- ``HFShard`` (pp1q.models.hf_shard) is a Hugging Face model's head rows over its whole
+  decoder, with a K/V cache per slot; it is cut when the model is loaded
+  (pp1q.models.serving.load_target), so the full head is never kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
+import torch
 
+from pp1q.core.errors import ConfigError
 from pp1q.models.toy import ToyTarget, context_columns
 
 
@@ -27,6 +35,22 @@ class ToyShard:
         self._out = np.ascontiguousarray(w.e_out_scaled[lo:hi].T)  # [r, width]
         self._bias = w.bias[lo:hi].copy()
 
-    def logits(self, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
+    def logits(self, slot: Hashable, prefix: Sequence[int], draft: Sequence[int]
+               ) -> torch.Tensor:
         """FP64 logits [len(draft) + 1, hi - lo] of this shard's ids (ToyTarget.logits)."""
-        return np.add(context_columns(self._embed, prefix, draft).T @ self._out, self._bias)
+        return torch.from_numpy(np.add(context_columns(self._embed, prefix, draft).T @ self._out,
+                                       self._bias))
+
+    def close(self, slot: Hashable) -> None:
+        """Nothing is kept per slot."""
+
+
+def shard_of(target, lo: int, hi: int):
+    """This rank's shard [lo, hi) of ``target``: the toy's rows are cut here; a real
+    model's shard was cut at load and must hold exactly these ids."""
+    if isinstance(target, ToyTarget):
+        return ToyShard(target, lo, hi)
+    if (target.lo, target.hi) != (lo, hi):
+        raise ConfigError(f"this rank's target shard holds ids [{target.lo}, {target.hi}), "
+                          f"the group's split gives it [{lo}, {hi})", key="shard_vocab")
+    return target

@@ -1,7 +1,8 @@
 """``--shard-vocab``: every rank holds one vocabulary shard and takes part in every decision.
 
 The replicated group (replica.RankDecisions) has one rank decide each op from whole
-rows. Here rank r holds the toy target's LM head rows [lo_r, hi_r) only (shard_target),
+rows. Here rank r holds the target's LM head rows [lo_r, hi_r) only (shard_target: the
+toy's, or a Hugging Face model's, pp1q.models.hf_shard),
 and a decision is the exact sampler of pp1q_kernels.shard_step run by every rank
 together over the group's collectives (shard_collective.ShardComm): p normalised by
 exact integer sums, the ratio test on the draft's owner, the correction, bonus and
@@ -17,6 +18,13 @@ A refusal inside a decision (q = 0 at a draft, a bad row) is reached by every ra
 the same collective, so every rank votes the same no. A rank that dies or hangs fails
 the collective it is in: the group is lost (503 ranks_lost), nothing is committed.
 
+The request's target temperature (in its OPEN op, with its other processors) divides
+every shard's logits in float64 before the sampler, the same element-wise x / T that
+pp1q.models.processors applies to a whole row, so N ranks still decide exactly as one
+rank from the concatenated rows. Top-k and top-p need a global order of the whole row;
+the HTTP API refuses them with --shard-vocab (422 unsupported_processors, counted), and
+a rank refuses to decide a slot that has them (every rank alike, before any collective).
+
 q to ranks: sparse rows are in the op (every rank holds the whole, small row); a dense
 row travels as Form.SHARDED: rank 0 scatters each rank its slice of the counts after
 the envelope (docs/operations.md, "Vocabulary-sharded ranks", has the bytes).
@@ -30,18 +38,18 @@ import numpy as np
 import torch
 from pp1q_kernels import shard_step as ss
 from pp1q_kernels.lookup import from_rows
+from pp1q_kernels.shard_comm import ShardLayout
 from pp1q_kernels.shard_spmd import Gather, Place, drive
 
-from pp1q.core.errors import ConfigError, Pp1qError
+from pp1q.core.errors import ConfigError, LocalProtocolError, Pp1qError, Reason
 from pp1q.core.q import parse_sparse
 from pp1q.core.verify import RoundKeys, round_draws, target_only_draw
-from pp1q.models.toy import ToyTarget
 from pp1q.verifier import rounds
 from pp1q.verifier.ranks.collective import GroupError
 from pp1q.verifier.ranks.ops import REASONS, Form, Limits, Op, OpKind, no, yes
 from pp1q.verifier.ranks.replica import RankDecisions, RankState, SlotReplica
 from pp1q.verifier.ranks.shard_collective import ShardComm
-from pp1q.verifier.ranks.shard_target import ToyShard
+from pp1q.verifier.ranks.shard_target import shard_of
 
 _DECIDING = (OpKind.ROUND, OpKind.TARGET_ONLY)
 
@@ -59,25 +67,59 @@ def balanced(vocab: int, world: int) -> tuple[tuple[int, int], ...]:
 class ShardedDecisions(RankDecisions):
     """One rank's share of every decision (``comm`` is set when the group forms)."""
 
-    def __init__(self, target: ToyTarget, limits: Limits, rank: int) -> None:
+    def __init__(self, target, limits: Limits, rank: int, bounds=None) -> None:
+        """``bounds``: every rank's (lo, hi), in rank order (default ``balanced``)."""
         self.vocab = limits.vocab
-        self.bounds = balanced(limits.vocab, limits.world)
+        self.bounds = balanced(limits.vocab, limits.world) if bounds is None else \
+            ShardLayout(limits.vocab, tuple(bounds)).bounds  # contiguous, covering, non-empty
+        if len(self.bounds) != limits.world:
+            raise ConfigError(f"{len(self.bounds)} shards for {limits.world} ranks",
+                              key="shard_vocab")
         self.place = Place.of(self.bounds, rank)
-        self.shard = ToyShard(target, self.place.lo, self.place.hi)
+        self.shard = shard_of(target, self.place.lo, self.place.hi)
         self.draws = None
         self.comm: ShardComm | None = None
+
+    def closed(self, slot: int) -> None:
+        self.shard.close(slot)
+
+    def prepare(self, work: list[tuple[Op, SlotReplica]]) -> None:
+        """The target rows of an exchange's decisions in one batch, where the shard can
+        (a real model's: HFShard.prepare); every rank prepares the same list."""
+        prepare = getattr(self.shard, "prepare", None)
+        if prepare is None:
+            return
+        prepare([(op.slot, s.prefix.tokens, [] if op.kind is OpKind.TARGET_ONLY
+                  else [int(t) for t in op.drafts]) for op, s in work
+                 if s.processors.top_k is None and s.processors.top_p is None])
+
+    @property
+    def evictions(self) -> int:
+        return getattr(self.shard, "evictions", 0)  # the toy shard keeps no cache
+
+    def _logits(self, op: Op, s: SlotReplica, drafts: list[int], greedy: bool) -> torch.Tensor:
+        """This shard's rows; sampled at T != 1: x / T in float64, element by element as
+        pp1q.models.processors does to a whole row (so any split gives the same p)."""
+        p = s.processors
+        if p.top_k is not None or p.top_p is not None:  # refused at the API (422) too
+            raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, "top-k/top-p need the whole "
+                                     "row; a vocabulary shard applies the temperature only")
+        logits = self.shard.logits(op.slot, s.prefix.tokens, drafts)
+        if greedy or p.temperature == 1.0:
+            return logits
+        return logits.to(torch.float64) / float(p.temperature)
 
     def decide(self, op: Op, s: SlotReplica) -> rounds.Outcome:
         pos = len(s.prefix)
         if op.kind is OpKind.TARGET_ONLY:
-            logits = torch.from_numpy(self.shard.logits(s.prefix.tokens, []))
+            logits = self._logits(op, s, [], s.greedy)
             if s.greedy:
                 return rounds.Outcome(0, int(self._run(ss.argmax(self.place, logits))[0]))
             keys = RoundKeys(self.draw_seed(s), op.generation, op.round_id, pos)
             token = self._run(ss.target_only(self.place, logits[0], target_only_draw(keys, pos)))
             return rounds.Outcome(0, token)
         drafts = [int(t) for t in op.drafts]
-        logits = torch.from_numpy(self.shard.logits(s.prefix.tokens, drafts))
+        logits = self._logits(op, s, drafts, op.greedy)
         x = torch.tensor(drafts, dtype=torch.int64)
         if op.greedy:
             return rounds.Outcome(*self._run(ss.greedy_round(self.place, logits, x)))
@@ -114,6 +156,10 @@ class ShardedRankState(RankState):
         every = drive(_gather(codes), self.decisions.comm)  # [N, ops]: who refuses what
         if self.target_delay_s and any(op.kind in _DECIDING for op in ops):
             time.sleep(self.target_delay_s)  # simulated forward pass (demo), every rank
+        # the target rows of every decision below in one batch where the shard can
+        self.decisions.prepare([(op, self.slots[op.slot]) for i, op in enumerate(ops)
+                                if mine[i] is None and not bool(every[:, i].any())
+                                and op.kind in _DECIDING])
         out = []
         for i, op in enumerate(ops):
             if mine[i] is not None:
@@ -140,8 +186,9 @@ def _gather(t: torch.Tensor):
     return got
 
 
-def sharded_state(rank: int, limits: Limits, target: ToyTarget,
+def sharded_state(rank: int, limits: Limits, target,
                   target_delay_s: float) -> ShardedRankState:
+    """``target``: the toy target (cut here) or this rank's HFShard (cut at load)."""
     return ShardedRankState(rank, limits, ShardedDecisions(target, limits, rank),
                             target_delay_s)
 

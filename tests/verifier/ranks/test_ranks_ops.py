@@ -3,6 +3,8 @@ the replica (pp1q.verifier.ranks.replica), with several RankStates standing in f
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,6 +15,7 @@ from pp1q.core.errors import ConfigError, Reason, RemoteProtocolError
 from pp1q.core.prefix import Prefix
 from pp1q.core.q import build_row
 from pp1q.core.verify import RoundKeys
+from pp1q.models.processors import Processors
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.verifier import rounds
 from pp1q.verifier.ranks import ops as rank_ops
@@ -40,10 +43,13 @@ def _roundtrip(ops, seq=1, flags=0, limits=LIMITS):
     return rank_ops.decode(head, rank_ops.body_of(head, env, over), limits), env, over
 
 
-def _open(slot=0, prompt=PROMPT, decider=0, greedy=False):
+T1 = Processors()  # T = 1, no top-k/top-p
+
+
+def _open(slot=0, prompt=PROMPT, decider=0, greedy=False, processors=T1):
     return Op(OpKind.OPEN, slot, seed=SEED, decider=decider, greedy=greedy,
               prefix_len=len(prompt), prefix_digest=Prefix(prompt).digest,
-              prompt=np.asarray(prompt, np.int32))
+              prompt=np.asarray(prompt, np.int32), processors=processors)
 
 
 def _proposal(prefix: list[int], depth=3, top_k=8, seed=5):
@@ -143,6 +149,40 @@ def test_out_of_bounds_ops_are_refused(field, value, reason):
     with pytest.raises(RemoteProtocolError) as e:
         _roundtrip([op])
     assert e.value.reason is reason
+
+
+def test_open_carries_the_exact_processors():
+    t = 0.7000000000000001  # not a float32: the FP64 the API decoded, bit for bit
+    sent = [Processors(t), Processors(), Processors(1.3, top_k=7, top_p=0.25)]
+    out, *_ = _roundtrip([_open(i, processors=p) for i, p in enumerate(sent)])
+    assert [o.processors for o in out] == sent
+
+
+@pytest.mark.parametrize("t, top_k, top_p, reason", [
+    (0.0, 0, 1.0, Reason.BAD_TEMPERATURE), (-1.0, 0, 1.0, Reason.BAD_TEMPERATURE),
+    (float("nan"), 0, 1.0, Reason.BAD_TEMPERATURE), (100.5, 0, 1.0, Reason.BAD_TEMPERATURE),
+    (1.0, 0, 0.0, Reason.BAD_TOP_P), (1.0, 0, 1.5, Reason.BAD_TOP_P),
+    (1.0, 0, float("nan"), Reason.BAD_TOP_P)])
+def test_an_open_with_bad_processors_is_refused(t, top_k, top_p, reason):
+    env, over = _buffers()
+    rank_ops.pack(1, [_open(0)], 0, env, over)  # then the processors' bytes are rewritten
+    at = rank_ops.HEAD_BYTES + 52 + 4 * len(PROMPT)
+    env[at:at + 20] = np.frombuffer(struct.pack("<dId", t, top_k, top_p), np.uint8)
+    head = rank_ops.read_head(env, LIMITS)
+    with pytest.raises(RemoteProtocolError) as e:  # the checksum is of the body as sent
+        rank_ops.decode(head, env[rank_ops.HEAD_BYTES:rank_ops.HEAD_BYTES + head.body_len]
+                        .tobytes(), LIMITS)
+    assert e.value.reason is reason
+
+
+def test_replicated_ranks_refuse_to_decide_at_another_temperature():
+    # the HTTP API refuses such requests (422); a replica never samples them at T = 1
+    ranks = _ranks()
+    _exchange(ranks, [_open(1, decider=1, processors=Processors(0.5))], 1)
+    t = Op(OpKind.TARGET_ONLY, 1, 3, 9, 1, seed=SEED, prefix_len=3,
+           prefix_digest=Prefix(PROMPT).digest)
+    (v,) = _exchange(ranks, [t], 2)
+    assert not v.ok and v.reason is Reason.UNSUPPORTED_FEATURE
 
 
 def test_two_ops_of_one_slot_in_one_exchange_are_refused():
@@ -345,7 +385,10 @@ def test_identity_records_must_agree():
     from pp1q.core.errors import ConfigError
     from pp1q.verifier.ranks.launch import check_identities, identity
 
-    one = identity("toy-target-v1:vocab=64:seed=0", LIMITS, "gloo", "127.0.0.1:1")
+    one = identity(TARGET, LIMITS, "gloo", "127.0.0.1:1")
+    assert one["target"] == TARGET.identity and one["dtype"] is None  # the toy has none
     check_identities([one, {**one, "metrics": None}])  # metrics addresses may differ
     with pytest.raises(ConfigError, match="disagree on depth"):
         check_identities([one, {**one, "depth": 4}])
+    with pytest.raises(ConfigError, match="disagree on dtype"):  # a real model's shards
+        check_identities([{**one, "dtype": "float32"}, {**one, "dtype": "bfloat16"}])

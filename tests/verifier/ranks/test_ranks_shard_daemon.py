@@ -1,7 +1,8 @@
 """``pp1q verifier --ranks N --shard-vocab``: each rank holds one vocabulary shard.
 
 Daemons: 2 and 3 sharded ranks serve the same requests (sparse q, dense q scattered by
-slices, target-only, greedy) with the same tokens; a rank killed mid-request fails it
+slices, target-only, greedy, a target temperature) with the same tokens, and refuse
+top-p (422 unsupported_processors, counted); a rank killed mid-request fails it
 with 503 ranks_lost, counted, and the group exits (status 3), as the replicated group
 does (test_ranks_failures.py). Units: the settings, the shard split, the toy shard's
 logits against the whole row."""
@@ -38,6 +39,7 @@ def _serve_all(pair: Pair) -> list[list[int]]:
     out = [c.generate(PROMPT, 24, seed=s)["token_ids"] for s in (1, 2, 3)]
     out.append(c.generate(PROMPT, 6, seed=4, speculative=False)["token_ids"])  # target-only
     out.append(c.generate(PROMPT, 12, seed=5, temperature=0.0)["token_ids"])  # greedy
+    out.append(c.generate(PROMPT, 12, seed=6, temperature=0.7)["token_ids"])  # T on shards
     return out
 
 
@@ -51,6 +53,11 @@ def test_two_and_three_sharded_ranks_serve_the_same_tokens(tmp_path, top_k):
             answers.append(_serve_all(pair))
             m = rank_metrics(pair, world - 1)  # the last rank took part in every decision
             assert value(m, "pp1q_rank_decisions_total") > 0
+            with pytest.raises(ApiError) as e:  # top-p needs the whole row: refused
+                pair.client().generate(PROMPT, 4, seed=1, top_p=0.9)
+            assert (e.value.status, e.value.code) == (422, "unsupported_processors")
+            assert value(rank_metrics(pair, 0), "pp1q_requests_refused_total",
+                         reason="unsupported_processors") == 1
         finally:
             pair.close()
     assert answers[0] == answers[1]
@@ -111,5 +118,19 @@ def test_toy_shard_logits_are_the_whole_rows_ids_bit_for_bit():
     for lo, hi in balanced(129280, 3):
         shard = ToyShard(target, lo, hi)
         for prefix, draft in [([], []), ([5], [9, 11]), ([1, 2, 3], [4, 5, 6, 7, 8])]:
-            assert np.array_equal(shard.logits(prefix, draft),
+            assert np.array_equal(shard.logits(0, prefix, draft).numpy(),
                                   target.logits(prefix, draft)[:, lo:hi])
+
+
+def test_processors_a_group_cannot_apply_are_named_by_the_groups_size():
+    from pp1q.models.processors import Processors
+    from pp1q.verifier.daemon import unsupported_processors
+
+    sharded, replicated = VerifierSettings(ranks=2, shard_vocab=True), VerifierSettings()
+    warm, top_p, top_k = Processors(0.7), Processors(0.7, top_p=0.9), Processors(top_k=5)
+    assert unsupported_processors(sharded, warm, 2) is None  # a temperature: per element
+    assert "top-k/top-p" in unsupported_processors(sharded, top_p, 2)
+    assert "top-k/top-p" in unsupported_processors(sharded, top_k, 2)
+    # torchrun: --ranks stays 1, the group's size comes from its environment
+    assert unsupported_processors(replicated, warm, 2) is not None
+    assert unsupported_processors(replicated, top_p, 1) is None  # one process: all apply

@@ -20,6 +20,7 @@ from pp1q.core.errors import Reason, RemoteProtocolError
 from pp1q.core.prefix import Prefix
 from pp1q.core.q import build_row, sample
 from pp1q.core.rng import proposal_u24
+from pp1q.models.processors import Processors
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.verifier.ranks import ops as rank_ops
 from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, Form, Limits, Op, OpKind
@@ -32,6 +33,7 @@ LIMITS = Limits(world=WORLD, slots=2, depth=DEPTH, vocab=VOCAB, dense_len=VOCAB,
 TARGET = ToyTarget(ToySpec(vocab=VOCAB))
 DRAWS = DrawKeys.from_hex("ab" * 32)
 PROMPT = [3, 7]
+T1 = Processors()  # T = 1, no top-k/top-p
 BARRIER_S = 30.0  # a rank that never arrives fails the test instead of hanging it
 
 
@@ -134,9 +136,10 @@ def _round(state, k: int, form: Form, generation=1):
               drafts=np.asarray(drafts, np.int32), rows=wire, q_rows=tuple(rows))
 
 
-def _open():
+def _open(processors=T1):
     return Op(OpKind.OPEN, 0, seed=9, prefix_len=len(PROMPT),
-              prefix_digest=Prefix(PROMPT).digest, prompt=np.asarray(PROMPT, np.int32))
+              prefix_digest=Prefix(PROMPT).digest, prompt=np.asarray(PROMPT, np.int32),
+              processors=processors)
 
 
 def test_sharded_replicas_commit_what_one_rank_decides():
@@ -194,3 +197,28 @@ def test_sharded_rows_carry_no_q_bytes_and_need_a_sharded_group():
     with pytest.raises(RemoteProtocolError) as e:
         _bytes([op], unsharded)
     assert e.value.reason is Reason.UNEXPECTED_SIZE
+
+
+def test_a_slot_with_top_p_is_refused_by_every_rank_before_any_collective():
+    # the HTTP API refuses such a request (422); a rank never decides it without top-p
+    states, group = _states()
+    _exchange(states, [_open(Processors(0.8, top_p=0.5))])
+    before = group.calls
+    (v,) = _exchange(states, [_round(states[0], 1, Form.SPARSE)])
+    assert not v.ok and v.reason is Reason.UNSUPPORTED_FEATURE
+    assert group.calls == before + 1  # the agreement gather only
+
+
+def test_a_temperature_reaches_every_shard():
+    hot, cold = _states()[0], _states()[0]
+    _exchange(hot, [_open(Processors(0.02))])
+    _exchange(cold, [_open()])
+    differ = 0
+    for k in range(1, 9):
+        before = list(hot[0].slots[0].prefix.tokens)
+        (a,) = _exchange(hot, [_round(hot[0], k, Form.SPARSE)])
+        (b,) = _exchange(cold, [_round(cold[0], k, Form.SPARSE)])
+        differ += (a.accepted, a.token) != (b.accepted, b.token)
+        if a.accepted == 0:  # T = 0.02 sharpens p to its argmax: so is the correction
+            assert a.token == int(np.argmax(TARGET.logits(before, [])[0]))
+    assert differ > 0  # and the same rounds at T = 1 decide otherwise
