@@ -155,6 +155,21 @@ def start_pair(log_dir: str, *, vocab: int = 129280, model_seed: int = 0, preset
     return worker, verifier, url
 
 
+def run_together(commands: list[list[str]], timeout_s: float,
+                 env: dict[str, str] | None = None) -> list[int]:
+    """Start every command at once (a rank group's processes), wait for all of them and
+    return their exit codes; whatever still runs at the timeout is killed (and raises
+    subprocess.TimeoutExpired), so no rank outlives its caller."""
+    procs = [subprocess.Popen(cmd, env=env) for cmd in commands]
+    try:
+        return [p.wait(timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def demo_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
     """n prompts of 8 token ids, drawn from ``seed``."""
     import numpy as np

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from hf_shard_cases import DEPTH, Concat, bounds, limits, play
 from hf_shard_cases import DRAWS as SCENARIO_DRAWS
 from rank_harness import free_port
 from real_model import max_diff
+
+from pp1q.runtime.launcher import run_together
 
 pytestmark = pytest.mark.model
 
@@ -141,16 +142,9 @@ def test_two_gloo_ranks_with_uneven_shards_decide_as_one_rank(smol, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(SUPPORT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     outs = [tmp_path / f"rank{r}.json" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(SUPPORT / "hf_shard_gloo_rank.py"), str(r),
-                               str(world), str(port), str(folder), str(outs[r])], env=env)
-             for r in range(world)]
-    try:
-        codes = [p.wait(RUN_S) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    codes = run_together([[sys.executable, str(SUPPORT / "hf_shard_gloo_rank.py"), str(r),
+                           str(world), str(port), str(folder), str(outs[r])]
+                          for r in range(world)], RUN_S, env)
     assert codes == [0] * world
     runs = [json.loads(o.read_text()) for o in outs]
     want = _one_rank(smol)

@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from pp1q.runtime.launcher import run_together
 
 TITLE = "Verifier ranks: bytes and time per round, replicated vs --shard-vocab (V 129280, D 5)"
 
@@ -47,17 +48,9 @@ def _group(world: int, design: str, form: str, rounds: int,
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, f"r{r}.json") for r in range(world)]
         extra = [] if model is None else [model]
-        procs = [subprocess.Popen([sys.executable, "-m", "pp1q.tools.bench.ranks_peer", str(r),
-                                   str(world), str(port), design, form, str(rounds), outs[r],
-                                   *extra])
-                 for r in range(world)]
-        try:
-            codes = [p.wait(RUN_S) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        codes = run_together([[sys.executable, "-m", "pp1q.tools.bench.ranks_peer", str(r),
+                               str(world), str(port), design, form, str(rounds), outs[r],
+                               *extra] for r in range(world)], RUN_S)
         if codes != [0] * world:
             raise RuntimeError(f"ranks exited {codes}")
         runs = []

@@ -3,13 +3,14 @@ every round as one rank does, and no collective carries a vocabulary-wide row.""
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from rank_harness import free_port
 from shard_cases import ONE, SPLITS, D, V, cases, round_keys, round_on
+
+from pp1q.runtime.launcher import run_together
 
 ROUNDS = 60  # the simulated form runs 10^4 (tests/kernels/test_kernels_shard_step.py)
 RUN_S = 240  # bound on one group's run (spawn, join, rounds)
@@ -24,16 +25,9 @@ def test_gloo_ranks_decide_as_one_rank(tmp_path, world):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(SUPPORT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     outs = [tmp_path / f"rank{r}.json" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(SUPPORT / "shard_gloo_rank.py"), str(r),
-                               str(world), str(port), str(ROUNDS), str(outs[r])], env=env)
-             for r in range(world)]
-    try:
-        codes = [p.wait(RUN_S) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    codes = run_together([[sys.executable, str(SUPPORT / "shard_gloo_rank.py"), str(r),
+                           str(world), str(port), str(ROUNDS), str(outs[r])]
+                          for r in range(world)], RUN_S, env)
     assert codes == [0] * world
     runs = [json.loads(o.read_text()) for o in outs]
     pool = cases()
