@@ -47,10 +47,14 @@ def hidden_size(model) -> int:
     return int(model.get_output_embeddings().weight.shape[1])
 
 
-def exit_identity(checkpoint: str, k: int, total: int, adapter: ExitAdapter | None) -> str:
-    """What an early-exit drafter names at HELLO (the verifier computes the same)."""
-    tail = f":{adapter.tag}" if adapter is not None else ""
-    return f"{checkpoint}:early-exit={k}/{total}{tail}"
+def exit_identity(ckpt: Checkpoint, k: int, adapter: ExitAdapter | None) -> str:
+    """What an early-exit drafter names at HELLO (the verifier computes the same); a map
+    fitted for another checkpoint, exit or width is refused here, on both sides."""
+    tail = ""
+    if adapter is not None:
+        check_fits(adapter, ckpt.identity, k, hidden_size(ckpt.model))
+        tail = f":{adapter.tag}"
+    return f"{ckpt.identity}:early-exit={k}/{num_layers(ckpt.model)}{tail}"
 
 
 def early_exit_view(model, k: int, adapter: ExitAdapter | None = None):
@@ -101,10 +105,8 @@ class HFDrafter(HFRole, Drafter):
                    adapter: ExitAdapter | None = None) -> HFDrafter:
         """First ``k`` layers of ``ckpt`` (+ the exit ``adapter``) + its final norm and
         LM head."""
-        if adapter is not None:
-            check_fits(adapter, ckpt.identity, k, hidden_size(ckpt.model))
-        return cls(early_exit_view(ckpt.model, k, adapter),
-                   identity=exit_identity(ckpt.identity, k, num_layers(ckpt.model), adapter),
+        identity = exit_identity(ckpt, k, adapter)  # refuses a map that does not fit
+        return cls(early_exit_view(ckpt.model, k, adapter), identity=identity,
                    tokenizer_digest=ckpt.tokenizer_digest, vocab=ckpt.vocab,
                    variant=ckpt.variant)
 

@@ -71,19 +71,15 @@ def _load(path: Path, settings, device: str | None = None):
 
 
 def _exit(ckpt, settings):
-    """(k, the exit adapter or None, the drafter's identity) for ``draft = early-exit:K``."""
-    from pp1q.models.hf_drafter import exit_identity, hidden_size, num_layers
+    """(k, the exit adapter or None) for ``draft = early-exit:K``; both are checked
+    against the checkpoint by hf_drafter.exit_identity, which each daemon calls."""
+    from pp1q.models.hf_drafter import num_layers
 
     k, total = early_exit_depth(settings.draft), num_layers(ckpt.model)
     if k > total:
         raise ConfigError(f"draft = 'early-exit:{k}': {ckpt.path.name} has {total} layers",
                           key="draft")
-    adapter = exit_adapter(settings.draft_adapter, ckpt.identity, k)
-    if adapter is not None:
-        from pp1q.models.exit_adapter import check_fits
-
-        check_fits(adapter, ckpt.identity, k, hidden_size(ckpt.model))
-    return k, adapter, exit_identity(ckpt.identity, k, total, adapter)
+    return k, exit_adapter(settings.draft_adapter, ckpt.identity, k)
 
 
 def exit_adapter(setting: str, identity: str, k: int):
@@ -111,8 +107,7 @@ def load_drafter(settings) -> Loaded:
         target_id = checkpoint_identity(target_path)
     else:
         ckpt = _load(target_path, settings)
-        k, adapter, _ = _exit(ckpt, settings)
-        drafter = HFDrafter.early_exit(ckpt, k, adapter)
+        drafter = HFDrafter.early_exit(ckpt, *_exit(ckpt, settings))
         target_id = ckpt.identity
     return Loaded(drafter, ckpt.tokenizer, drafter.tokenizer_digest, drafter.vocab,
                   drafter.identity, target_id, ckpt.load_seconds)
@@ -132,7 +127,9 @@ def load_target(settings, shard: Callable[[int], tuple[int, int]] | None = None,
     if settings.draft_model:
         draft_id = checkpoint_identity(model_path(settings.draft_model))
     else:
-        draft_id = _exit(ckpt, settings)[2]
+        from pp1q.models.hf_drafter import exit_identity
+
+        draft_id = exit_identity(ckpt, *_exit(ckpt, settings))
     if shard is None:
         from pp1q.models.hf_target import HFTarget
 

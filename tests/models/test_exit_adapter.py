@@ -176,11 +176,20 @@ def test_train_writes_a_map_fitted_for_its_checkpoint_and_exit(smol, tmp_path):
 
 def test_the_longest_drafter_identity_fits_hello():
     from pathlib import Path
+    from types import SimpleNamespace
 
     from pp1q.models.hf import _identity
     from pp1q.models.hf_drafter import exit_identity
     from pp1q.wire.limits import MAX_ID_CHARS
 
+    class Shape:  # a 999-layer model of width H, as far as the identity looks
+        def get_decoder(self):
+            return SimpleNamespace(layers=[None] * 999, norm=None)
+
+        def get_output_embeddings(self):
+            return SimpleNamespace(weight=torch.empty(2, H))
+
     checkpoint = _identity(Path("x" * 200 + ".gguf"), "f" * 64)  # stem cut to its limit
     adapter = ExitAdapter(torch.eye(H), torch.zeros(H), checkpoint, 998, 999, digest="e" * 64)
-    assert len(exit_identity(checkpoint, 998, 999, adapter)) <= MAX_ID_CHARS
+    ckpt = SimpleNamespace(identity=checkpoint, model=Shape())
+    assert len(exit_identity(ckpt, 998, adapter)) <= MAX_ID_CHARS
