@@ -58,6 +58,16 @@ def wait_metric(pair: Pair, rank: int, name: str, at_least: float, **labels) -> 
     return box[0]
 
 
+def assert_group_lost_once(pair: Pair, box: dict) -> None:
+    """The request in flight when a rank died got 503 ranks_lost, and rank 0 counted one
+    lost rank and one failed request."""
+    err = box.get("error")
+    assert err is not None and (err.status, err.code) == (503, "ranks_lost"), box
+    m = rank_metrics(pair, 0)
+    assert value(m, "pp1q_rank_failures_total", cause="rank_lost") == 1
+    assert value(m, "pp1q_requests_total", outcome="error") == 1
+
+
 def free_port() -> int:
     """A port free a moment ago (for the explicit form, whose rank 0 needs a fixed one)."""
     with socket.socket() as s:
