@@ -1,11 +1,13 @@
 """The part of ``pp1q demo`` that both demos (toy and real model) share: start a daemon
 pair, run the demo's body against it, keep the daemons up on ``--keep``, and end the
 same way on every path (one error message with the daemons' last log lines, status 1;
-Ctrl-C 130; the daemons always stopped); and what both summaries print (totals, the
-exactness check)."""
+Ctrl-C 130; the daemons always stopped; their log folder, which also holds the pair's
+draw secret, removed unless the run failed, when its path is printed for the logs); and
+what both summaries print (totals, the exactness check)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +20,7 @@ def run_on_pair(log_dir: str, start: Callable, body: Callable, keep: bool,
     from pp1q.tools.client import ApiError
 
     daemons = []
+    done = False  # logs are kept on every path that is not a clean end
     try:
         worker, verifier, url = start()
         daemons = [worker, verifier]
@@ -27,20 +30,25 @@ def run_on_pair(log_dir: str, start: Callable, body: Callable, keep: bool,
                   f"  {try_line(url)}")
             while all(d.alive() for d in daemons):
                 time.sleep(1)
+            gone = [d.role for d in daemons if not d.alive()]
+            raise RuntimeError(f"the {' and '.join(gone)} stopped")
+        done = True
         return 0
     except (ApiError, RuntimeError, OSError) as e:
         print(f"pp1q demo failed: {e}", file=sys.stderr)
         for d in daemons:
             print(f"--- {d.role} log ({d.log_path}), last lines:\n{d.log_tail()}",
                   file=sys.stderr)
-        if not daemons:
-            print(f"daemon logs: {log_dir}", file=sys.stderr)
+        print(f"daemon logs kept in {log_dir}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        done = True
         return 130
     finally:
         for d in reversed(daemons):
             d.stop()
+        if done:  # a folder per run would pile up in the temp dir
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def batch_totals(answers) -> tuple[int, int, int, int]:
