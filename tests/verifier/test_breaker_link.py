@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from fake_decider import FakeDecider
 from fake_worker import FakeWorker
-from test_link_refusal import WAIT_S, make_link, until
+from link_harness import WAIT_S, linked, until
 
 from pp1q.core.errors import Reason
 from pp1q.core.outcomes import FallbackCause
@@ -32,14 +32,10 @@ def request(max_tokens: int) -> GenerateRequest:
 
 async def test_k_watchdog_fallbacks_open_the_circuit_and_a_probe_closes_it():
     worker = FakeWorker(mode="hang")
-    await worker.start()
     metrics = Metrics("verifier")
-    link = make_link(worker.port, metrics, step_timeout=WATCHDOG_S,
-                     breaker=BreakerConfig(after_timeouts=K, open_s=3600.0, open_max_s=3600.0))
-    scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=3)
-    stop = asyncio.Event()
-    task = asyncio.create_task(link.run(stop))
-    try:
+    breaker = BreakerConfig(after_timeouts=K, open_s=3600.0, open_max_s=3600.0)
+    async with linked(worker, metrics, step_timeout=WATCHDOG_S, breaker=breaker) as link:
+        scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=3)
         assert await link.wait_ready(WAIT_S)
         answer = await asyncio.wait_for(scheduler.generate(request(20)), WAIT_S)
         assert len(answer["token_ids"]) == 20
@@ -67,22 +63,14 @@ async def test_k_watchdog_fallbacks_open_the_circuit_and_a_probe_closes_it():
         assert metrics.value("pp1q_circuit_state") == State.CLOSED
         assert link.health()["worker"] == "connected"
         assert metrics.value("pp1q_circuit_trips_total") == 1
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, WAIT_S)
-        await worker.close()
 
 
 async def test_a_probe_whose_request_goes_away_lets_the_next_round_probe():
     worker = FakeWorker(mode="hang")
-    await worker.start()
     metrics = Metrics("verifier")
-    link = make_link(worker.port, metrics, step_timeout=3600.0,
-                     breaker=BreakerConfig(after_timeouts=1, open_s=3600.0, open_max_s=3600.0))
-    scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=3)
-    stop = asyncio.Event()
-    task = asyncio.create_task(link.run(stop))
-    try:
+    breaker = BreakerConfig(after_timeouts=1, open_s=3600.0, open_max_s=3600.0)
+    async with linked(worker, metrics, step_timeout=3600.0, breaker=breaker) as link:
+        scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=3)
         assert await link.wait_ready(WAIT_S)
         # open the circuit through its input, then end the period: the next STEP probes
         link.circuit.breaker.record(Outcome.TIMEOUT, False, 0.0)
@@ -94,7 +82,3 @@ async def test_a_probe_whose_request_goes_away_lets_the_next_round_probe():
         with pytest.raises(asyncio.CancelledError):
             await gone
         assert link.circuit.breaker.state is State.HALF_OPEN
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, WAIT_S)
-        await worker.close()

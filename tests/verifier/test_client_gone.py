@@ -12,7 +12,7 @@ import logging
 import pytest
 from fake_decider import FakeDecider
 from fake_worker import FakeWorker
-from test_link_refusal import PROMPT, WAIT_S, make_link, step_for, until
+from link_harness import PROMPT, WAIT_S, linked, step_for, until
 from wire_helpers import config
 
 from pp1q.core.errors import Reason
@@ -34,46 +34,35 @@ BODIES = {
 @pytest.mark.parametrize("kind", list(BODIES))
 async def test_a_client_that_leaves_frees_its_slot_and_resets_the_worker(kind):
     worker = FakeWorker(mode="hang")  # the round never ends: only the client's leaving does
-    await worker.start()
     metrics = Metrics("verifier")
-    link = make_link(worker.port, metrics, step_timeout=3600.0)
-    scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=3)
-    http = HttpServer(routes(VerifierSettings(), link, scheduler, config(versions=(2,))))
-    stop = asyncio.Event()
-    task = asyncio.create_task(link.run(stop))
-    writer = None
-    try:
-        port = await http.start("127.0.0.1", 0)
-        assert await link.wait_ready(WAIT_S)
-        path, body = BODIES[kind]
-        data = json.dumps(body).encode()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        await writer.drain()
-        await until(lambda: worker.steps, "the request's STEP never arrived")
-        assert metrics.value("pp1q_slots_in_use") == 1
-        writer.close()  # the client goes away mid-round
-        await until(lambda: worker.resets, "no RESET after the client left")
-        assert [(r.slot, r.reason) for r in worker.resets] == [(0, Reason.CANCELLED)]
-        assert worker.resets[0].generation == worker.steps[0].generation
-        await until(lambda: metrics.value("pp1q_slots_in_use") == 0, "the slot stayed held")
-        assert metrics.value("pp1q_requests_total", outcome="error") == 1
-        assert len(worker.steps) == 1  # nothing more was drafted for it
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, WAIT_S)
-        await http.close()
-        await worker.close()
+    async with linked(worker, metrics, step_timeout=3600.0) as link:
+        scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=3)
+        http = HttpServer(routes(VerifierSettings(), link, scheduler, config(versions=(2,))))
+        try:
+            port = await http.start("127.0.0.1", 0)
+            assert await link.wait_ready(WAIT_S)
+            path, body = BODIES[kind]
+            data = json.dumps(body).encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            await writer.drain()
+            await until(lambda: worker.steps, "the request's STEP never arrived")
+            assert metrics.value("pp1q_slots_in_use") == 1
+            writer.close()  # the client goes away mid-round
+            await until(lambda: worker.resets, "no RESET after the client left")
+            assert [(r.slot, r.reason) for r in worker.resets] == [(0, Reason.CANCELLED)]
+            assert worker.resets[0].generation == worker.steps[0].generation
+            await until(lambda: metrics.value("pp1q_slots_in_use") == 0, "the slot stayed held")
+            assert metrics.value("pp1q_requests_total", outcome="error") == 1
+            assert len(worker.steps) == 1  # nothing more was drafted for it
+        finally:
+            await http.close()
 
 
 async def test_a_step_queued_when_its_request_goes_never_leaves(caplog):
     worker = FakeWorker()
-    await worker.start()
-    link = make_link(worker.port)
-    stop = asyncio.Event()
-    task = asyncio.create_task(link.run(stop))
-    try:
+    async with linked(worker) as link:
         assert await link.wait_ready(WAIT_S)
         step = step_for(link)
         with caplog.at_level(logging.WARNING, logger="pp1q.verifier"):
@@ -84,7 +73,3 @@ async def test_a_step_queued_when_its_request_goes_never_leaves(caplog):
             await asyncio.sleep(0.05)
         assert worker.steps == []
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, WAIT_S)
-        await worker.close()
