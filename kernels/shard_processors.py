@@ -18,10 +18,12 @@ tied ids go to the ranks in rank order, each taking its lowest tied ids (``_shar
   largest: fewer than k exceed v in all), t = k - #(P > v). A rank's tied count can be
   cut off at its k, but then it is at least the room left, so the shares are the same.
 - top-p after top-k: every kept value is in that gather; v and t follow from it.
-- top-p alone: S by one Sum, then v = max{v : mass(P >= v) >= B} by a radix select over
-  P's 64 bits, RADIX_PASSES all-reduced histograms of mass per digit ([rows, BINS]
-  int64), then one gather of each rank's count of P == v: t = ceil((B - A) / v) with A
-  the mass above v (the i-th tied id has A + i * v before it).
+- top-p alone: S by one Sum, then v = max{v : mass(P >= v) >= B} by a radix select:
+  one all-reduced histogram of mass per binade ([rows, LENGTHS] int64) finds v's
+  binade, then RADIX_PASSES histograms of mass per 8-bit digit ([rows, BINS]) over the
+  entries of that binade only (a few percent of a row: the passes cost little), then
+  one gather of each rank's count of P == v: t = ceil((B - A) / v) with A the mass
+  above v (the i-th tied id has A + i * v before it).
 
 Collective sizes do not grow with the vocabulary: rows x k (k <= MAX_SHARD_TOP_K) for
 top-k, rows x BINS for top-p's passes, rows for the tie counts.
@@ -40,6 +42,7 @@ MAX_SHARD_TOP_K = 1024  # each rank gathers k values per row: 8 KiB a row at mos
 RADIX_BITS = 8  # top-p's select: 256-bin histograms (2 KiB a row), 8 passes for 64 bits
 BINS = 1 << RADIX_BITS
 RADIX_PASSES = 64 // RADIX_BITS
+LENGTHS = 64  # top-p's first pass: mass per binade of P (< 2^63: bit lengths 0..63)
 _PAD = -1  # below every P >= 0: a rank with fewer than k ids pads its candidates
 
 
@@ -110,6 +113,19 @@ def top_k_step(place: Place, P: torch.Tensor, k: int, top_p: float | None) -> St
     return _mask(P, torch.tensor(vs, dtype=torch.int64), torch.tensor(takes, dtype=torch.int64))
 
 
+def _binade(v: torch.Tensor) -> torch.Tensor:
+    """0..63 per int64 value 0 <= v < 2^63: the bit length of float64(v). Not always v's
+    own (rounding to 53 bits can carry v up to the next power of two), but rounding is
+    monotone, so each bin is a contiguous range of values in order: all a select needs."""
+    return ((v.to(torch.float64).view(torch.int64) >> 52) - 1022).clamp(min=0)
+
+
+def _past(suffix: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """suffix[r, b_r + 1] (0 past the last bin): the mass above bin b_r of each row."""
+    padded = torch.cat([suffix[:, 1:], suffix.new_zeros(suffix.shape[0], 1)], -1)
+    return padded.gather(1, b.unsqueeze(-1)).squeeze(-1)
+
+
 def top_p_step(place: Place, P: torch.Tensor, top_p: float) -> Step:
     """P [n, width] after top-p alone: a radix select of the boundary value."""
     n = P.shape[0]
@@ -117,22 +133,33 @@ def top_p_step(place: Place, P: torch.Tensor, top_p: float) -> Step:
     if bool((S <= 0).any()):  # every rank sees the same totals: all refuse together
         raise DistributionError(Reason.ZERO_MASS, "target row has no mass at 2^-61")
     B = torch.tensor([nucleus_bound(top_p, int(s)) for s in S], dtype=torch.int64)
+    # first v's binade, by one histogram of mass per binade; only the entries of that
+    # binade take part in the digit passes below
+    row = torch.arange(n).repeat_interleave(P.shape[1])
+    val = P.flatten()
+    length = _binade(val)
+    hist = torch.zeros(n * LENGTHS, dtype=torch.int64)
+    hist.scatter_add_(0, row * LENGTHS + length, val)
+    hist = yield Sum(hist.view(n, LENGTHS))
+    suffix = hist.flip(-1).cumsum(-1).flip(-1)  # mass in this binade or above
+    top = (suffix >= B.unsqueeze(-1)).sum(-1) - 1  # the highest binade still reaching B
+    above = _past(suffix, top)  # the mass of P above v's binade (< B)
+    inside = length == top[row]
+    row, val = row[inside], val[inside]
     pre = torch.zeros(n, dtype=torch.int64)  # the digits of v chosen so far
-    above = torch.zeros(n, dtype=torch.int64)  # the mass of P above pre's range (< B)
     for k in range(RADIX_PASSES):
         shift = 64 - RADIX_BITS * (k + 1)
-        inside = torch.ones_like(P, dtype=torch.bool) if k == 0 else \
-            (P >> (shift + RADIX_BITS)) == pre.unsqueeze(-1)
-        digit = (P >> shift) & (BINS - 1)
-        hist = torch.zeros(n, BINS, dtype=torch.int64)
-        hist.scatter_add_(1, digit, torch.where(inside, P, torch.zeros_like(P)))
-        hist = yield Sum(hist)  # [n, BINS]: mass of the range per next digit
+        digit = (val >> shift) & (BINS - 1)
+        hist = torch.zeros(n * BINS, dtype=torch.int64)
+        hist.scatter_add_(0, row * BINS + digit, val)
+        hist = yield Sum(hist.view(n, BINS))  # mass of the range per next digit
         suffix = hist.flip(-1).cumsum(-1).flip(-1)  # mass at this digit or above
         # the largest digit whose mass at or above it still reaches B (suffix falls)
         b = (suffix >= (B - above).unsqueeze(-1)).sum(-1) - 1
-        above = above + torch.cat([suffix[:, 1:], suffix.new_zeros(n, 1)], -1).gather(
-            1, b.unsqueeze(-1)).squeeze(-1)
+        above = above + _past(suffix, b)
         pre = (pre << RADIX_BITS) | b
+        inside = digit == b[row]
+        row, val = row[inside], val[inside]
     counts = yield Gather((pre.unsqueeze(-1) == P).sum(-1))  # [N, n] tied ids per rank
     takes = []
     for r in range(n):
