@@ -5,13 +5,15 @@ yields requests; ``shard_spmd.drive`` runs it over torch.distributed, ``lockstep
 N simulated ranks). A rank holds the target's logits for its ids [lo, hi) only, and q
 either as its slice of dense counts or as a whole sparse row (small, broadcast).
 
-Per sampled round of depth D (six collectives, none wider than max(D + 1, N) * 2):
+Per sampled round of depth D (six collectives, none wider than max(D + 1, N) * 2, with
+no top-k / top-p; shard_processors adds its own, which are as bounded):
 
 1. p: each rank's row maxima are gathered (N x (D+1)); exp(x - global max) is summed
    as exact integer limbs (fixed.sum_limbs), all-reduced; p = e / total. The total is
    the same float on every rank and for any split, so p is bit-identical to the
    one-rank p (which is this function with N = 1).
-2. P = floor(p * 2^61) (fixed.to_fixed) and S = sum(P), all-reduced as int64.
+2. P = floor(p * 2^61) (fixed.to_fixed); the target's top-k / top-p zero the P they
+   drop, in exact integers (shard_processors); S = sum(P), all-reduced as int64.
 3. The ratio test of draft x_i runs on the rank that owns x_i (its P_x, its q count:
    fixed.accepts_exact); its verdict (accept / reject / q = 0) reaches every rank in
    one all-reduce where only owners write. The first rejection decides.
@@ -45,6 +47,7 @@ from .fixed import accepts_exact, check_totals, draw_threshold, limbs_to_float, 
 from .lookup import SparseCounts, count_at, restrict
 from .proposal import first_above
 from .residual import apply_q, pick_fixed
+from .shard_processors import processed
 from .shard_spmd import Bcast, Gather, Place, Step, Sum
 
 ACCEPT, REJECT, ZERO_Q = 1, 2, 3  # an owner's verdict on one draft (0: not the owner)
@@ -129,18 +132,20 @@ def pick(place: Place, R: torch.Tensor, fallback: torch.Tensor, u53: int) -> Ste
 
 
 def sampled_round(place: Place, logits: torch.Tensor, q, drafts: torch.Tensor,
-                  u_acc: torch.Tensor, u_corr: torch.Tensor, u_bonus: int) -> Step:
+                  u_acc: torch.Tensor, u_corr: torch.Tensor, u_bonus: int,
+                  top_k: int | None = None, top_p: float | None = None) -> Step:
     """(accepted, token, underflow) of one round: logits [D+1, width] of this rank's ids,
     q dense counts [D, width] (this rank's slice) or SparseCounts [D, K] (global ids),
-    drafts [D] global ids, the round's draws (pp1q.core.verify.round_draws)."""
+    drafts [D] global ids, the round's draws (pp1q.core.verify.round_draws); the target's
+    top-k / top-p apply to every row (shard_processors), as to a target-only pick."""
     D = int(drafts.shape[0])
     if D < 1 or tuple(logits.shape) != (D + 1, place.width):
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "need D drafts and D+1 logit rows")
     if int(drafts.min()) < 0 or int(drafts.max()) >= place.vocab:
         raise LocalProtocolError(Reason.ID_OUT_OF_RANGE, "draft id outside vocab")
     p = yield from probs(place, logits)
-    P = to_fixed(p)
-    S = yield Sum(P.sum(-1))  # [D+1] exact row totals
+    P = yield from processed(place, to_fixed(p), top_k, top_p)
+    S = yield Sum(P.sum(-1))  # [D+1] exact row totals (of the kept ids)
     check_totals(S)
     verdicts = yield Sum(_verdicts(place, P, S, q, drafts, u_acc))
     if bool(((verdicts < ACCEPT) | (verdicts > ZERO_Q)).any()):
@@ -158,10 +163,12 @@ def sampled_round(place: Place, logits: torch.Tensor, q, drafts: torch.Tensor,
     return j, token, under
 
 
-def target_only(place: Place, logits: torch.Tensor, u53: int) -> Step:
-    """One id from p alone (the TARGET_ONLY draw): logits [width]."""
+def target_only(place: Place, logits: torch.Tensor, u53: int,
+                top_k: int | None = None, top_p: float | None = None) -> Step:
+    """One id from p alone (the TARGET_ONLY draw) after the same processors as a round:
+    logits [width]."""
     p = yield from probs(place, logits.reshape(1, -1))
-    P = to_fixed(p)[0]
+    P = (yield from processed(place, to_fixed(p), top_k, top_p))[0]
     token, _ = yield from pick(place, P, P, u53)
     return token
 

@@ -72,6 +72,9 @@ def add_rank_arguments(p) -> None:
                 "each rank holds one vocabulary shard of the target (its LM head rows) and "
                 "every rank takes part in each exact decision; dense q is scattered by "
                 "slices (docs/operations.md)")
+    add_setting(p, v, "shard_kv_budget_bytes", "BYTES",
+                "with --shard-vocab and a real model: each rank's K/V for all its slots; past "
+                "it the least recently used slot caches are dropped (counted) and recomputed")
 
 
 def run(args) -> int:

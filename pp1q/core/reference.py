@@ -230,3 +230,22 @@ def oracle_round(
 def oracle_target_only(p, u53: int) -> int:
     """Target-only sampling: inverse-CDF pick over exactly normalised p."""
     return exact_pick(exact_dist(p), u53)
+
+
+def processed_kept(P: Sequence[int], top_k: int | None, top_p: float | None) -> list[int]:
+    """Ids (ascending) that top-k then top-p keep of the fixed-point row ``P`` (integers),
+    by a full sort: the one-process form of pp1q_kernels.shard_processors' rule. Ids in
+    descending P order, ties lowest id first; top-k keeps the first k; top-p keeps id j
+    of those when the mass before it over their total is < top_p, compared as Fractions."""
+    order = sorted(range(len(P)), key=lambda i: (-int(P[i]), i))
+    kept = order if top_k is None else order[:top_k]
+    if top_p is not None:
+        total = sum(int(P[i]) for i in kept)
+        bound = Fraction(top_p)
+        out, before = [], 0
+        for i in kept:
+            if Fraction(before, total) < bound:
+                out.append(i)
+            before += int(P[i])
+        kept = out
+    return sorted(kept)

@@ -52,8 +52,6 @@ from pp1q.models.hf import (
     logits_width,
 )
 
-KV_BUDGET_BYTES = 8 << 30  # K/V of all open slots on one rank: 64 slots x 2800 tokens of
-# SmolLM2-135M (46 KB a token, float32); past it least recently used caches are dropped
 PROBE_TOKENS = 8  # ids run through the whole model once to prove logits = head(decoder)
 
 
@@ -76,7 +74,9 @@ class HFShard:
     """Rows [lo, hi) of a causal LM's head over its whole decoder, with per-slot K/V."""
 
     def __init__(self, model, lo: int, hi: int, *, identity: str,
-                 kv_budget_bytes: int = KV_BUDGET_BYTES) -> None:
+                 kv_budget_bytes: int) -> None:
+        """``kv_budget_bytes``: the verifier's ``shard_kv_budget_bytes`` (its default and
+        bounds are in pp1q.runtime.settings)."""
         vocab = logits_width(model)
         if not 0 <= lo < hi <= vocab:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE,

@@ -137,6 +137,7 @@ def load_target(settings, shard: Callable[[int], tuple[int, int]] | None = None,
     else:
         from pp1q.models.hf_shard import HFShard
 
-        target = HFShard.from_checkpoint(ckpt, *shard(ckpt.vocab))
+        target = HFShard.from_checkpoint(ckpt, *shard(ckpt.vocab),
+                                         kv_budget_bytes=settings.shard_kv_budget_bytes)
     return Loaded(target, ckpt.tokenizer, ckpt.tokenizer_digest, ckpt.vocab, draft_id,
                   ckpt.identity, ckpt.load_seconds)

@@ -50,6 +50,11 @@ MAX_CONNECTIONS = 16384  # file descriptors; each connection costs ~70 KiB befor
 # measured past 2 s (watchdog_timeout fallbacks; BENCHMARKS.md, Real model).
 TOY_WATCHDOG_MS = 2000
 REAL_MODEL_WATCHDOG_MS = 20000
+# a --shard-vocab rank's K/V for all its slots (pp1q.models.hf_shard); past it the least
+# recently used slot caches are dropped and recomputed
+DEFAULT_SHARD_KV_BUDGET = 8 << 30  # 64 slots x 2800 tokens of SmolLM2-135M at 46 KB a token
+MIN_SHARD_KV_BUDGET = 1 << 20  # under ~20 tokens of that model: every round would recompute
+MAX_SHARD_KV_BUDGET = 1 << 40  # 1 TiB, above any one rank's memory: a typo, not a plan
 MAX_RANKS = 16  # vote rows grow with ranks; a tensor-parallel group is one or two nodes' GPUs
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # off: target-only; greedy: v1 (temperature 0) speculation; sampled: v2 with exact q.
@@ -178,6 +183,8 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     rank_join_timeout_s: Positive = 120.0
     rank_exit_grace_s: NonNegative = 2.0
     shard_vocab: bool = False  # ranks hold vocabulary shards (pp1q.verifier.ranks.sharded)
+    shard_kv_budget_bytes: Annotated[int, Meta(ge=MIN_SHARD_KV_BUDGET,
+                                               le=MAX_SHARD_KV_BUDGET)] = DEFAULT_SHARD_KV_BUDGET
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -17,11 +17,14 @@ import tempfile
 import time
 
 from pp1q.models.serving import early_exit_depth
-from pp1q.runtime.settings import VerifierSettings, default_of
+from pp1q.runtime.settings import MAX_RANKS, VerifierSettings, default_of
 
 # the daemons' default drafter, chosen by measurement (BENCHMARKS.md, Real model)
 DEFAULT_EARLY_EXIT = early_exit_depth(default_of(VerifierSettings, "draft"))
 DEPTH = 5  # the verifier's default
+# with --ranks: how far one rank's forward may lag the others' before the group is lost
+# (the real-model tests' bound: every rank runs the whole decoder on shared cores)
+RANK_TIMEOUT_S = 120.0
 REAL_DEFAULTS = {"concurrency": 3, "max_tokens": 24, "top_k": 0, "exactness_samples": 60}
 PROMPTS = (
     "Write a haiku about the sea.",
@@ -51,6 +54,14 @@ def _exit_words(args) -> str:
                "`pp1q train-adapter`"
     return "early exit, no adapter"
 
+def sharded_args(ranks: int) -> list[str]:
+    """The verifier options of a rank group serving the real model: one rank needs none;
+    several hold vocabulary shards (a real model is never replicated across ranks)."""
+    if ranks == 1:
+        return []
+    return ["--shard-vocab", "--rank-timeout-s", f"{RANK_TIMEOUT_S:g}"]
+
+
 def run_real(args) -> int:
     from pp1q.runtime.launcher import start_pair
     from pp1q.tools.demo_pair import run_on_pair
@@ -72,9 +83,8 @@ def run_real(args) -> int:
         print(f"pp1q demo: {INSTALL_HINT} ({why}); `pp1q demo --model toy` needs neither",
               file=sys.stderr)
         return 2
-    if args.ranks != 1:
-        print("pp1q demo: --ranks applies to the toy pair (a real model serves one rank)",
-              file=sys.stderr)
+    if not 1 <= args.ranks <= MAX_RANKS:
+        print(f"pp1q demo: --ranks must be 1..{MAX_RANKS}", file=sys.stderr)
         return 2
     if not 1 <= args.early_exit <= 30:
         print("pp1q demo: --early-exit must be 1..30 (SmolLM2-135M has 30 layers)",
@@ -85,6 +95,10 @@ def run_real(args) -> int:
     print(f"pp1q demo: SmolLM2-135M-Instruct (embedded GGUF, 30 layers, vocabulary 49152) "
           f"as the target; its first {args.early_exit} layers draft ({_exit_words(args)}); "
           f"depth {DEPTH}, {support} q, temperature {args.temperature:g}")
+    if args.ranks > 1:
+        print(f"verifier: {args.ranks} ranks (--shard-vocab), each holding its "
+              f"1/{args.ranks} of the LM head's rows; every decision made by all of them "
+              f"together, exactly")
     cache = default_cache()
     warm_cache(cache)
     log_dir = tempfile.mkdtemp(prefix="pp1q-demo-")
@@ -95,7 +109,8 @@ def run_real(args) -> int:
               flush=True)
         with ticking("starting"):
             pair = start_pair(log_dir, model=model_args(args.early_exit, cache, args.adapter),
-                              top_k=args.top_k)
+                              top_k=args.top_k, ranks=args.ranks,
+                              verifier_args=sharded_args(args.ranks))
         print(f"ready in {time.perf_counter() - t0:.1f} s\n", flush=True)
         return pair
 

@@ -10,6 +10,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
+
 from pp1q.core.drawkey import DRAW_KEY_ID
 from pp1q.core.errors import ConfigError, Reason
 from pp1q.models.serving import TOY, load_target
@@ -154,18 +156,20 @@ def unsupported_processors(settings: VerifierSettings, processors,
     """Why a rank group of ``world`` ranks (the group's, not ``settings.ranks``: torchrun
     sets it through its environment) cannot apply these target processors exactly (None:
     it can). Vocabulary shards apply the temperature element by element, exactly as one
-    row; top-k and top-p need the whole row's order, which no sharded rank holds."""
+    row, and top-k / top-p in exact integers across the shards
+    (pp1q_kernels.shard_processors), top-k up to MAX_SHARD_TOP_K ids."""
     if world <= 1:
         return None
     if settings.shard_vocab:
-        if processors.top_k is None and processors.top_p is None:
-            return None
-        return ("vocabulary-sharded ranks (--shard-vocab) apply the target's temperature, "
-                "not top-k/top-p: no rank holds the whole row they need")
+        if processors.top_k is None or processors.top_k <= MAX_SHARD_TOP_K:
+            return None  # processors.top_k is None when k >= vocab (every id)
+        return (f"vocabulary-sharded ranks (--shard-vocab) apply a target top_k of at most "
+                f"{MAX_SHARD_TOP_K} (each rank gathers every rank's k largest), not "
+                f"{processors.top_k}")
     if processors.is_default:
         return None
     return ("a replicated rank group samples the target at T = 1 without top-k/top-p (or "
-            "greedy, temperature 0); --shard-vocab applies a temperature")
+            "greedy, temperature 0); --shard-vocab applies the processors")
 
 
 def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from pp1q_kernels import shard_step as ss
+from pp1q_kernels.fixed import to_fixed
 from pp1q_kernels.lookup import dense_counts, from_rows
 from pp1q_kernels.shard_comm import ShardLayout
 from pp1q_kernels.shard_spmd import CollectiveLog, Gather, Sum, deliver, simulate
@@ -205,3 +206,45 @@ def test_ranks_refuse_together():
     with pytest.raises(LocalProtocolError) as e:
         round_on(SPLITS[1], case, RoundKeys(1, 1, 1, 1))
     assert e.value.reason is Reason.ZERO_Q_AT_TOKEN
+
+
+PROCESSORS = [  # (temperature, top_k, top_p): each alone, both, at T = 1 and T = 0.7
+    {"top_k": 5}, {"top_p": 0.8}, {"top_k": 12, "top_p": 0.6},
+    {"temperature": 0.7, "top_k": 3}, {"temperature": 0.7, "top_p": 0.9},
+    {"temperature": 0.7, "top_k": 20, "top_p": 0.95}]
+
+
+def kept_rows(case: Case, proc: dict) -> torch.Tensor:
+    """The case's fixed-point rows after ``proc`` by the one-process rule (full sort)."""
+    logits = case.logits / proc.get("temperature", 1.0)
+    P = to_fixed(simulate(ONE.bounds, lambda pl: ss.probs(pl, logits))[0])
+    out = torch.zeros_like(P)
+    for r in range(P.shape[0]):
+        ids = ref.processed_kept(P[r].tolist(), proc.get("top_k"), proc.get("top_p"))
+        out[r, ids] = P[r, ids]
+    return out
+
+
+@pytest.mark.parametrize("proc", PROCESSORS)
+def test_processed_rounds_decide_as_one_rank_the_kernels_and_the_oracle(proc):
+    kr = KernelRounds()
+    pool = cases(seed=13, n=8)
+    for c in pool[::2]:  # ties at every boundary in half the targets (sparse and dense q)
+        c.logits = torch.round(c.logits * 2) / 2
+    for k in range(48):
+        case, keys = pool[k % len(pool)], round_keys(k)
+        P = kept_rows(case, proc)
+        p = (P.double() / float(1 << 61)).numpy()  # exact: P has <= 53 significant bits
+        if k % 8 == 7:
+            u = target_only_draw(keys, keys.first_position)
+            want = int(kr.target_only(p[0], keys, keys.first_position).token)
+            assert [target_only_on(lay, case, u, proc) for lay in [ONE, *SPLITS]] == [want] * 3
+            continue
+        want = kr.sampled([p], [case.rows], [case.drafts], [keys])[0]
+        got = {round_on(lay, case, keys, proc)[:2] for lay in [ONE, *SPLITS]}
+        assert got == {(want.accepted, want.token)}, (k, want, got)
+        if k % 4 == 0:
+            rows = [{i: int(v) for i, v in enumerate(r.tolist()) if v} for r in P]
+            oracle = ref.oracle_round([ref.exact_dist(r, V) for r in rows], case.rows,
+                                      case.drafts, ref.RoundDraws.from_keys(keys, D))
+            assert (want.accepted, want.token) == (oracle.accepted, oracle.token)

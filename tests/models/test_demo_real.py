@@ -26,3 +26,18 @@ def test_real_demo_shows_prompts_text_acceptance_speed_and_exactness(cache_home)
     assert re.search(r"^  fallback(s: none| \w+ x\d+: )", out, re.M)
     m = re.search(r"chi-square ([\d.]+) on (\d+) degrees of freedom, p = ([\d.]+|nan)", out)
     assert m, out
+
+
+def test_real_demo_on_two_sharded_ranks(cache_home):
+    # --ranks 2: the verifier's ranks each hold half the LM head (--shard-vocab)
+    proc = run_pp1q(cache_home, "demo", "--ranks", "2", "--requests", "1", "--max-tokens", "3",
+                    "--exactness-samples", "6")
+    assert proc.returncode == 0, proc.stderr
+    assert "verifier: 2 ranks (--shard-vocab)" in proc.stdout
+    assert re.search(r"\d+ of \d+ drafts accepted", proc.stdout)
+    assert re.search(r"chi-square ([\d.]+|nan) on \d+ degrees of freedom", proc.stdout)
+
+
+def test_real_demo_refuses_a_rank_count_out_of_range(cache_home):
+    proc = run_pp1q(cache_home, "demo", "--ranks", "0")
+    assert proc.returncode == 2 and "--ranks must be 1..16" in proc.stderr

@@ -21,6 +21,7 @@ from rank_harness import free_port
 from real_model import max_diff
 
 from pp1q.runtime.launcher import run_together
+from pp1q.runtime.settings import DEFAULT_SHARD_KV_BUDGET as BUDGET
 
 pytestmark = pytest.mark.model
 
@@ -34,7 +35,7 @@ SPLITS = ((0, 24576), (24576, 49152), (0, 20000), (20000, 49152), (100, 49151))
 def _shard(smol, lo, hi, **kw):
     from pp1q.models.hf_shard import HFShard
 
-    return HFShard.from_checkpoint(smol, lo, hi, **kw)
+    return HFShard.from_checkpoint(smol, lo, hi, **{"kv_budget_bytes": BUDGET, **kw})
 
 
 def _full_rows(smol, seq, rows):
@@ -93,6 +94,21 @@ def test_a_cache_past_its_budget_is_evicted_counted_and_recomputed(smol, story_i
     assert shard.evictions == 2 and shard.kv_bytes == 0 and shard.cached_tokens == 0
 
 
+def test_the_verifiers_setting_is_each_ranks_budget(smol, tmp_path):
+    from pp1q.models.hf import export_folder
+    from pp1q.models.serving import load_target
+    from pp1q.runtime.settings import MIN_SHARD_KV_BUDGET, VerifierSettings
+
+    folder = export_folder(smol, tmp_path)
+    settings = VerifierSettings(model=str(folder), ranks=2, shard_vocab=True,
+                                shard_kv_budget_bytes=MIN_SHARD_KV_BUDGET)
+    shard = load_target(settings, shard=lambda vocab: (0, vocab // 2)).engine
+    assert shard.budget == MIN_SHARD_KV_BUDGET
+    prompt = list(range(5, 40))  # 35 tokens of K/V (46 KB each) > 1 MiB: evicted
+    shard.logits(0, prompt, [])
+    assert shard.evictions == 1 and shard.kv_bytes == 0
+
+
 def test_a_model_that_changes_logits_after_its_head_or_slides_is_refused():
     transformers = pytest.importorskip("transformers")
     from pp1q.core.errors import LocalProtocolError, Reason
@@ -106,11 +122,12 @@ def test_a_model_that_changes_logits_after_its_head_or_slides_is_refused():
             **extra)
         return transformers.Gemma2ForCausalLM(cfg).eval()
 
-    HFShard(tiny(final_logit_softcapping=None), 0, 32, identity="tiny")  # plain head: fine
+    plain = tiny(final_logit_softcapping=None)
+    HFShard(plain, 0, 32, identity="tiny", kv_budget_bytes=BUDGET)  # plain head: fine
     for bad in (tiny(final_logit_softcapping=0.01),  # a tanh soft cap after the head
                 tiny("sliding_attention", final_logit_softcapping=None)):  # crops differently
         with pytest.raises(LocalProtocolError) as e:
-            HFShard(bad, 0, 32, identity="tiny")  # at load, never per op
+            HFShard(bad, 0, 32, identity="tiny", kv_budget_bytes=BUDGET)  # at load
         assert e.value.reason is Reason.UNSUPPORTED_FEATURE
 
 
@@ -173,7 +190,7 @@ def test_an_untied_full_head_is_freed_once_the_model_is_let_go():
                                    num_key_value_heads=1, tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(cfg).eval()
     head = weakref.ref(model.lm_head.weight)
-    shard = HFShard(model, 16, 48, identity="tiny")
+    shard = HFShard(model, 16, 48, identity="tiny", kv_budget_bytes=BUDGET)
     with torch.no_grad():  # (an autograd graph would keep the head alive itself)
         want = model(input_ids=torch.tensor([[1, 2, 3]])).logits[0, -1:, 16:48]
     del model

@@ -3,8 +3,9 @@ over HTTP: each rank loads the checkpoint and keeps its rows of the LM head; sam
 speculation at a temperature, target-only and greedy requests serve the same tokens as
 the single-process verifier would only if every decision were made from the same p,
 so the test compares the group with itself across seeds (reproducible) and checks what
-the issue asks of the daemon: it serves, both ranks decide, top-p is refused (422,
-counted) and the group's answer is a valid decode of the tokenizer."""
+the issue asks of the daemon: it serves, both ranks decide, top-p and top-k are applied
+across the shards, a top-k above the sharded limit is refused (422, counted) and the
+group's answer is a valid decode of the tokenizer."""
 
 from __future__ import annotations
 
@@ -73,9 +74,14 @@ def test_concurrent_requests_get_what_each_gets_alone(pair):
     assert together == alone
 
 
-def test_top_p_is_refused_and_counted(pair):
+def test_top_p_is_served_and_a_top_k_over_the_limit_is_refused_and_counted(pair):
+    from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
+
+    a = _one(pair, top_k=None, top_p=0.9, target_top_k=40)
+    assert a["token_ids"] == _one(pair, top_k=None, top_p=0.9, target_top_k=40)["token_ids"]
+    assert not any(a["stats"]["fallbacks"].values()), a["stats"]
     with pytest.raises(ApiError) as e:
-        _one(pair, top_p=0.9)
+        _one(pair, target_top_k=MAX_SHARD_TOP_K + 1)
     assert (e.value.status, e.value.code) == (422, "unsupported_processors")
     m = pair.metrics("verifier")
     assert value(m, "pp1q_requests_refused_total", reason="unsupported_processors") == 1

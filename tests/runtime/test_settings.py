@@ -133,6 +133,8 @@ BAD_OPTIONS = [  # (role, options, the key named, the value shown)
     ("verifier", ["--rank-timeout-s=-inf"], "rank_timeout_s", "-inf"),
     ("verifier", ["--rank-exit-grace-s", "nan"], "rank_exit_grace_s", "nan"),
     ("verifier", ["--rank-backend", "mpi"], "rank_backend", "'mpi'"),
+    ("verifier", ["--shard-kv-budget-bytes", "1000"], "shard_kv_budget_bytes", "1000"),
+    ("verifier", ["--shard-kv-budget-bytes", "2e12"], "shard_kv_budget_bytes", "'2e12'"),
     ("verifier", ["--tls-cert", "a.pem"], "tls_key", None),  # all three or none
     ("verifier", ["--breaker-after-timeouts", "0"], "breaker_after_timeouts", "0"),
     ("verifier", ["--breaker-open-s", "nan"], "breaker_open_s", "nan"),
@@ -156,6 +158,8 @@ BAD_FILES = [  # (role, TOML text, the key named, the value shown, the scope nam
     ("verifier", "[verifier]\nslots = 100\n", "slots", "100", "[verifier]"),
     ("verifier", '[verifier]\nslots = "4"\n', "slots", "'4'", "[verifier]"),
     ("verifier", "[verifier]\ndepth = 5.0\n", "depth", "5.0", "[verifier]"),
+    ("verifier", "[verifier]\nshard_kv_budget_bytes = 2199023255553\n",
+     "shard_kv_budget_bytes", "2199023255553", "[verifier]"),
     ("worker", "[worker]\ncheck_outgoing = 1\n", "check_outgoing", "1", "[worker]"),
     ("worker", "[worker]\nmax_pending_sessions = 0\n", "max_pending_sessions", "0", "[worker]"),
     ("verifier", "vocab = true\n", "vocab", "True", "top level"),

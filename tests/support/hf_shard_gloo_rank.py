@@ -18,6 +18,7 @@ from pp1q_kernels.shard_spmd import CollectiveLog
 
 from pp1q.models.hf import load_checkpoint
 from pp1q.models.hf_shard import HFShard
+from pp1q.runtime.settings import DEFAULT_SHARD_KV_BUDGET
 from pp1q.verifier.ranks.collective import Collective, Rendezvous
 from pp1q.verifier.ranks.shard_collective import ShardComm
 from pp1q.verifier.ranks.sharded import ShardedDecisions
@@ -28,7 +29,7 @@ JOIN_S, COLLECTIVE_S = 120.0, 120.0  # bounds: a lost peer fails the run, never 
 def main(rank: int, world: int, port: int, checkpoint: str, out: str) -> None:
     ckpt = load_checkpoint(checkpoint)
     b = bounds(world, ckpt.vocab)
-    shard = HFShard.from_checkpoint(ckpt, *b[rank])
+    shard = HFShard.from_checkpoint(ckpt, *b[rank], kv_budget_bytes=DEFAULT_SHARD_KV_BUDGET)
     tokenizer, vocab = ckpt.tokenizer, ckpt.vocab
     del ckpt  # the shard keeps the decoder and its rows only
     lim = limits(world, vocab)

@@ -47,27 +47,32 @@ def cases(seed=7, n=24):
             for k in range(n)]
 
 
-def round_step(pl: Place, case: Case, keys: RoundKeys, q=None):
-    """One rank's step of a sampled round (``q``: this rank's q, default ``case.q_for``)."""
+def round_step(pl: Place, case: Case, keys: RoundKeys, q=None, temperature: float = 1.0,
+               top_k=None, top_p=None):
+    """One rank's step of a sampled round (``q``: this rank's q, default ``case.q_for``);
+    the target processors as pp1q.verifier.ranks.sharded applies them (x / T first)."""
     ua, uc, ub = (np.asarray(u)[0] for u in round_draws([keys], D))
-    return ss.sampled_round(pl, case.logits[:, pl.lo:pl.hi], case.q_for(pl) if q is None else q,
-                            torch.tensor(case.drafts), torch.tensor(ua), torch.tensor(uc),
-                            int(ub))
+    return ss.sampled_round(pl, case.logits[:, pl.lo:pl.hi] / temperature,
+                            case.q_for(pl) if q is None else q, torch.tensor(case.drafts),
+                            torch.tensor(ua), torch.tensor(uc), int(ub), top_k, top_p)
 
 
 def round_keys(k: int) -> RoundKeys:
     return RoundKeys(0x5EED + k * 7919, 1 + k % 5, k, 100 + k % 13)
 
 
-def round_on(layout, case: Case, keys: RoundKeys, **kw):
-    out = simulate(layout.bounds, lambda pl: round_step(pl, case, keys), **kw)
+def round_on(layout, case: Case, keys: RoundKeys, proc: dict | None = None, **kw):
+    """``proc``: temperature / top_k / top_p for round_step."""
+    out = simulate(layout.bounds, lambda pl: round_step(pl, case, keys, **(proc or {})), **kw)
     assert len(set(out)) == 1, out  # every rank returns the same decision
     return out[0]
 
 
-def target_only_on(layout, case: Case, u53: int, **kw):
-    out = simulate(layout.bounds, lambda pl: ss.target_only(pl, case.logits[0, pl.lo:pl.hi],
-                                                            u53), **kw)
+def target_only_on(layout, case: Case, u53: int, proc: dict | None = None, **kw):
+    proc = dict(proc or {})
+    t = proc.pop("temperature", 1.0)
+    out = simulate(layout.bounds, lambda pl: ss.target_only(
+        pl, case.logits[0, pl.lo:pl.hi] / t, u53, **proc), **kw)
     assert len(set(out)) == 1
     return out[0]
 

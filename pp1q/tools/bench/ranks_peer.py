@@ -111,11 +111,13 @@ def _real_target(model: str, world: int, rank: int):
     """(this rank's HFShard of ``model``, the wire identity naming it)."""
     from pp1q.models.hf import load_checkpoint
     from pp1q.models.hf_shard import HFShard
+    from pp1q.runtime.settings import DEFAULT_SHARD_KV_BUDGET
     from pp1q.verifier.ranks.sharded import balanced
     from pp1q.wire.session_config import engine_identity
 
     ckpt = load_checkpoint(model)
-    shard = HFShard.from_checkpoint(ckpt, *balanced(ckpt.vocab, world)[rank])
+    shard = HFShard.from_checkpoint(ckpt, *balanced(ckpt.vocab, world)[rank],
+                                    kv_budget_bytes=DEFAULT_SHARD_KV_BUDGET)
     return shard, engine_identity(ckpt.vocab, ckpt.tokenizer_digest, "bench", ckpt.identity)
 
 

@@ -45,7 +45,7 @@ CHILD_STOP_S = 10.0  # spawned ranks get this long to exit after the group stops
 # settings a spawned rank inherits from rank 0 (the rest concern rank 0 alone)
 CHILD_KEYS = ("vocab", "model_seed", "slots", "depth", "target_delay_ms", "log_level",
               "metrics_host", "ranks", "rank_timeout_s", "rank_join_timeout_s",
-              "rank_backend", "rank_exit_grace_s", "shard_vocab",
+              "rank_backend", "rank_exit_grace_s", "shard_vocab", "shard_kv_budget_bytes",
               "model", "draft", "draft_model", "device", "dtype", "gguf_cache")
 IDENTITY_KEYS = ("pp1q", "target", "vocab", "slots", "depth", "dense_len", "max_support",
                  "backend", "sharded", "dtype")

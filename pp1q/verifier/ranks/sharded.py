@@ -21,9 +21,12 @@ the collective it is in: the group is lost (503 ranks_lost), nothing is committe
 The request's target temperature (in its OPEN op, with its other processors) divides
 every shard's logits in float64 before the sampler, the same element-wise x / T that
 pp1q.models.processors applies to a whole row, so N ranks still decide exactly as one
-rank from the concatenated rows. Top-k and top-p need a global order of the whole row;
-the HTTP API refuses them with --shard-vocab (422 unsupported_processors, counted), and
-a rank refuses to decide a slot that has them (every rank alike, before any collective).
+rank from the concatenated rows. Its top-k and top-p are pp1q_kernels.shard_processors:
+the same rule on the fixed-point rows in exact integers (one gather of each rank's k
+largest, or a radix select of top-p's boundary), so every split keeps the same ids, for
+a round's rows and a target-only pick alike. A top_k above MAX_SHARD_TOP_K (and below
+the vocabulary) is refused: by the HTTP API (422 unsupported_processors, counted) and
+by every rank alike, before any collective.
 
 q to ranks: sparse rows are in the op (every rank holds the whole, small row); a dense
 row travels as Form.SHARDED: rank 0 scatters each rank its slice of the counts after
@@ -36,12 +39,13 @@ import time
 
 import numpy as np
 import torch
+from pp1q_kernels import shard_processors
 from pp1q_kernels import shard_step as ss
 from pp1q_kernels.lookup import from_rows
 from pp1q_kernels.shard_comm import ShardLayout
-from pp1q_kernels.shard_spmd import Gather, Place, drive
+from pp1q_kernels.shard_spmd import Gather, Place, Step, drive
 
-from pp1q.core.errors import ConfigError, LocalProtocolError, Pp1qError, Reason
+from pp1q.core.errors import ConfigError, Pp1qError
 from pp1q.core.q import parse_sparse
 from pp1q.core.verify import RoundKeys, round_draws, target_only_draw
 from pp1q.verifier import rounds
@@ -90,8 +94,7 @@ class ShardedDecisions(RankDecisions):
         if prepare is None:
             return
         prepare([(op.slot, s.prefix.tokens, [] if op.kind is OpKind.TARGET_ONLY
-                  else [int(t) for t in op.drafts]) for op, s in work
-                 if s.processors.top_k is None and s.processors.top_p is None])
+                  else [int(t) for t in op.drafts]) for op, s in work])
 
     @property
     def evictions(self) -> int:
@@ -100,40 +103,51 @@ class ShardedDecisions(RankDecisions):
     def _logits(self, op: Op, s: SlotReplica, drafts: list[int], greedy: bool) -> torch.Tensor:
         """This shard's rows; sampled at T != 1: x / T in float64, element by element as
         pp1q.models.processors does to a whole row (so any split gives the same p)."""
-        p = s.processors
-        if p.top_k is not None or p.top_p is not None:  # refused at the API (422) too
-            raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, "top-k/top-p need the whole "
-                                     "row; a vocabulary shard applies the temperature only")
         logits = self.shard.logits(op.slot, s.prefix.tokens, drafts)
-        if greedy or p.temperature == 1.0:
+        if greedy or s.processors.temperature == 1.0:
             return logits
-        return logits.to(torch.float64) / float(p.temperature)
+        return logits.to(torch.float64) / float(s.processors.temperature)
 
     def decide(self, op: Op, s: SlotReplica) -> rounds.Outcome:
+        self._top(s)  # before the dense q's scatter too: no collective for a refusal
+        q = self.q_of(op) if op.kind is OpKind.ROUND and not op.greedy else None
+        return drive(self.step(op, s, q), self.comm)
+
+    def _top(self, s: SlotReplica) -> dict:
+        """The slot's top-k / top-p, refused here (every rank alike, before any
+        collective) where shard_processors cannot apply them exactly."""
+        top = {"top_k": s.processors.top_k, "top_p": s.processors.top_p}
+        shard_processors.check(**top, vocab=self.vocab)
+        return top
+
+    def step(self, op: Op, s: SlotReplica, q) -> Step:
+        """This rank's share of deciding ``op`` as a shard_spmd step (``q``: its q, from
+        ``q_of``; None unless a sampled round). The slot's top-k / top-p apply to a round's
+        every row and to a target-only pick alike (shard_step, shard_processors)."""
         pos = len(s.prefix)
+        top = self._top(s)
         if op.kind is OpKind.TARGET_ONLY:
             logits = self._logits(op, s, [], s.greedy)
             if s.greedy:
-                return rounds.Outcome(0, int(self._run(ss.argmax(self.place, logits))[0]))
+                best = yield from ss.argmax(self.place, logits)
+                return rounds.Outcome(0, int(best[0]))
             keys = RoundKeys(self.draw_seed(s), op.generation, op.round_id, pos)
-            token = self._run(ss.target_only(self.place, logits[0], target_only_draw(keys, pos)))
+            token = yield from ss.target_only(self.place, logits[0],
+                                              target_only_draw(keys, pos), **top)
             return rounds.Outcome(0, token)
         drafts = [int(t) for t in op.drafts]
         logits = self._logits(op, s, drafts, op.greedy)
         x = torch.tensor(drafts, dtype=torch.int64)
         if op.greedy:
-            return rounds.Outcome(*self._run(ss.greedy_round(self.place, logits, x)))
+            return rounds.Outcome(*(yield from ss.greedy_round(self.place, logits, x)))
         keys = RoundKeys(self.draw_seed(s), op.generation, op.round_id, pos)
         ua, uc, ub = (np.asarray(u)[0] for u in round_draws([keys], len(drafts)))
-        accepted, token, _under = self._run(ss.sampled_round(
-            self.place, logits, self._q(op), x, torch.from_numpy(ua), torch.from_numpy(uc),
-            int(ub)))
+        accepted, token, _under = yield from ss.sampled_round(
+            self.place, logits, q, x, torch.from_numpy(ua), torch.from_numpy(uc), int(ub),
+            **top)
         return rounds.Outcome(accepted, token)
 
-    def _run(self, step):
-        return drive(step, self.comm)
-
-    def _q(self, op: Op):
+    def q_of(self, op: Op):
         """Sparse rows whole (every rank has their bytes); otherwise this rank's slice of
         the dense counts, scattered by rank 0 from the rows it validated (``op.q_rows``)."""
         if all(form == Form.SPARSE for form, _ids, _q in op.rows):

@@ -1,8 +1,8 @@
 """``pp1q verifier --ranks N --shard-vocab``: each rank holds one vocabulary shard.
 
 Daemons: 2 and 3 sharded ranks serve the same requests (sparse q, dense q scattered by
-slices, target-only, greedy, a target temperature) with the same tokens, and refuse
-top-p (422 unsupported_processors, counted); a rank killed mid-request fails it
+slices, target-only, greedy, a target temperature, top-p, top-k, both) with the same
+tokens; a rank killed mid-request fails it
 with 503 ranks_lost, counted, and the group exits (status 3), as the replicated group
 does (test_ranks_failures.py). Units: the settings, the shard split, the toy shard's
 logits against the whole row."""
@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import pytest
 from daemon_harness import Pair, value
+from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
 from rank_harness import WAIT_S, assert_group_lost_once, child_pids, rank_metrics, wait_for
 
 from pp1q.core.errors import ConfigError
@@ -40,6 +41,12 @@ def _serve_all(pair: Pair) -> list[list[int]]:
     out.append(c.generate(PROMPT, 6, seed=4, speculative=False)["token_ids"])  # target-only
     out.append(c.generate(PROMPT, 12, seed=5, temperature=0.0)["token_ids"])  # greedy
     out.append(c.generate(PROMPT, 12, seed=6, temperature=0.7)["token_ids"])  # T on shards
+    # the target's top-p / top-k across shards (pp1q_kernels.shard_processors), in
+    # rounds and target-only steps alike
+    out.append(c.generate(PROMPT, 12, seed=7, top_p=0.8)["token_ids"])
+    out.append(c.generate(PROMPT, 12, seed=8, target_top_k=5, temperature=0.8)["token_ids"])
+    out.append(c.generate(PROMPT, 8, seed=9, target_top_k=9, top_p=0.7,
+                          speculative=False)["token_ids"])
     return out
 
 
@@ -55,11 +62,6 @@ def test_two_and_three_sharded_ranks_serve_the_same_tokens(tmp_path, top_k):
             answers.append(_serve_all(pair))
             m = rank_metrics(pair, world - 1)  # the last rank took part in every decision
             assert value(m, "pp1q_rank_decisions_total") > 0
-            with pytest.raises(ApiError) as e:  # top-p needs the whole row: refused
-                pair.client().generate(PROMPT, 4, seed=1, top_p=0.9)
-            assert (e.value.status, e.value.code) == (422, "unsupported_processors")
-            assert value(rank_metrics(pair, 0), "pp1q_requests_refused_total",
-                         reason="unsupported_processors") == 1
         finally:
             pair.close()
     assert answers[0] == answers[1]
@@ -127,8 +129,11 @@ def test_processors_a_group_cannot_apply_are_named_by_the_groups_size():
     sharded, replicated = VerifierSettings(ranks=2, shard_vocab=True), VerifierSettings()
     warm, top_p, top_k = Processors(0.7), Processors(0.7, top_p=0.9), Processors(top_k=5)
     assert unsupported_processors(sharded, warm, 2) is None  # a temperature: per element
-    assert "top-k/top-p" in unsupported_processors(sharded, top_p, 2)
-    assert "top-k/top-p" in unsupported_processors(sharded, top_k, 2)
+    assert unsupported_processors(sharded, top_p, 2) is None  # exact integers across shards
+    assert unsupported_processors(sharded, top_k, 2) is None
+    at_limit, over = Processors(top_k=MAX_SHARD_TOP_K), Processors(top_k=MAX_SHARD_TOP_K + 1)
+    assert unsupported_processors(sharded, at_limit, 3) is None
+    assert f"at most {MAX_SHARD_TOP_K}" in unsupported_processors(sharded, over, 2)
     # torchrun: --ranks stays 1, the group's size comes from its environment
     assert unsupported_processors(replicated, warm, 2) is not None
     assert unsupported_processors(replicated, top_p, 1) is None  # one process: all apply

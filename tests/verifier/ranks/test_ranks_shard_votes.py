@@ -25,7 +25,7 @@ from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.verifier.ranks import ops as rank_ops
 from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, Form, Limits, Op, OpKind
 from pp1q.verifier.ranks.replica import RankDecisions, RankState
-from pp1q.verifier.ranks.sharded import sharded_state
+from pp1q.verifier.ranks.sharded import ShardedDecisions, sharded_state
 
 VOCAB, DEPTH, WORLD = 41, 3, 3
 LIMITS = Limits(world=WORLD, slots=2, depth=DEPTH, vocab=VOCAB, dense_len=VOCAB,
@@ -199,14 +199,31 @@ def test_sharded_rows_carry_no_q_bytes_and_need_a_sharded_group():
     assert e.value.reason is Reason.UNEXPECTED_SIZE
 
 
-def test_a_slot_with_top_p_is_refused_by_every_rank_before_any_collective():
-    # the HTTP API refuses such a request (422); a rank never decides it without top-p
+class OneRank:
+    """The collectives of a group of one (shard_spmd.deliver over one rank's request)."""
+
+    def run(self, req):
+        return deliver([req])[0]
+
+
+def test_a_slot_with_top_k_and_top_p_is_decided_as_by_one_rank():
+    # every rank applies them across the shards (pp1q_kernels.shard_processors)
     states, group = _states()
-    _exchange(states, [_open(Processors(0.8, top_p=0.5))])
-    before = group.calls
-    (v,) = _exchange(states, [_round(states[0], 1, Form.SPARSE)])
-    assert not v.ok and v.reason is Reason.UNSUPPORTED_FEATURE
-    assert group.calls == before + 1  # the agreement gather only
+    top = Processors(0.8, top_k=6, top_p=0.7)
+    _exchange(states, [_open(top)])
+    one = ShardedDecisions(TARGET, dataclasses.replace(LIMITS, world=1), 0)
+    one.comm, one.draws = OneRank(), DRAWS
+    corrections = 0
+    for k in range(1, 9):
+        slot = dataclasses.replace(states[0].slots[0], prefix=states[0].slots[0].prefix.copy())
+        op = _round(states[0], k, Form.SPARSE)
+        before = group.calls
+        (v,) = _exchange(states, [op])
+        want = one.decide(op, slot)
+        assert v.ok and (v.accepted, v.token) == (want.accepted, want.token)
+        assert group.calls > before + 4  # every rank decided, over the collectives
+        corrections += v.accepted < DEPTH
+    assert corrections > 0
 
 
 def test_a_temperature_reaches_every_shard():
