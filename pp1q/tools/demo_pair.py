@@ -67,8 +67,12 @@ def report_exactness(samples, name=str):
     h = homogeneity(*samples)
     for line in bars(h, ("speculative", "target-only"), name=name):
         print(line)
-    verdict = ("no evidence of a difference" if h.p_value >= 0.01
-               else "the samples differ (expected once in 100 runs by chance)")
+    if h.df < 1:  # one bin: no statistic to test (p is NaN, which is not a difference)
+        verdict = "one bin only (too few samples, or one token dominates): nothing to test"
+    elif h.p_value >= 0.01:
+        verdict = "no evidence of a difference"
+    else:
+        verdict = "the samples differ (expected once in 100 runs by chance)"
     print(f"  chi-square {h.chi2:.1f} on {h.df} degrees of freedom, p = {h.p_value:.3f}: "
           f"{verdict}")
     return h

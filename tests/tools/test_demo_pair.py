@@ -74,3 +74,13 @@ def test_a_daemon_that_stops_under_keep_is_a_failure(tmp_path, capsys):
     assert run_on_pair(str(logs), _pair, body, True, lambda url: "try") == 1
     assert logs.exists()
     assert "the verifier stopped" in capsys.readouterr().err
+
+
+def test_the_exactness_verdict_with_one_bin_says_there_is_nothing_to_test(capsys):
+    from pp1q.tools.demo_pair import report_exactness
+
+    h = report_exactness(([7] * 12, [7] * 12))  # every draw the same token: zero df
+    out = capsys.readouterr().out
+    assert h.df == 0 and "nothing to test" in out and "differ" not in out
+    report_exactness(([1] * 40 + [2] * 40, [1] * 80))  # two bins, clearly different
+    assert "the samples differ" in capsys.readouterr().out
