@@ -5,17 +5,20 @@ keyed rounds and target-only steps here, several requests per loop tick so they 
 one kernel call, and every decision must equal ``reference.oracle_round`` /
 ``oracle_target_only`` with the contract's keyed draws (under the verifier's draw seed,
 pp1q.core.drawkey) on the rows the kernel decides with, floor(p * 2^61) / 2^61
-(pp1q.verifier.kernel_rounds). Regimes: close, far and adversarial (draft = -target)
-drafts, top-k supports, q = p (every draft accepted), float64 target rows (the toy's)
-and float32-rounded ones (a GPU target's).
+(pp1q.verifier.kernel_rounds), on either CPU decision path (numba, the default where it
+is installed, and the torch lazy step: pp1q_kernels.numba_rows). Regimes: close, far and
+adversarial (draft = -target) drafts, top-k supports, q = p (every draft accepted),
+float64 target rows (the toy's) and float32-rounded ones (a GPU target's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 
 import numpy as np
 import pytest
+from pp1q_kernels import numba_rows
 
 from pp1q.core import reference as ref
 from pp1q.core.drawkey import DrawKeys
@@ -134,9 +137,14 @@ async def _ticks(decider, g, ticks: int, float32: bool, calls: list[int]):
     return kinds
 
 
-def run_ticks(seed: int, ticks: int, float32: bool) -> set:
-    decider = STANDARD.local(TableTarget(VOCAB), slots=SLOTS, depth=DEPTH,
-                             draws=DrawKeys.generate())
+def run_ticks(seed: int, ticks: int, float32: bool, backend: str = "auto") -> set:
+    """``backend``: the CPU decision path (PP1Q_DECIDE; auto is what the daemon runs)."""
+    before = numba_rows.select(backend)
+    try:
+        decider = STANDARD.local(TableTarget(VOCAB), slots=SLOTS, depth=DEPTH,
+                                 draws=DrawKeys.generate())
+    finally:
+        numba_rows.select(before)
     assert isinstance(decider, KernelDecider)  # the qualification is of what the daemon runs
     calls: list[int] = []
     sampled = decider.kernel.sampled
@@ -149,9 +157,15 @@ def run_ticks(seed: int, ticks: int, float32: bool) -> set:
     return asyncio.run(_ticks(decider, np.random.default_rng(seed), ticks, float32, calls))
 
 
+numba_missing = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                   reason="numba not installed (the fast extra)")
+
+
+@pytest.mark.parametrize("backend", ["auto", pytest.param("numba", marks=numba_missing),
+                                     "torch"])
 @pytest.mark.parametrize("float32", [False, True])
-def test_service_decider_equals_oracle(float32):
-    kinds = run_ticks(40 + float32, 100, float32)
+def test_service_decider_equals_oracle(float32, backend):
+    kinds = run_ticks(40 + float32, 100 if backend == "auto" else 40, float32, backend)
     assert {bonus for bonus, _ in kinds} == {True, False}
     assert {a for _, a in kinds} == set(range(DEPTH + 1))  # every accepted count reached
 
