@@ -30,6 +30,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from pp1q.core.errors import ConfigError, DistributionError, LocalProtocolError, Reason
+from pp1q.core.verify import RoundKeys
+from pp1q.core.verify import round_draws as verify_draws
 
 ENV = "PP1Q_DECIDE"
 CHOICES = ("auto", "numba", "torch")
@@ -73,6 +75,38 @@ def select(want: str) -> str:
     return before
 
 
+def _key_field(name: str, values, top: int) -> list[int]:
+    """pp1q.core.rng's refusals of a key field (integers in [0, top]), as ints."""
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise LocalProtocolError(Reason.RNG_KEY_OUT_OF_RANGE, f"{name} must be an integer")
+        if not 0 <= int(v) <= top:
+            raise LocalProtocolError(Reason.RNG_KEY_OUT_OF_RANGE, f"{name} outside [0, {top}]")
+    return [int(v) for v in values]
+
+
+def round_draws(keys: Sequence[RoundKeys], depth: int):
+    """(u_acc [B, D], u_corr [B, D], u_bonus [B]) int64: pp1q.core.verify.round_draws,
+    computed by numba (pp1q_kernels.numba_draws) when numba decides."""
+    if chosen()[2] is None:
+        return verify_draws(keys, depth)
+    from pp1q_kernels import numba_draws
+
+    word = (1 << 32) - 1
+    seeds = _key_field("seed", [k.seed for k in keys], (1 << 64) - 1)
+    gen = _key_field("generation", [k.generation for k in keys], (1 << 24) - 1)
+    rnd = _key_field("round", [k.round_id for k in keys], word)
+    first = _key_field("position", [k.first_position for k in keys], word - depth)
+    B = len(keys)
+    u_acc, u_corr = np.empty((B, depth), np.int64), np.empty((B, depth), np.int64)
+    u_bonus = np.empty(B, np.int64)
+    numba_draws.round_draws(np.array([s & word for s in seeds], np.int64),
+                            np.array([s >> 32 for s in seeds], np.int64),
+                            np.array(gen, np.int64), np.array(rnd, np.int64),
+                            np.array(first, np.int64), u_acc, u_corr, u_bonus)
+    return u_acc, u_corr, u_bonus
+
+
 def warm_up() -> tuple[str, str, float]:
     """(backend, why, seconds): choose, and load (or compile) the kernels for both row
     dtypes, so that no round pays it."""
@@ -85,6 +119,7 @@ def warm_up() -> tuple[str, str, float]:
             decide_rows(k, [p], one[None], [[_Row(np.zeros(1, np.int32), one << 24)]],
                         np.zeros((1, 1), np.int64), one[None], one[None], one)
             target_pick(k, p[0], 1)
+        round_draws([RoundKeys(1, 1, 1, 1)], 1)
     return name, why, time.perf_counter() - t0
 
 

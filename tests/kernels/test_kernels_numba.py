@@ -25,8 +25,10 @@ from pp1q_kernels.residual import target_sample
 from test_kernels_verify import REGIMES, make_batch
 
 from pp1q.core import reference as ref
-from pp1q.core.errors import ConfigError, DistributionError, LocalProtocolError
+from pp1q.core.errors import ConfigError, DistributionError, LocalProtocolError, Reason
 from pp1q.core.q import MASS, DyadicRow
+from pp1q.core.verify import RoundKeys
+from pp1q.core.verify import round_draws as verify_draws
 from pp1q.models.processors import processed_probs
 from pp1q.verifier.kernel_rounds import warm_up_decisions
 
@@ -285,3 +287,32 @@ def test_planted_residual_at_the_wrong_position_is_rejected(tmp_path):
     driver = planted(tmp_path, numba_rows, "q = q_rows[b][min(a, D - 1)]",
                      "q = q_rows[b][max(min(a, D - 1) - 1, 0)]")
     assert any_difference(kernels(), driver)
+
+
+# ---------------------------------------------------------------------------
+# a round's draws
+
+
+def test_round_draws_equal_pp1q_verify():
+    g = np.random.default_rng(65)
+    top = (1 << 32) - 1
+    edge = [RoundKeys(0, 0, 0, 0), RoundKeys((1 << 64) - 1, (1 << 24) - 1, top, top - 5),
+            RoundKeys(1 << 63, 1, 1, 1), RoundKeys((1 << 63) - 1, 7, 9, 11)]
+    for n in range(60):
+        depth = 1 + n % 5
+        ks = keys(g, 1 + n % 4) + (edge if n % 10 == 0 else [])
+        want = verify_draws(ks, depth)
+        got = numba_rows.round_draws(ks, depth)
+        assert all(np.array_equal(a, b) and b.dtype == np.int64
+                   for a, b in zip(want, got, strict=True))
+
+
+@pytest.mark.parametrize("field,value", [("seed", -1), ("seed", 1 << 64), ("seed", True),
+                                         ("seed", 1.0), ("generation", 1 << 24),
+                                         ("round_id", 1 << 32), ("first_position", -1),
+                                         ("first_position", (1 << 32) - 3)])
+def test_round_draws_refuse_as_pp1q_verify(field, value):
+    k = dict(seed=5, generation=1, round_id=2, first_position=3)
+    ks = [RoundKeys(**{**k, field: value})]
+    assert refused(lambda: numba_rows.round_draws(ks, 3)) is Reason.RNG_KEY_OUT_OF_RANGE
+    assert refused(lambda: verify_draws(ks, 3)) is Reason.RNG_KEY_OUT_OF_RANGE
