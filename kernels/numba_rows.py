@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pp1q.core.errors import ConfigError, DistributionError, LocalProtocolError, Reason
+from pp1q.core.q import DyadicRow
 from pp1q.core.verify import RoundKeys
 from pp1q.core.verify import round_draws as verify_draws
 
@@ -116,16 +117,12 @@ def warm_up() -> tuple[str, str, float]:
         for dtype in (np.float64, np.float32):
             p = np.full((2, 3), 1 / 3, dtype=dtype)
             one = np.ones(1, np.int64)
-            decide_rows(k, [p], one[None], [[_Row(np.zeros(1, np.int32), one << 24)]],
-                        np.zeros((1, 1), np.int64), one[None], one[None], one)
+            q = DyadicRow(3, np.zeros(1, np.int32), one << 24)
+            decide_rows(k, [p], one[None], [[q]], np.zeros((1, 1), np.int64), one[None],
+                        one[None], one)
             target_pick(k, p[0], 1)
         round_draws([RoundKeys(1, 1, 1, 1)], 1)
     return name, why, time.perf_counter() - t0
-
-
-class _Row:  # the (ids, counts) of a q row, as DyadicRow holds them (warm-up only)
-    def __init__(self, ids: np.ndarray, counts: np.ndarray) -> None:
-        self.ids, self.counts = ids, counts
 
 
 class Scratch:
