@@ -13,16 +13,8 @@ import importlib.util
 
 import numpy as np
 import pytest
+from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, TableTarget, make_round, proposal
 from pp1q_kernels import numba_rows
-from test_decider_qualification import (
-    DEPTH,
-    REGIMES,
-    SLOTS,
-    VOCAB,
-    TableTarget,
-    make_round,
-    proposal,
-)
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.models.processors import Processors

@@ -18,66 +18,23 @@ import importlib.util
 
 import numpy as np
 import pytest
+from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, TableTarget, make_round, proposal
 from pp1q_kernels import numba_rows
 
 from pp1q.core import reference as ref
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import DistributionError, Reason
-from pp1q.core.q import MASS, build_row, sample
-from pp1q.core.rng import proposal_u24
 from pp1q.core.verify import RoundKeys, target_only_draw
-from pp1q.models.toy import TargetModel, softmax64
 from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.daemon import STANDARD
 from pp1q.verifier.job import Job
 from pp1q.verifier.kernel_decider import KernelDecider
-from pp1q.wire import Step
 from pp1q.wire.events import ProposalReady
-
-DEPTH = 3
-VOCAB = 23
-SLOTS = 4
-REGIMES = ("close", "far", "adversarial", "sparse", "equal")
-
-
-class TableTarget(TargetModel):
-    """A target whose rows are given per prompt (rows past len(draft) + 1 unused)."""
-
-    identity = "table"
-
-    def __init__(self, vocab: int) -> None:
-        self.vocab = vocab
-        self.table: dict[tuple[int, ...], np.ndarray] = {}
-
-    def logits(self, prefix, draft):
-        return np.log(self.probs(prefix, draft))
-
-    def probs(self, prefix, draft, out=None):
-        rows = self.table[tuple(prefix)][: len(draft) + 1]
-        if out is None:
-            return rows.copy()
-        out[:] = rows
-        return out
 
 
 def fixed_point(p: np.ndarray) -> np.ndarray:
     """floor(p * 2^61) / 2^61, exactly (every such value is a float64)."""
     return np.floor(p * 2.0**61) * 2.0**-61
-
-
-def make_round(g, regime: str, float32: bool):
-    """(p [D+1, V], q rows [D])."""
-    t = g.normal(0.0, 2.0, (DEPTH + 1, VOCAB))
-    p = softmax64(t)
-    if float32:
-        p = p.astype(np.float32).astype(np.float64)
-    d = {"close": t[:DEPTH] + g.normal(0.0, 0.3, (DEPTH, VOCAB)),
-         "far": g.normal(0.0, 2.0, (DEPTH, VOCAB)), "adversarial": -t[:DEPTH],
-         "sparse": t[:DEPTH] + g.normal(0.0, 1.0, (DEPTH, VOCAB)), "equal": t[:DEPTH]}[regime]
-    q = [build_row(d[i], top_k=4 if regime == "sparse" else None) for i in range(DEPTH)]
-    if regime == "equal":  # p is exactly q: every draft accepted, the bonus decides
-        p[:DEPTH] = np.stack([r.dense_counts() for r in q]) / MASS
-    return p, q
 
 
 def request(g, slot: int, prompt_len: int):
@@ -86,17 +43,6 @@ def request(g, slot: int, prompt_len: int):
     req = GenerateRequest(prompt=prompt, max_tokens=8, seed=seed, speculative=True,
                           greedy=False, draft_temperature=1.0, top_k=None)
     return Job(req, slot)
-
-
-def proposal(job: Job, q, generation: int, round_id: int):
-    first = len(job.req.prompt)
-    step = Step(session=1, slot=job.slot, generation=generation, round_id=round_id,
-                last_committed=first - 1, first_position=first, prefix_digest=0, depth=DEPTH,
-                temperature=1.0, top_k=0, context_version=0, seed=job.req.seed)
-    drafts = tuple(sample(q[i], proposal_u24(job.req.seed, generation, round_id, first + i))
-                   for i in range(DEPTH))
-    ready = ProposalReady(job.slot, generation, round_id, first, drafts, q, (), False)
-    return step, ready
 
 
 def oracle(p, q, ready: ProposalReady, keys: RoundKeys):
