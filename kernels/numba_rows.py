@@ -196,7 +196,11 @@ def decide_rows(k, p_rows: Sequence[np.ndarray], c_x: np.ndarray, q_rows, draft:
         if verdict != k.OK:
             raise _refusal(k, verdict)
         q = q_rows[b][min(a, D - 1)]  # the bonus row (a == D) reads no q
-        if q.counts.shape[0] and (int(q.ids[-1]) >= V or int(q.ids[0]) < 0):
+        # bounds before the kernel reads (it runs without bounds checks): DyadicRow
+        # holds ascending ids, so the first and last decide the range
+        if q.counts.shape != q.ids.shape or q.ids.ndim != 1:
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q ids and counts differ")
+        if q.ids.size and (int(q.ids[-1]) >= V or int(q.ids[0]) < 0):
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q vocab differs from p")
         t, u = k.pick(p[a], scratch.totals[a], scratch.psums[a], scratch.sums,
                       np.ascontiguousarray(q.ids, np.int32), q.counts, a < D,

@@ -229,6 +229,25 @@ def test_same_refusals(bad):
                                                     torch.tensor([5])))
 
 
+def test_q_rows_of_another_vocabulary_are_refused_before_any_read():
+    """The kernels run without bounds checks: a chosen q row with ids past the target's
+    vocabulary is refused first (as the torch step refuses it)."""
+    k = kernels()
+    g = np.random.default_rng(68)
+    p, q, rows, draft = make_batch(g, "adversarial", 1, 2, 40)
+    u = vs.step_draws(vs.StepKeys.from_keys(keys(g, 1)), 2)
+    u[0][:] = (1 << 53) - 1  # row 0 is rejected: its q row is the one read
+    wide = DyadicRow(1000, np.array([int(draft[0, 0]), 999], np.int32),
+                     np.array([MASS // 2, MASS // 2], np.int64))
+    chain = [wide, DyadicRow(1000, rows[1].ids, rows[1].counts)]
+    got = refused(lambda: numba_rows.decide_rows(k, list(p.numpy()), count_at(q, draft).numpy(),
+                                                 [chain], draft.numpy(),
+                                                 *(t.numpy() for t in u)))
+    wq = from_rows(chain).reshape(1, 2)
+    want = refused(lambda: torch_decide(list(p), count_at(q, draft), rows_of(wq), draft, *u))
+    assert got == want == Reason.UNEXPECTED_SIZE
+
+
 def test_unreached_rows_are_not_read():
     """As the lazy step (and the oracle): a bad row after the first rejection is no
     refusal; both decide the round."""
