@@ -1,7 +1,7 @@
 """The fused q-row kernels (numba): every dyadic24 check of a dense FP32 row in one
 pass, its support extraction, and a sparse row's checks in one call. Imported only by
-pp1q.core.q_backend, and only when the numba backend is chosen: this is the one module
-that imports numba.
+pp1q.core.q_backend, and only when the numba backend is chosen: the one module of
+pp1q/ that imports numba (pp1q_kernels.numba_step and numba_draws are the others).
 
 ``scan(q, bits, vocab)`` makes the checks of the numpy path (pp1q.core.q) over ``q``
 (FP32) and ``bits`` (the same memory as uint32) in one loop that keeps no branch per

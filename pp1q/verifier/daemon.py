@@ -29,6 +29,7 @@ from pp1q.verifier.decider import Decider
 from pp1q.verifier.engine_decider import EngineDecider
 from pp1q.verifier.http import HttpError
 from pp1q.verifier.kernel_decider import KernelDecider
+from pp1q.verifier.kernel_rounds import warm_up_decisions
 from pp1q.verifier.link import Needs, WorkerLink
 from pp1q.verifier.openai_routes import openai_routes
 from pp1q.verifier.ranks.launch import rank_plan
@@ -236,6 +237,7 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
     other ranks follow it (pp1q.verifier.ranks.group); the exit status says how it ended.
     ``deciders``: how decisions are made (STANDARD; a planted-bug test passes its own)."""
     warm_up_checks(settings, "verifier")
+    warm_up_decisions()
     plan = rank_plan(settings)
     if plan is not None and plan.rv.rank > 0:
         return await _serve_follower(settings, plan, stop, deciders)

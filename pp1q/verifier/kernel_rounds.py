@@ -12,23 +12,36 @@ per entry (tests/verifier/test_decider_qualification.py).
 
 Draws: the contract's keyed Philox draws come from pp1q.core.verify (``round_draws``,
 ``target_only_draw``), the functions the float64 reference path draws with, and reach
-the kernel explicitly (on CPU the kernel's own keyed draws cost ~40 tiny torch ops).
+the kernel explicitly (on CPU the kernel's own keyed draws cost ~40 tiny torch ops);
+where numba decides, a round's draws are the same words computed in one numba call
+(pp1q_kernels.numba_rows.round_draws: ~0.2 ms of numpy calls otherwise).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+from pp1q_kernels import numba_rows
 from pp1q_kernels.lazy_step import decide_rows
 from pp1q_kernels.lookup import from_rows
 from pp1q_kernels.residual import target_sample
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.q import DyadicRow
-from pp1q.core.verify import RoundKeys, round_draws, target_only_draw
+from pp1q.core.verify import RoundKeys, target_only_draw
 from pp1q.verifier.outcome import Outcome
+
+
+def warm_up_decisions() -> None:
+    """Choose the CPU decision path (PP1Q_DECIDE) and load its kernels before serving, so
+    no round (nor a target-only step) pays numba's kernel load; a bad PP1Q_DECIDE raises
+    ConfigError here: the daemon refuses to start (status 2)."""
+    name, why, seconds = numba_rows.warm_up()
+    logging.getLogger("pp1q.verifier").info("sampled rounds decided by %s (%s), loaded in "
+                                            "%.2f s", name, why, seconds)
 
 
 def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -36,12 +49,16 @@ def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 class KernelRounds:
-    """Decisions on one device (pp1q_kernels.lazy_step: only the target rows a round
-    reaches are read), reusing one int64 work buffer for the fixed-point rows."""
+    """Decisions on one device, reading only the target rows a round reaches: on the CPU
+    pp1q_kernels.numba_rows when numba is chosen (PP1Q_DECIDE: one pass per reached row,
+    numpy arrays in), else pp1q_kernels.lazy_step (torch, reusing one int64 work buffer
+    for the fixed-point rows). Both decide identically (tests/kernels)."""
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
         self._work = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._numba = numba_rows.chosen()[2] if self.device.type == "cpu" else None
+        self._scratch = numba_rows.Scratch()
 
     def sampled(self, p_rows: Sequence[np.ndarray], q_rows: Sequence[Sequence[DyadicRow]],
                 drafts: Sequence[Sequence[int]], keys: Sequence[RoundKeys]) -> list[Outcome]:
@@ -58,12 +75,17 @@ class KernelRounds:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "need D q rows, D drafts, D+1 p rows")
         if any(r.vocab != shape[1] for chain in q_rows for r in chain):
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q vocab differs from p")
+        draws = numba_rows.round_draws(keys, D)  # pp1q.core.verify's, by numba when it decides
+        c_x = [[row.require_token(int(x)) for row, x in zip(chain, xs, strict=True)]
+               for chain, xs in zip(q_rows, drafts, strict=True)]
+        if self._numba is not None:
+            acc, tok, _ = numba_rows.decide_rows(self._numba, p_rows, np.array(c_x, np.int64),
+                                                 q_rows, np.array(drafts, np.int64), *draws,
+                                                 scratch=self._scratch)
+            return [Outcome(a, t) for a, t in zip(acc, tok, strict=True)]
         p = [_tensor(rows, self.device) for rows in p_rows]
-        u_acc, u_corr, u_bonus = (_tensor(u.astype(np.int64), self.device)
-                                  for u in round_draws(keys, D))
-        c_x = torch.tensor([[row.require_token(int(x)) for row, x in zip(chain, xs, strict=True)]
-                            for chain, xs in zip(q_rows, drafts, strict=True)],
-                           dtype=torch.int64, device=self.device)
+        u_acc, u_corr, u_bonus = (_tensor(u.astype(np.int64), self.device) for u in draws)
+        c_x = torch.tensor(c_x, dtype=torch.int64, device=self.device)
 
         def q_at(i: torch.Tensor):  # only the chosen rows become a kernel batch
             return from_rows([chain[k] for chain, k in zip(q_rows, i.tolist(), strict=True)],
@@ -79,6 +101,10 @@ class KernelRounds:
 
     def target_only(self, p_row: np.ndarray, keys: RoundKeys, position: int) -> Outcome:
         """One token at absolute ``position`` from p alone (TARGET_ONLY draw)."""
+        if self._numba is not None:
+            return Outcome(0, numba_rows.target_pick(self._numba, p_row,
+                                                     target_only_draw(keys, position),
+                                                     self._scratch))
         t = _tensor(p_row, self.device)
         if t.ndim != 1:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "target-only needs one row")

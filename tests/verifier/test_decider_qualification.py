@@ -5,76 +5,36 @@ keyed rounds and target-only steps here, several requests per loop tick so they 
 one kernel call, and every decision must equal ``reference.oracle_round`` /
 ``oracle_target_only`` with the contract's keyed draws (under the verifier's draw seed,
 pp1q.core.drawkey) on the rows the kernel decides with, floor(p * 2^61) / 2^61
-(pp1q.verifier.kernel_rounds). Regimes: close, far and adversarial (draft = -target)
-drafts, top-k supports, q = p (every draft accepted), float64 target rows (the toy's)
-and float32-rounded ones (a GPU target's).
+(pp1q.verifier.kernel_rounds), on either CPU decision path (numba, the default where it
+is installed, and the torch lazy step: pp1q_kernels.numba_rows). Regimes: close, far and
+adversarial (draft = -target) drafts, top-k supports, q = p (every draft accepted),
+float64 target rows (the toy's) and float32-rounded ones (a GPU target's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 
 import numpy as np
 import pytest
+from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, TableTarget, make_round, proposal
+from pp1q_kernels import numba_rows
 
 from pp1q.core import reference as ref
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import DistributionError, Reason
-from pp1q.core.q import MASS, build_row, sample
-from pp1q.core.rng import proposal_u24
 from pp1q.core.verify import RoundKeys, target_only_draw
-from pp1q.models.toy import TargetModel, softmax64
 from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.daemon import STANDARD
 from pp1q.verifier.job import Job
 from pp1q.verifier.kernel_decider import KernelDecider
-from pp1q.wire import Step
 from pp1q.wire.events import ProposalReady
-
-DEPTH = 3
-VOCAB = 23
-SLOTS = 4
-REGIMES = ("close", "far", "adversarial", "sparse", "equal")
-
-
-class TableTarget(TargetModel):
-    """A target whose rows are given per prompt (rows past len(draft) + 1 unused)."""
-
-    identity = "table"
-
-    def __init__(self, vocab: int) -> None:
-        self.vocab = vocab
-        self.table: dict[tuple[int, ...], np.ndarray] = {}
-
-    def logits(self, prefix, draft):
-        return np.log(self.probs(prefix, draft))
-
-    def probs(self, prefix, draft, out=None):
-        rows = self.table[tuple(prefix)][: len(draft) + 1]
-        if out is None:
-            return rows.copy()
-        out[:] = rows
-        return out
 
 
 def fixed_point(p: np.ndarray) -> np.ndarray:
     """floor(p * 2^61) / 2^61, exactly (every such value is a float64)."""
     return np.floor(p * 2.0**61) * 2.0**-61
-
-
-def make_round(g, regime: str, float32: bool):
-    """(p [D+1, V], q rows [D])."""
-    t = g.normal(0.0, 2.0, (DEPTH + 1, VOCAB))
-    p = softmax64(t)
-    if float32:
-        p = p.astype(np.float32).astype(np.float64)
-    d = {"close": t[:DEPTH] + g.normal(0.0, 0.3, (DEPTH, VOCAB)),
-         "far": g.normal(0.0, 2.0, (DEPTH, VOCAB)), "adversarial": -t[:DEPTH],
-         "sparse": t[:DEPTH] + g.normal(0.0, 1.0, (DEPTH, VOCAB)), "equal": t[:DEPTH]}[regime]
-    q = [build_row(d[i], top_k=4 if regime == "sparse" else None) for i in range(DEPTH)]
-    if regime == "equal":  # p is exactly q: every draft accepted, the bonus decides
-        p[:DEPTH] = np.stack([r.dense_counts() for r in q]) / MASS
-    return p, q
 
 
 def request(g, slot: int, prompt_len: int):
@@ -83,17 +43,6 @@ def request(g, slot: int, prompt_len: int):
     req = GenerateRequest(prompt=prompt, max_tokens=8, seed=seed, speculative=True,
                           greedy=False, draft_temperature=1.0, top_k=None)
     return Job(req, slot)
-
-
-def proposal(job: Job, q, generation: int, round_id: int):
-    first = len(job.req.prompt)
-    step = Step(session=1, slot=job.slot, generation=generation, round_id=round_id,
-                last_committed=first - 1, first_position=first, prefix_digest=0, depth=DEPTH,
-                temperature=1.0, top_k=0, context_version=0, seed=job.req.seed)
-    drafts = tuple(sample(q[i], proposal_u24(job.req.seed, generation, round_id, first + i))
-                   for i in range(DEPTH))
-    ready = ProposalReady(job.slot, generation, round_id, first, drafts, q, (), False)
-    return step, ready
 
 
 def oracle(p, q, ready: ProposalReady, keys: RoundKeys):
@@ -134,9 +83,14 @@ async def _ticks(decider, g, ticks: int, float32: bool, calls: list[int]):
     return kinds
 
 
-def run_ticks(seed: int, ticks: int, float32: bool) -> set:
-    decider = STANDARD.local(TableTarget(VOCAB), slots=SLOTS, depth=DEPTH,
-                             draws=DrawKeys.generate())
+def run_ticks(seed: int, ticks: int, float32: bool, backend: str = "auto") -> set:
+    """``backend``: the CPU decision path (PP1Q_DECIDE; auto is what the daemon runs)."""
+    before = numba_rows.select(backend)
+    try:
+        decider = STANDARD.local(TableTarget(VOCAB), slots=SLOTS, depth=DEPTH,
+                                 draws=DrawKeys.generate())
+    finally:
+        numba_rows.select(before)
     assert isinstance(decider, KernelDecider)  # the qualification is of what the daemon runs
     calls: list[int] = []
     sampled = decider.kernel.sampled
@@ -149,9 +103,15 @@ def run_ticks(seed: int, ticks: int, float32: bool) -> set:
     return asyncio.run(_ticks(decider, np.random.default_rng(seed), ticks, float32, calls))
 
 
+numba_missing = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                   reason="numba not installed (the fast extra)")
+
+
+@pytest.mark.parametrize("backend", ["auto", pytest.param("numba", marks=numba_missing),
+                                     "torch"])
 @pytest.mark.parametrize("float32", [False, True])
-def test_service_decider_equals_oracle(float32):
-    kinds = run_ticks(40 + float32, 100, float32)
+def test_service_decider_equals_oracle(float32, backend):
+    kinds = run_ticks(40 + float32, 100 if backend == "auto" else 40, float32, backend)
     assert {bonus for bonus, _ in kinds} == {True, False}
     assert {a for _, a in kinds} == set(range(DEPTH + 1))  # every accepted count reached
 

@@ -27,8 +27,8 @@ ROWS = BATCH * DEPTH
 
 def _cases():
     import torch
-    from pp1q_kernels import counts, dispatch, verify_step
-    from pp1q_kernels.lookup import dense_counts
+    from pp1q_kernels import counts, dispatch, lazy_step, numba_rows, verify_step
+    from pp1q_kernels.lookup import count_at, dense_counts, to_rows
 
     from pp1q.core.verify import RoundKeys
 
@@ -60,6 +60,21 @@ def _cases():
     def residual(q, validate=False):
         return lambda: dispatch.residual_sample(p, q, u53, validate=validate)
 
+    # the lazy step (rows read only as a round reaches them), torch and numba, same draws
+    draws = verify_step.step_draws(keys, DEPTH)
+    c_x = count_at(q_step, draft)
+    chains = [to_rows(q_step.index(b)) for b in range(BATCH)]
+    p_rows = list(p_all.numpy())
+    k = numba_rows.chosen()[2]
+
+    def lazy_torch():
+        return lazy_step.decide_rows(list(p_all), c_x, lambda i: q_step.index(
+            torch.arange(BATCH), i), draft, *draws)
+
+    def lazy_numba():
+        return numba_rows.decide_rows(k, p_rows, c_x.numpy(), chains, draft.numpy(),
+                                      *(d.numpy() for d in draws))
+
     return [
         ("torch softmax fp32 (baseline)", lambda: torch.softmax(logits, -1)),
         ("residual, sparse q top-32", residual(q_sparse)),
@@ -70,6 +85,8 @@ def _cases():
         ("vLLM-style: clamp, exponential race", vllm_style),
         ("verify step (4 req x depth 5, sparse q)",
          lambda: dispatch.verify(p_all, q_step, draft, keys, validate=False)),
+        ("lazy step, torch (CPU without numba)", lazy_torch),
+        *([("lazy step, numba (the service's CPU path)", lazy_numba)] if k else []),
         ("counts: allocate (given FP64 weights)", lambda: dispatch.allocate(w)),
         ("counts: build_counts dense (from logits)", lambda: dispatch.build_counts(logits)),
         ("counts: build_counts top-32", lambda: dispatch.build_counts(logits, top_k=TOP_K)),

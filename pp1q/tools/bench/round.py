@@ -123,23 +123,29 @@ def time_zmq(form: str, rounds: int) -> float | None:
 
 
 def time_ours(form: str, rounds: int, check_outgoing: bool = True,
-              checker: str | None = None) -> tuple[float, float]:
+              checker: str | None = None, decide: str | None = None) -> tuple[float, float]:
     """(transport + validation, + verification and commit) median ms per round.
     ``checker``: the q-row checker both ends use (pp1q.core.q_backend; None: this
-    process's choice, PP1Q_VALIDATE or auto)."""
+    process's choice, PP1Q_VALIDATE or auto); ``decide``: the verifier's CPU decision
+    path (pp1q_kernels.numba_rows: numba or torch; None: PP1Q_DECIDE or auto)."""
     import uvloop
+    from pp1q_kernels import numba_rows
 
     from pp1q.core import q_backend
 
     before = q_backend.select(checker) if checker else None
+    before_decide = numba_rows.select(decide) if decide else None
     peer = _Peer("ours" if check_outgoing else "ours-unchecked", form, checker)
     try:
         q_backend.warm_up()
+        numba_rows.warm_up()
         return uvloop.run(_ours(peer.port, form, rounds))
     finally:
         peer.close()
         if before:
             q_backend.select(before)
+        if before_decide:
+            numba_rows.select(before_decide)
 
 
 async def _ours(port: int, form: str, rounds: int) -> tuple[float, float]:
