@@ -158,3 +158,20 @@ def sparse(ids, q, bits, vocab):  # one call instead of ~15 numpy calls of ~1 us
         if counts[i] == 0:
             return ZERO_COUNT, i, counts
     return OK, -1, counts
+
+
+@_jit
+def scatter(row, ids, counts):
+    """row[ids[j]] = counts[j] / 2^24 for every j: a dense REPLY's q written from a
+    row's support in one pass (numpy's fancy-index store of a 48k-entry support costs
+    ~0.3 ms, most of a dense REPLY's building). Exact: a count (<= 2^24) is an FP32
+    integer and the scale a power of two. Bounds checks are not compiled in, so the
+    ids are checked first: nothing is written when one is outside the row."""
+    n = row.size
+    if ids.size != counts.size:
+        raise ValueError("scatter: ids and counts differ in length")
+    for j in range(ids.size):
+        if ids[j] < 0 or ids[j] >= n:
+            raise ValueError("scatter: support id outside the row")
+    for j in range(ids.size):
+        row[ids[j]] = np.float32(counts[j]) / _MASS_F32

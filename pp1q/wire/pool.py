@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 
+from pp1q.core import q_backend
+
 POOL_MIN_BYTES = 64 * 1024  # smaller payloads come from malloc's heap without page faults
 _IDLE_REFS = sys.getrefcount(np.empty(0)) + 1  # refs of a buffer only the pool's list holds
 
@@ -53,6 +55,7 @@ class PayloadPool:
 
 
 SCATTER_CLEAR_RATIO = 16  # clear by index below 1/16 of the row; measured: a memset wins above
+_MASS_F32 = np.float32(1 << 24)  # q = count / 2^24, exact in FP32 (pp1q.core.q.MASS)
 
 
 class ZeroRow:
@@ -60,7 +63,10 @@ class ZeroRow:
 
     A fresh zeroed 517 KB row per REPLY costs a calloc (page faults when it is mmap'd)
     and a full pass; here a fill first clears only the previous fill's support (or the
-    whole row with one memset when that support was wide), then writes the new one.
+    whole row with one memset when that support was wide), then writes the new one:
+    one numba pass from the counts where pp1q.core.q_backend chose numba (numpy's
+    fancy-index store of a 48k-entry support took ~0.3 ms, the bulk of a dense REPLY),
+    else numpy's store. Both write the same bits: count / 2^24 is exact in FP32.
     The row returned is valid until the next ``fill``: encode the frame before that.
     """
 
@@ -68,7 +74,9 @@ class ZeroRow:
         self._row = np.zeros(0, dtype="<f4")
         self._ids: np.ndarray | None = None
 
-    def fill(self, n: int, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    def fill(self, n: int, ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """The row of ``n`` zeros with q = counts / 2^24 at ``ids`` (a DyadicRow's
+        support: ids in range, counts <= 2^24)."""
         if self._row.size != n:
             self._row = np.zeros(n, dtype="<f4")
         elif self._ids is not None and self._ids.size * SCATTER_CLEAR_RATIO < n:
@@ -76,6 +84,10 @@ class ZeroRow:
         elif self._ids is not None:
             self._row.fill(0)  # a wide support: one memset beats a scattered clear
         self._ids = None  # cleared first: a failed write below leaves no stale support
-        self._row[ids] = values
+        k = q_backend.kernels_for(ids, counts)
+        if k is None:
+            self._row[ids] = counts.astype(np.float32) / _MASS_F32
+        else:
+            k.scatter(self._row, ids, counts)
         self._ids = ids
         return self._row
