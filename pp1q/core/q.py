@@ -82,7 +82,11 @@ class DyadicRow:
 
     def count_of(self, token: int) -> int:
         """Count of ``token`` (0 outside the support)."""
-        i = int(np.searchsorted(self.ids, token))
+        if not 0 <= token < self.vocab:  # outside every support (ids are in range)
+            return 0
+        # an int32 needle: a Python int makes numpy cast the whole int32 id array to
+        # int64 first (15 us for a dense row's 86k ids, 2 us this way)
+        i = int(np.searchsorted(self.ids, np.int32(token)))
         if i < self.ids.size and int(self.ids[i]) == token:
             return int(self.counts[i])
         return 0
