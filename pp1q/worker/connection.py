@@ -37,7 +37,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
     the REFUSAL the endpoint queued) for each connection the table names."""
 
     def __init__(self, config: WireConfig, sessions: SessionTable, proposer: Proposer,
-                 metrics: Metrics, check_outgoing: bool = True) -> None:
+                 metrics: Metrics, check_outgoing: bool = False) -> None:
         self.config, self.sessions, self.proposer, self.metrics = (
             config, sessions, proposer, metrics)
         self._check_outgoing = check_outgoing
