@@ -375,7 +375,13 @@ def _validate_dense_numpy(arr: np.ndarray, vocab: int) -> np.ndarray:
 
 def parse_dense(q, vocab: int) -> DyadicRow:
     """Dense FP32 q (array or LE bytes). Length ``vocab``, or longer with zero padding."""
-    arr = validate_dense(q, vocab)
+    return dense_row_of_valid(validate_dense(q, vocab), vocab)
+
+
+def dense_row_of_valid(arr: np.ndarray, vocab: int) -> DyadicRow:
+    """The ``DyadicRow`` of an FP32 row ``validate_dense`` returned, not checked again:
+    the verifier validates each dense row on arrival (in a read-only frame buffer) and
+    builds its row only if a decision asks for it (pp1q.wire.validate.Rows)."""
     k = q_backend.kernels_for(arr)
     if k is not None:
         ids, counts = q_backend.extract(k, arr, vocab)
