@@ -29,6 +29,18 @@ from pp1q.worker.drafting import Proposer, StepDrafter
 
 log = logging.getLogger("pp1q.worker")
 
+# The drafter stops (pause_writing) only once this much is queued unsent: the asyncio
+# default (64 KiB) stopped it after every dense REPLY (517 KB) until the kernel took the
+# row, so building the next row no longer overlapped sending the last one. After HELLO the
+# mark is one REPLY of every STEP the session may have outstanding (a loop tick's frames),
+# never above this cap: how far ahead of the socket the drafter may run, in bytes it holds.
+WRITE_HIGH_WATER_CAP = 64 << 20
+
+
+def write_high_water(limits) -> int:
+    """Unsent bytes at which drafting pauses, for a session's negotiated limits."""
+    return min(WRITE_HIGH_WATER_CAP, limits.max_inflight * limits.max_payload)
+
 
 class WorkerConnection(asyncio.BufferedProtocol):
     """One connection. What it may hold and for how long is ``sessions``' decision
@@ -161,6 +173,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
                 self.metrics.validation_failure(ev.reason)
             elif isinstance(ev, SessionStarted):
                 self._session = ev.session  # the table bound it to this connection
+                self.transport.set_write_buffer_limits(high=write_high_water(ev.limits))
                 log.info("session %016x started: wire v%d, %d slots, depth <= %d, "
                          "support <= %d", ev.session, ev.version, ev.limits.max_slots,
                          ev.limits.max_depth, ev.limits.max_support)
