@@ -23,6 +23,7 @@ from pp1q.wire.events import (
     StepRefused,
     StepRequested,
 )
+from pp1q.wire.limits import Limits
 from pp1q.wire.sessions import SessionTable
 from pp1q.wire.table import Conn
 from pp1q.worker.drafting import Proposer, StepDrafter
@@ -37,7 +38,7 @@ log = logging.getLogger("pp1q.worker")
 WRITE_HIGH_WATER_CAP = 64 << 20
 
 
-def write_high_water(limits) -> int:
+def write_high_water(limits: Limits) -> int:
     """Unsent bytes at which drafting pauses, for a session's negotiated limits."""
     return min(WRITE_HIGH_WATER_CAP, limits.max_inflight * limits.max_payload)
 
