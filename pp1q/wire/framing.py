@@ -140,6 +140,13 @@ def _control_bytes(msg) -> tuple[MsgType, bytes]:
 
 def encode(msg: Message) -> bytes:
     """One complete frame (header, control and payload coalesced in one bytes object)."""
+    return b"".join(encode_parts(msg))
+
+
+def encode_parts(msg: Message) -> tuple:
+    """One frame as (header + control bytes, *payload buffers), the payload not copied:
+    for a vectored write (writelines), which must have sent a payload before its buffer
+    is written again."""
     t, control = _control_bytes(msg)
     parts = msg.payload_parts() if t in _HEAD_FIELDS else ()
     payload_len = sum(len(p) for p in parts)
@@ -150,7 +157,7 @@ def encode(msg: Message) -> bytes:
         h.update(p)
     head = _HEAD.pack(MAGIC, FRAME_VERSION, t, 0, len(control), payload_len, h.intdigest())
     head_sum = _U64.pack(head_checksum(head, control))
-    return b"".join((head, head_sum, control, *parts))
+    return (b"".join((head, head_sum, control)), *parts)
 
 
 def chain_checksum(payload_checksums) -> int:

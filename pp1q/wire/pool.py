@@ -92,3 +92,27 @@ class ZeroRow:
             k.scatter(self._row, ids, counts)
         self._ids = ids
         return self._row
+
+
+class ZeroRows:
+    """ZeroRows for frames written without a copy (``encode_parts``, writelines): a row
+    handed to the transport is filled again only once the transport has drained (every
+    byte queued so far is in the kernel), so no payload is rewritten while a write may
+    still read it. Rows exist as many as frames the writer may hold unsent: bounded by
+    its write high-water mark (pp1q.worker.connection) plus one loop tick of frames."""
+
+    def __init__(self) -> None:
+        self._free: list[ZeroRow] = []
+        self._lent: list[ZeroRow] = []  # handed out since the transport last drained
+
+    def take(self, drained: bool) -> ZeroRow:
+        """A row to fill now; ``drained``: nothing handed out before is still queued."""
+        if drained:
+            self._free += self._lent
+            self._lent = []
+        row = self._free.pop() if self._free else ZeroRow()
+        self._lent.append(row)
+        return row
+
+    def __len__(self) -> int:
+        return len(self._free) + len(self._lent)

@@ -58,7 +58,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self.endpoint = WorkerEndpoint(config, check_outgoing=check_outgoing, sessions=sessions,
                                        now=asyncio.get_running_loop().time())
         self.drafter = StepDrafter(self.endpoint, proposer, metrics, self._write,
-                                   lambda: self._drain)
+                                   lambda: self._drain, self._drained)
         self._drain: asyncio.Future | None = None
         self._out: list[bytes] = []  # frames of this loop tick, not yet written
         self._session: int | None = None
@@ -199,6 +199,12 @@ class WorkerConnection(asyncio.BufferedProtocol):
             self._out.append(data)
             if len(self._out) == 1:
                 asyncio.get_running_loop().call_soon(self._flush_out)
+
+    def _drained(self) -> bool:
+        """Nothing written is still held: none queued for this tick, none in the
+        transport's buffer (a partial write keeps references to our buffers)."""
+        return (not self._out and self.transport is not None
+                and self.transport.get_write_buffer_size() == 0)
 
     def _flush_out(self) -> None:
         out, self._out = self._out, []
