@@ -82,7 +82,11 @@ class DyadicRow:
 
     def count_of(self, token: int) -> int:
         """Count of ``token`` (0 outside the support)."""
-        i = int(np.searchsorted(self.ids, token))
+        if not 0 <= token < self.vocab:  # outside every support (ids are in range)
+            return 0
+        # an int32 needle: a Python int makes numpy cast the whole int32 id array to
+        # int64 first (15 us for a dense row's 86k ids, 2 us this way)
+        i = int(self.ids.searchsorted(np.int32(token)))
         if i < self.ids.size and int(self.ids[i]) == token:
             return int(self.counts[i])
         return 0
@@ -371,7 +375,13 @@ def _validate_dense_numpy(arr: np.ndarray, vocab: int) -> np.ndarray:
 
 def parse_dense(q, vocab: int) -> DyadicRow:
     """Dense FP32 q (array or LE bytes). Length ``vocab``, or longer with zero padding."""
-    arr = validate_dense(q, vocab)
+    return dense_row_of_valid(validate_dense(q, vocab), vocab)
+
+
+def dense_row_of_valid(arr: np.ndarray, vocab: int) -> DyadicRow:
+    """The ``DyadicRow`` of an FP32 row ``validate_dense`` returned, not checked again:
+    the verifier validates each dense row on arrival (in a read-only frame buffer) and
+    builds its row only if a decision asks for it (pp1q.wire.validate.Rows)."""
     k = q_backend.kernels_for(arr)
     if k is not None:
         ids, counts = q_backend.extract(k, arr, vocab)

@@ -121,6 +121,7 @@ _xxh3 = xxhash.xxh3_64_intdigest
 
 
 _HEAD_FIELDS = {MsgType.REPLY: REPLY_HEAD_FIELDS, MsgType.CONTEXT: CONTEXT_HEAD_FIELDS}
+_TYPES = {int(t): t for t in MsgType}  # the header's type byte -> MsgType (no Enum call per frame)
 
 
 def _control_bytes(msg) -> tuple[MsgType, bytes]:
@@ -139,6 +140,13 @@ def _control_bytes(msg) -> tuple[MsgType, bytes]:
 
 def encode(msg: Message) -> bytes:
     """One complete frame (header, control and payload coalesced in one bytes object)."""
+    return b"".join(encode_parts(msg))
+
+
+def encode_parts(msg: Message) -> tuple:
+    """One frame as (header + control bytes, *payload buffers), the payload not copied:
+    for a vectored write (writelines), which must have sent a payload before its buffer
+    is written again."""
     t, control = _control_bytes(msg)
     parts = msg.payload_parts() if t in _HEAD_FIELDS else ()
     payload_len = sum(len(p) for p in parts)
@@ -149,7 +157,7 @@ def encode(msg: Message) -> bytes:
         h.update(p)
     head = _HEAD.pack(MAGIC, FRAME_VERSION, t, 0, len(control), payload_len, h.intdigest())
     head_sum = _U64.pack(head_checksum(head, control))
-    return b"".join((head, head_sum, control, *parts))
+    return (b"".join((head, head_sum, control)), *parts)
 
 
 def chain_checksum(payload_checksums) -> int:
@@ -324,9 +332,10 @@ class FrameDecoder:
             raise RemoteProtocolError(Reason.BAD_VERSION, f"frame version {version}")
         if mtype not in _decoders:
             raise RemoteProtocolError(Reason.UNKNOWN_MESSAGE_TYPE, f"type {mtype}")
+        mtype = _TYPES[mtype]
         if self.accepts is not None and mtype not in self.accepts:
             raise RemoteProtocolError(Reason.STATE_NOT_ALLOWED,
-                                      f"{MsgType(mtype).name} not allowed now")
+                                      f"{mtype.name} not allowed now")
         if flags:
             raise RemoteProtocolError(Reason.BAD_FLAGS, f"flags {flags:#06x}")
         if control_len == 0:  # every control part is a non-empty msgpack array
@@ -336,9 +345,9 @@ class FrameDecoder:
         cap = payload_cap(mtype, self.limits)
         if payload_len > cap:
             raise RemoteProtocolError(
-                Reason.FRAME_TOO_LARGE, f"{MsgType(mtype).name} payload_len {payload_len} > {cap}"
+                Reason.FRAME_TOO_LARGE, f"{mtype.name} payload_len {payload_len} > {cap}"
             )
-        self._head = (magic, version, MsgType(mtype), flags, control_len, payload_len)
+        self._head = (magic, version, mtype, flags, control_len, payload_len)
 
     def _parse_control(self) -> Frame | None:
         _, _, mtype, _, control_len, payload_len = self._head
@@ -386,14 +395,15 @@ class FrameDecoder:
                          declared, error)
         if mtype is not MsgType.REPLY:
             return Frame(control, nbytes, declared, error)
-        fields = msgspec.structs.asdict(control)
+        ids = q = None
         if error is None and payload is not None:
             payload.flags.writeable = False
             n = control.entries
             if control.form == Form.SPARSE:
-                fields["ids"] = np.frombuffer(payload, dtype="<i4", count=n)
-                fields["q"] = np.frombuffer(payload, dtype="<f4", count=n, offset=4 * n)
+                ids = np.frombuffer(payload, dtype="<i4", count=n)
+                q = np.frombuffer(payload, dtype="<f4", count=n, offset=4 * n)
             else:
-                fields["q"] = np.frombuffer(payload, dtype="<f4", count=n)
-        return Frame(Reply(**fields), nbytes, declared, error)
+                q = np.frombuffer(payload, dtype="<f4", count=n)
+        # positional: the head's fields in order, then the payload views (Reply's layout)
+        return Frame(Reply(*msgspec.structs.astuple(control), ids, q), nbytes, declared, error)
 

@@ -221,11 +221,10 @@ def reply_from_row(
         n = row.vocab if dense_len is None else dense_len
         if n < row.vocab:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"dense_len {n} < vocab")
-        values = row.counts.astype(np.float32) / np.float32(MASS)
         if dense_row is not None:
-            return Reply(**head, entries=n, q=dense_row.fill(n, row.ids, values))
+            return Reply(**head, entries=n, q=dense_row.fill(n, row.ids, row.counts))
         q = np.zeros(n, dtype="<f4")
-        q[row.ids] = values
+        q[row.ids] = row.counts.astype(np.float32) / np.float32(MASS)
         return Reply(**head, entries=n, q=q)
     ids, q = row.to_sparse()
     return Reply(**head, entries=int(ids.size), ids=ids.astype("<i4"), q=q.astype("<f4"))

@@ -9,6 +9,9 @@ import sys
 
 import numpy as np
 
+from pp1q.core import q_backend
+from pp1q.core.q import MASS
+
 POOL_MIN_BYTES = 64 * 1024  # smaller payloads come from malloc's heap without page faults
 _IDLE_REFS = sys.getrefcount(np.empty(0)) + 1  # refs of a buffer only the pool's list holds
 
@@ -53,6 +56,7 @@ class PayloadPool:
 
 
 SCATTER_CLEAR_RATIO = 16  # clear by index below 1/16 of the row; measured: a memset wins above
+_MASS_F32 = np.float32(MASS)  # q = count / 2^24, exact in FP32
 
 
 class ZeroRow:
@@ -60,7 +64,10 @@ class ZeroRow:
 
     A fresh zeroed 517 KB row per REPLY costs a calloc (page faults when it is mmap'd)
     and a full pass; here a fill first clears only the previous fill's support (or the
-    whole row with one memset when that support was wide), then writes the new one.
+    whole row with one memset when that support was wide), then writes the new one:
+    one numba pass from the counts where pp1q.core.q_backend chose numba (numpy's
+    fancy-index store of an 86k-entry support took 0.29 ms, the bulk of a dense REPLY),
+    else numpy's store. Both write the same bits: count / 2^24 is exact in FP32.
     The row returned is valid until the next ``fill``: encode the frame before that.
     """
 
@@ -68,7 +75,9 @@ class ZeroRow:
         self._row = np.zeros(0, dtype="<f4")
         self._ids: np.ndarray | None = None
 
-    def fill(self, n: int, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    def fill(self, n: int, ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """The row of ``n`` zeros with q = counts / 2^24 at ``ids`` (a DyadicRow's
+        support: ids in range, counts <= 2^24)."""
         if self._row.size != n:
             self._row = np.zeros(n, dtype="<f4")
         elif self._ids is not None and self._ids.size * SCATTER_CLEAR_RATIO < n:
@@ -76,6 +85,34 @@ class ZeroRow:
         elif self._ids is not None:
             self._row.fill(0)  # a wide support: one memset beats a scattered clear
         self._ids = None  # cleared first: a failed write below leaves no stale support
-        self._row[ids] = values
+        k = q_backend.kernels_for(ids, counts)
+        if k is None:
+            self._row[ids] = counts.astype(np.float32) / _MASS_F32
+        else:
+            k.scatter(self._row, ids, counts)
         self._ids = ids
         return self._row
+
+
+class ZeroRows:
+    """ZeroRows for frames written without a copy (``encode_parts``, writelines): a row
+    handed to the transport is filled again only once the transport has drained (every
+    byte queued so far is in the kernel), so no payload is rewritten while a write may
+    still read it. Rows exist as many as frames the writer may hold unsent: bounded by
+    its write high-water mark (pp1q.worker.connection) plus one loop tick of frames."""
+
+    def __init__(self) -> None:
+        self._free: list[ZeroRow] = []
+        self._lent: list[ZeroRow] = []  # handed out since the transport last drained
+
+    def take(self, drained: bool) -> ZeroRow:
+        """A row to fill now; ``drained``: nothing handed out before is still queued."""
+        if drained:
+            self._free += self._lent
+            self._lent = []
+        row = self._free.pop() if self._free else ZeroRow()
+        self._lent.append(row)
+        return row
+
+    def __len__(self) -> int:
+        return len(self._free) + len(self._lent)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pp1q.core.errors import Reason, RemoteProtocolError, RowValidationError
-from pp1q.core.q import DyadicRow, parse_dense, parse_sparse, validate_dense
+from pp1q.core.q import DyadicRow, dense_row_of_valid, parse_sparse, validate_dense
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import (
     KNOWN_VERSIONS,
@@ -177,7 +177,8 @@ class Rows(Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         row = self._rows[i]
         if row is None:
-            row = self._rows[i] = parse_dense(self._replies[i].q, self._vocab)
+            # validated in check_reply, in a read-only buffer: extracted, not re-checked
+            row = self._rows[i] = dense_row_of_valid(self._replies[i].q, self._vocab)
         return row
 
     def __repr__(self) -> str:

@@ -23,7 +23,7 @@ from pp1q.wire.events import (
     StepRefused,
     StepRequested,
 )
-from pp1q.wire.framing import Frame, chain_checksum, encode, payload_checksum_of
+from pp1q.wire.framing import Frame, chain_checksum, encode, encode_parts, payload_checksum_of
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import (
     CONNECTION_SLOT,
@@ -302,11 +302,16 @@ class WorkerEndpoint(Endpoint):
 
     def send(self, msg: Message) -> bytes:
         """Validate ``msg`` against the tables and the step it answers; return its frame."""
+        return b"".join(self.send_parts(msg))
+
+    def send_parts(self, msg: Message) -> tuple:
+        """``send`` without joining the frame: (header + control, *payload buffers), the
+        payload buffers the message's own arrays (see ``encode_parts``)."""
         t = type_of(msg)
         require_ready(self)
         self._check_session(msg, LocalProtocolError)
         if t is MsgType.REFUSAL:
-            return encode(msg)
+            return encode_parts(msg)
         if t not in (MsgType.REPLY, MsgType.COMPLETION):
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"worker cannot send {t.name}")
         s = self._slot(msg.slot, LocalProtocolError)
@@ -314,22 +319,22 @@ class WorkerEndpoint(Endpoint):
             raise LocalProtocolError(Reason.STALE_GENERATION, "step reset, completed or unknown")
         with slot_transition(self.role, s, Dir.SEND, t):  # applied once the checks pass
             if t is MsgType.REPLY:
-                data = self._reply_frame(msg, s)
+                parts = self._reply_frame(msg, s)
             else:
                 self._check_own_completion(msg, s)
-                data = encode(msg)
-        return data
+                parts = encode_parts(msg)
+        return parts
 
-    def _reply_frame(self, reply: Reply, s: SlotTrack) -> bytes:
+    def _reply_frame(self, reply: Reply, s: SlotTrack) -> tuple:
         if reply.index != len(s.checksums) + 1 or reply.index > s.step.depth:
             raise LocalProtocolError(Reason.OUT_OF_ORDER, f"reply {reply.index} out of order")
         if self.check_outgoing:
             _check_own_reply(reply, s.step, self.limits, self.vocab)
-        data = encode(reply)
+        parts = encode_parts(reply)
         s.drafts.append(int(reply.token))
-        s.reply_bytes += len(data)
-        s.checksums.append(payload_checksum_of(data))
-        return data
+        s.reply_bytes += sum(len(p) for p in parts)
+        s.checksums.append(payload_checksum_of(parts[0]))  # a field of the header
+        return parts
 
     def _check_own_completion(self, c: Completion, s: SlotTrack) -> None:
         if c != self.completion(c.slot, Status(c.status), c.reason):

@@ -23,11 +23,24 @@ from pp1q.wire.events import (
     StepRefused,
     StepRequested,
 )
+from pp1q.wire.limits import Limits
 from pp1q.wire.sessions import SessionTable
 from pp1q.wire.table import Conn
 from pp1q.worker.drafting import Proposer, StepDrafter
 
 log = logging.getLogger("pp1q.worker")
+
+# The drafter stops (pause_writing) only once this much is queued unsent: the asyncio
+# default (64 KiB) stopped it after every dense REPLY (517 KB) until the kernel took the
+# row, so building the next row no longer overlapped sending the last one. After HELLO the
+# mark is one REPLY of every STEP the session may have outstanding (a loop tick's frames),
+# never above this cap: how far ahead of the socket the drafter may run, in bytes it holds.
+WRITE_HIGH_WATER_CAP = 64 << 20
+
+
+def write_high_water(limits: Limits) -> int:
+    """Unsent bytes at which drafting pauses, for a session's negotiated limits."""
+    return min(WRITE_HIGH_WATER_CAP, limits.max_inflight * limits.max_payload)
 
 
 class WorkerConnection(asyncio.BufferedProtocol):
@@ -37,7 +50,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
     the REFUSAL the endpoint queued) for each connection the table names."""
 
     def __init__(self, config: WireConfig, sessions: SessionTable, proposer: Proposer,
-                 metrics: Metrics, check_outgoing: bool = True) -> None:
+                 metrics: Metrics, check_outgoing: bool = False) -> None:
         self.config, self.sessions, self.proposer, self.metrics = (
             config, sessions, proposer, metrics)
         self._check_outgoing = check_outgoing
@@ -45,7 +58,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self.endpoint = WorkerEndpoint(config, check_outgoing=check_outgoing, sessions=sessions,
                                        now=asyncio.get_running_loop().time())
         self.drafter = StepDrafter(self.endpoint, proposer, metrics, self._write,
-                                   lambda: self._drain)
+                                   lambda: self._drain, self._drained)
         self._drain: asyncio.Future | None = None
         self._out: list[bytes] = []  # frames of this loop tick, not yet written
         self._session: int | None = None
@@ -161,6 +174,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
                 self.metrics.validation_failure(ev.reason)
             elif isinstance(ev, SessionStarted):
                 self._session = ev.session  # the table bound it to this connection
+                self.transport.set_write_buffer_limits(high=write_high_water(ev.limits))
                 log.info("session %016x started: wire v%d, %d slots, depth <= %d, "
                          "support <= %d", ev.session, ev.version, ev.limits.max_slots,
                          ev.limits.max_depth, ev.limits.max_support)
@@ -185,6 +199,12 @@ class WorkerConnection(asyncio.BufferedProtocol):
             self._out.append(data)
             if len(self._out) == 1:
                 asyncio.get_running_loop().call_soon(self._flush_out)
+
+    def _drained(self) -> bool:
+        """Nothing written is still held: none queued for this tick, none in the
+        transport's buffer (a partial write keeps references to our buffers)."""
+        return (not self._out and self.transport is not None
+                and self.transport.get_write_buffer_size() == 0)
 
     def _flush_out(self) -> None:
         out, self._out = self._out, []

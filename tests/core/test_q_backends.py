@@ -345,9 +345,34 @@ def test_the_kernels_check_their_own_bounds():
     for call in (lambda: q_scan.scan(q, bits, 9), lambda: q_scan.extract(q, bits, 9),
                  lambda: q_scan.scan(q[:4], bits, 4),
                  lambda: q_scan.sparse(np.arange(9, dtype=np.int32), q, bits, 64),
-                 lambda: q_scan.sparse(np.arange(0, dtype=np.int32), q[:0], bits[:0], 64)):
+                 lambda: q_scan.sparse(np.arange(0, dtype=np.int32), q[:0], bits[:0], 64),
+                 lambda: q_scan.scatter(q, np.array([0, 8], np.int32), np.ones(2, np.int64)),
+                 lambda: q_scan.scatter(q, np.array([-1], np.int32), np.ones(1, np.int64)),
+                 lambda: q_scan.scatter(q, np.arange(2, dtype=np.int32), np.ones(3, np.int64))):
         with pytest.raises(ValueError):
             call()
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_dense_replies_from_the_reused_row_are_byte_identical(name):
+    """The worker's dense REPLY (a reused zero row, written by numba's scatter or numpy's
+    store) is byte for byte the one built from a fresh row, through wide supports
+    (memset clear), narrow ones (indexed clear) and a change of row length."""
+    from pp1q.wire.framing import encode
+    from pp1q.wire.pool import ZeroRow
+
+    g = np.random.default_rng(61)
+    with backend(name):
+        reused = ZeroRow()
+        for n in range(14):
+            top_k = None if n % 2 else int(g.integers(1, 40))
+            row = build_row(g.normal(size=300) * (1.0 if n % 3 else 40.0), top_k=top_k)
+            dense_len = 320 if n < 10 else 300
+            frames = [encode(reply_from_row(
+                session=1, slot=0, generation=1, round_id=1, index=1, position=1,
+                token=int(row.ids[-1]), row=row, form=Form.DENSE, dense_len=dense_len,
+                dense_row=dense_row)) for dense_row in (reused, None)]
+            assert frames[0] == frames[1]
 
 
 @numba_missing

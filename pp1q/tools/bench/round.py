@@ -122,9 +122,10 @@ def time_zmq(form: str, rounds: int) -> float | None:
     return _median_ms(times[1:])
 
 
-def time_ours(form: str, rounds: int, check_outgoing: bool = True,
+def time_ours(form: str, rounds: int, check_outgoing: bool = False,
               checker: str | None = None, decide: str | None = None) -> tuple[float, float]:
     """(transport + validation, + verification and commit) median ms per round.
+    ``check_outgoing``: the worker's own REPLY checks (off: the worker daemon's default).
     ``checker``: the q-row checker both ends use (pp1q.core.q_backend; None: this
     process's choice, PP1Q_VALIDATE or auto); ``decide``: the verifier's CPU decision
     path (pp1q_kernels.numba_rows: numba or torch; None: PP1Q_DECIDE or auto)."""
@@ -135,7 +136,7 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = True,
 
     before = q_backend.select(checker) if checker else None
     before_decide = numba_rows.select(decide) if decide else None
-    peer = _Peer("ours" if check_outgoing else "ours-unchecked", form, checker)
+    peer = _Peer("ours-checked" if check_outgoing else "ours", form, checker)
     try:
         q_backend.warm_up()
         numba_rows.warm_up()

@@ -1,12 +1,13 @@
 """Worker-side peers of ``pp1q bench round``, each run as a child process:
 
-    python -m pp1q.tools.bench.round_peer {ours,ours-unchecked,raw,zmq} {dense,sparse}
+    python -m pp1q.tools.bench.round_peer {ours,ours-checked,raw,zmq} {dense,sparse}
 
 ``ours``: the real worker adapter (WorkerConnection, WorkerEndpoint) answering STEPs with
-canned q rows, so no model compute is timed. ``raw``: blocking sockets sending the very
-same frames (header and payload in one sendmsg per frame). ``zmq``: pyzmq multipart
-messages of a msgspec header plus the same payload arrays (the vLLM engine-core style).
-Each prints ``port N`` once listening.
+canned q rows, so no model compute is timed; as the worker daemon runs by default,
+without its own outgoing row checks (``ours-checked``: with them). ``raw``: blocking
+sockets sending the very same frames (header and payload in one sendmsg per frame).
+``zmq``: pyzmq multipart messages of a msgspec header plus the same payload arrays (the
+vLLM engine-core style). Each prints ``port N`` once listening.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class CannedProposer(Proposer):
         yield from self.canned[step.top_k][step.slot % REQUESTS][: step.depth]
 
 
-def serve_ours(form: str, check_outgoing: bool = True) -> None:
+def serve_ours(form: str, check_outgoing: bool = False) -> None:
     import uvloop
 
     proposer = CannedProposer({(0 if form == "dense" else TOP_K): canned_rows(form)})
@@ -168,8 +169,8 @@ def serve_zmq(form: str) -> None:
 
 def main(argv: list[str]) -> int:
     mode, form = argv[:2]
-    if mode == "ours-unchecked":  # the worker's own outgoing row checks switched off
-        serve_ours(form, check_outgoing=False)
+    if mode == "ours-checked":  # the worker's own outgoing row checks switched on
+        serve_ours(form, check_outgoing=True)
     else:
         {"ours": serve_ours, "raw": serve_raw, "zmq": serve_zmq}[mode](form)
     return 0
