@@ -28,6 +28,7 @@ def test_real_demo_shows_prompts_text_acceptance_speed_and_exactness(cache_home)
     assert m, out
 
 
+@pytest.mark.slow  # 40 s: the group's serving is test_hf_shard_daemons'; this is the demo's wiring
 def test_real_demo_on_two_sharded_ranks(cache_home):
     # --ranks 2: the verifier's ranks each hold half the LM head (--shard-vocab)
     proc = run_pp1q(cache_home, "demo", "--ranks", "2", "--requests", "1", "--max-tokens", "3",

@@ -68,3 +68,12 @@ def test_real_demo_without_the_model_says_how_to_install_and_exits_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().count("\n") == 0
     assert "bash scripts/install.sh" in proc.stderr and "--model toy" in proc.stderr
+
+
+def test_the_real_demo_runs_several_ranks_only_as_vocabulary_shards():
+    from pp1q.tools.demo_real import RANK_TIMEOUT_S, sharded_args
+
+    assert sharded_args(1) == []  # one verifier process, whole rows
+    args = sharded_args(3)
+    assert args[0] == "--shard-vocab"  # a real model is never replicated across ranks
+    assert args[1:] == ["--rank-timeout-s", f"{RANK_TIMEOUT_S:g}"] and RANK_TIMEOUT_S > 5
