@@ -14,24 +14,15 @@ checked there first, as pp1q.core.rng checks them).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-_M0 = 0xD2511F53
-_M1 = 0xCD9E8D57
-_W0 = 0x9E3779B9
-_W1 = 0xBB67AE85
-_LO32 = 0xFFFFFFFF
-_LO16 = 0xFFFF
-DOMAIN_SHIFT = 24  # counter word 3 = domain << 24 | generation (pp1q.core.rng)
+from .numba_step import jit as _jit
+
+# Philox's constants and the counter layout as pp1q_kernels.philox states them (numba
+# reads imported module globals as compile-time constants)
+from .philox import _LO16, _LO32, _M0, _M1, _W0, _W1, DOMAIN_SHIFT, ROUNDS
+
 ACCEPTANCE, CORRECTION, BONUS = 2, 3, 4  # pp1q.core.rng.Domain (checked by numba_rows)
-
-
-def _jit(fn):
-    try:
-        return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
-    except RuntimeError:
-        return numba.njit(nogil=True, boundscheck=False)(fn)
 
 
 @_jit
@@ -48,7 +39,7 @@ def _mulhilo(m, x):
 def u53(c1, c2, c3, k0, k1):
     """The 53-bit draw of counter (0, c1, c2, c3) under key (k0, k1)."""
     c0 = np.int64(0)
-    for r in range(10):
+    for r in range(ROUNDS):  # the round body is philox4x32_10's, on scalars
         if r:
             k0 = (k0 + _W0) & _LO32
             k1 = (k1 + _W1) & _LO32

@@ -22,58 +22,22 @@ ConfigError; ``torch``: lazy_step. Only CPU deciders use it; others run lazy_ste
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import importlib
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from pp1q.core.errors import ConfigError, DistributionError, LocalProtocolError, Reason
+from pp1q.core.backend_choice import BackendChoice
+from pp1q.core.errors import DistributionError, LocalProtocolError, Reason
 from pp1q.core.q import DyadicRow
 from pp1q.core.verify import RoundKeys
 from pp1q.core.verify import round_draws as verify_draws
 
 ENV = "PP1Q_DECIDE"
-CHOICES = ("auto", "numba", "torch")
-
-_chosen: tuple[str, str, object] | None = None  # (backend, why, numba_step module or None)
-
-
-def _choose(want: str) -> tuple[str, str, object]:
-    if want not in CHOICES:
-        raise ConfigError(f"{ENV}={want!r}: must be one of {', '.join(CHOICES)}", ENV)
-    if want == "torch":
-        return "torch", f"{ENV}=torch", None
-    if importlib.util.find_spec("numba") is None:
-        if want == "numba":
-            raise ConfigError(f"{ENV}=numba but numba is not installed "
-                              "(pip install 'pp1q[fast]')", ENV)
-        return "torch", "numba not installed", None
-    try:
-        from pp1q_kernels import numba_step
-    except Exception as e:  # any failure to load the kernels (a broken llvmlite, say)
-        if want == "numba":
-            raise ConfigError(f"{ENV}=numba but numba failed to load: {e}", ENV) from e
-        return "torch", f"numba failed to load: {type(e).__name__}", None
-    return "numba", f"{ENV}={want}", numba_step
-
-
-def chosen() -> tuple[str, str, object]:
-    """(backend name, why, kernels module or None), decided on the first call."""
-    global _chosen
-    if _chosen is None:
-        _chosen = _choose(os.environ.get(ENV, "auto").strip().lower() or "auto")
-    return _chosen
-
-
-def select(want: str) -> str:
-    """Choose for this process as ``PP1Q_DECIDE=want`` would (``pp1q bench`` times both
-    in one run); returns the previous choice's name."""
-    global _chosen
-    before = chosen()[0]
-    _chosen = _choose(want)
-    return before
+CHOICE = BackendChoice(ENV, "torch", lambda: importlib.import_module("pp1q_kernels.numba_step"))
+chosen = CHOICE.chosen  # (backend, why, numba_step module or None), decided on first use
+select = CHOICE.select  # choose explicitly, as PP1Q_DECIDE=want would (pp1q bench)
 
 
 def _key_field(name: str, values, top: int) -> list[int]:

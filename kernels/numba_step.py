@@ -34,15 +34,16 @@ _LO32 = (1 << 32) - 1  # P splits into 32-bit halves so a row's sums cannot over
 _HI_LIMIT = 1 << 30  # high half sum >= 2^30 means S >= 2^62
 
 
-def _jit(fn):
-    """cache=True as in pp1q.core.q_scan (a copy loaded from a string compiles afresh)."""
+def jit(fn):
+    """numba's njit as every pp1q_kernels kernel uses it (numba_draws too): cache=True as
+    in pp1q.core.q_scan (a copy loaded from a string compiles afresh), no bound checks."""
     try:
         return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
     except RuntimeError:
         return numba.njit(nogil=True, boundscheck=False)(fn)
 
 
-@_jit
+@jit
 def mul_wide(a, b):
     """a * b = hi * 2^62 + lo exactly (0 <= a, b < 2^62): fixed.mul_wide."""
     a1, a0 = a >> 31, a & HALF
@@ -53,12 +54,12 @@ def mul_wide(a, b):
     return hi, lo & LO_MASK
 
 
-@_jit
+@jit
 def shift_wide(hi, lo, s):
     return (hi << (WIDE_LIMB - s)) | (lo >> s)
 
 
-@_jit
+@jit
 def accepts(u53, c, p_x, s_total):
     """u53 / 2^53 < (P_x / S) / (c / 2^24), exactly: fixed.accepts_exact."""
     hi_us, lo_us = mul_wide(u53, s_total)
@@ -75,18 +76,18 @@ def accepts(u53, c, p_x, s_total):
     return (e_hi < r_hi) or ((e_hi == r_hi) and (e_lo < r_lo))
 
 
-@_jit
+@jit
 def q_units(c, s_total):
     """floor(c * S / 2^24): fixed.q_units."""
     return c * (s_total >> MASS_BITS) + ((c * (s_total & ((1 << MASS_BITS) - 1))) >> MASS_BITS)
 
 
-@_jit
+@jit
 def fixed(x):
     return np.int64(np.float64(x) * FIXED_ONE)  # exact scaling; truncation is the floor
 
 
-@_jit
+@jit
 def _block(p):
     """(entries outside [0, 1], high and low 32-bit halves' sums of P) over the slice p.
     Outside values (NaN too) count as 0: no branch on the data. Indices from 0 (never
@@ -105,7 +106,7 @@ def _block(p):
     return bad, hi, lo
 
 
-@_jit
+@jit
 def scan_row(p, psums):
     """(verdict, S): check a row as fixed.check_target and check_totals do, and write the
     block sums of P into ``psums`` (ceil(V / BLOCK) entries), in one pass."""
@@ -137,7 +138,7 @@ def scan_row(p, psums):
     return OK, s
 
 
-@_jit
+@jit
 def scan_round(p, c_x, draft, u_acc, psums, totals):
     """(verdict, row, accepted) for one request: rows p [D+1, V] in order, each checked and
     summed when the round reaches it, ratio tests until the first rejection (else the
@@ -156,7 +157,7 @@ def scan_round(p, c_x, draft, u_acc, psums, totals):
     return OK, depth, depth
 
 
-@_jit
+@jit
 def pick(p, s_total, psums, sums, q_ids, q_counts, use_q, u53):
     """(id, underflow): the residual pick (residual.sample_fixed) on one row p [V] with
     total S and block sums ``psums``; ``sums`` is scratch of psums' size. Sparse q rows

@@ -23,54 +23,18 @@ a few seconds more).
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import importlib
 import time
 
 import numpy as np
 
-from pp1q.core.errors import ConfigError, Reason, RowValidationError
+from pp1q.core.backend_choice import BackendChoice
+from pp1q.core.errors import Reason, RowValidationError
 
 ENV = "PP1Q_VALIDATE"
-CHOICES = ("auto", "numba", "numpy")
-
-_chosen: tuple[str, str, object] | None = None  # (backend, why, q_scan module or None)
-
-
-def _choose(want: str) -> tuple[str, str, object]:
-    if want not in CHOICES:
-        raise ConfigError(f"{ENV}={want!r}: must be one of {', '.join(CHOICES)}", ENV)
-    if want == "numpy":
-        return "numpy", f"{ENV}=numpy", None
-    if importlib.util.find_spec("numba") is None:
-        if want == "numba":
-            raise ConfigError(f"{ENV}=numba but numba is not installed "
-                              "(pip install 'pp1q[fast]')", ENV)
-        return "numpy", "numba not installed", None
-    try:
-        from pp1q.core import q_scan
-    except Exception as e:  # any failure to load the kernels (a broken llvmlite, say)
-        if want == "numba":
-            raise ConfigError(f"{ENV}=numba but numba failed to load: {e}", ENV) from e
-        return "numpy", f"numba failed to load: {type(e).__name__}", None
-    return "numba", f"{ENV}={want}", q_scan
-
-
-def chosen() -> tuple[str, str, object]:
-    """(backend name, why, kernels module or None), decided on the first call."""
-    global _chosen
-    if _chosen is None:
-        _chosen = _choose(os.environ.get(ENV, "auto").strip().lower() or "auto")
-    return _chosen
-
-
-def select(want: str) -> str:
-    """Choose explicitly for this process, as ``PP1Q_VALIDATE=want`` would (``pp1q
-    bench`` times both checkers in one run); returns the previous choice's name."""
-    global _chosen
-    before = backend()
-    _chosen = _choose(want)
-    return before
+CHOICE = BackendChoice(ENV, "numpy", lambda: importlib.import_module("pp1q.core.q_scan"))
+chosen = CHOICE.chosen  # (backend, why, q_scan module or None), decided on the first call
+select = CHOICE.select  # choose explicitly, as PP1Q_VALIDATE=want would (pp1q bench)
 
 
 def backend() -> str:

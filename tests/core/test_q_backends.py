@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pp1q.core import q_backend
+from pp1q.core import backend_choice, q_backend
 from pp1q.core.errors import ConfigError, Reason, RowValidationError
 from pp1q.core.q import MASS, build_row, parse_dense, parse_sparse, validate_dense
 from pp1q.wire import Form, Step
@@ -34,14 +34,14 @@ TINY = F32(2.0**-24)  # one count
 @contextmanager
 def backend(name: str):
     """Choose ``name`` as a daemon would: through PP1Q_VALIDATE, chosen afresh."""
-    saved_env, saved = os.environ.get(q_backend.ENV), q_backend._chosen
+    saved_env, saved = os.environ.get(q_backend.ENV), q_backend.CHOICE._chosen
     os.environ[q_backend.ENV] = name
-    q_backend._chosen = None
+    q_backend.CHOICE._chosen = None
     try:
         assert q_backend.backend() == name
         yield
     finally:
-        q_backend._chosen = saved
+        q_backend.CHOICE._chosen = saved
         if saved_env is None:
             del os.environ[q_backend.ENV]
         else:
@@ -312,11 +312,11 @@ def test_zero_q_at_the_proposed_token_is_refused(name):
 
 
 def test_the_variable_chooses_and_a_bad_value_is_refused(monkeypatch):
-    monkeypatch.setattr(q_backend, "_chosen", None)
+    monkeypatch.setattr(q_backend.CHOICE, "_chosen", None)
     monkeypatch.setenv(q_backend.ENV, "numpy")
     assert q_backend.chosen()[::2] == ("numpy", None)
     for bad in ("fast", "numba,numpy"):
-        monkeypatch.setattr(q_backend, "_chosen", None)
+        monkeypatch.setattr(q_backend.CHOICE, "_chosen", None)
         monkeypatch.setenv(q_backend.ENV, bad)
         with pytest.raises(ConfigError, match="PP1Q_VALIDATE"):
             q_backend.backend()
@@ -324,11 +324,11 @@ def test_the_variable_chooses_and_a_bad_value_is_refused(monkeypatch):
 
 def test_numba_asked_for_but_missing_is_refused_not_replaced(monkeypatch):
     """auto falls back to numpy (and says why); numba named explicitly never does."""
-    monkeypatch.setattr(q_backend.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(q_backend, "_chosen", None)
+    monkeypatch.setattr(backend_choice.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(q_backend.CHOICE, "_chosen", None)
     monkeypatch.setenv(q_backend.ENV, "auto")
     assert q_backend.chosen() == ("numpy", "numba not installed", None)
-    monkeypatch.setattr(q_backend, "_chosen", None)
+    monkeypatch.setattr(q_backend.CHOICE, "_chosen", None)
     monkeypatch.setenv(q_backend.ENV, "numba")
     with pytest.raises(ConfigError, match="numba is not installed"):
         q_backend.backend()

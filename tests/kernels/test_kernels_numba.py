@@ -24,6 +24,7 @@ from pp1q_kernels.lookup import SparseCounts, count_at, from_rows
 from pp1q_kernels.residual import target_sample
 from test_kernels_verify import REGIMES, make_batch
 
+from pp1q.core import backend_choice
 from pp1q.core import reference as ref
 from pp1q.core.errors import ConfigError, DistributionError, LocalProtocolError, Reason
 from pp1q.core.q import MASS, DyadicRow
@@ -38,7 +39,7 @@ PROCESSORS = [(0.7, None, None), (1.0, 5, None), (1.3, None, 0.8), (0.5, 9, 0.9)
 
 
 def kernels():
-    return numba_rows._choose("numba")[2]
+    return numba_rows.CHOICE.choose("numba")[2]
 
 
 def rows_of(q: SparseCounts):
@@ -262,18 +263,18 @@ def test_unreached_rows_are_not_read():
 
 
 def test_choice_and_fallback(monkeypatch):
-    assert numba_rows._choose("torch")[0] == "torch"
-    assert numba_rows._choose("auto")[0] == "numba"
+    assert numba_rows.CHOICE.choose("torch")[0] == "torch"
+    assert numba_rows.CHOICE.choose("auto")[0] == "numba"
     with pytest.raises(ConfigError, match="PP1Q_DECIDE"):
-        numba_rows._choose("fastest")
+        numba_rows.CHOICE.choose("fastest")
     monkeypatch.setenv(numba_rows.ENV, "fastest")  # the daemon refuses to start on it
-    monkeypatch.setattr(numba_rows, "_chosen", None)
+    monkeypatch.setattr(numba_rows.CHOICE, "_chosen", None)
     with pytest.raises(ConfigError, match="PP1Q_DECIDE='fastest'"):
         warm_up_decisions()
-    monkeypatch.setattr(numba_rows.importlib.util, "find_spec", lambda name: None)
-    assert numba_rows._choose("auto")[:2] == ("torch", "numba not installed")
+    monkeypatch.setattr(backend_choice.importlib.util, "find_spec", lambda name: None)
+    assert numba_rows.CHOICE.choose("auto")[:2] == ("torch", "numba not installed")
     with pytest.raises(ConfigError, match="not installed"):
-        numba_rows._choose("numba")
+        numba_rows.CHOICE.choose("numba")
 
 
 # ---------------------------------------------------------------------------

@@ -101,6 +101,17 @@ def splits(data: bytes, rng: np.random.Generator):
     return [data[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
+def feed_buffered(protocol, data: bytes) -> None:
+    """``data`` into an asyncio BufferedProtocol as the loop does: recv_into its
+    get_buffer(), then buffer_updated(n), as many times as the buffers take."""
+    while data:
+        buf = protocol.get_buffer(len(data))
+        n = min(len(buf), len(data))
+        buf[:n] = data[:n]
+        protocol.buffer_updated(n)
+        data = data[n:]
+
+
 def feed_all(decoder, chunks) -> list:
     out = []
     for c in chunks:

@@ -10,6 +10,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from wire_helpers import feed_buffered
 
 from pp1q.core.prefix import digest_of
 from pp1q.core.q import build_row, sample
@@ -68,15 +69,6 @@ class HoldingTransport:
         return out
 
 
-def _feed(conn: WorkerConnection, data: bytes) -> None:
-    while data:
-        buf = conn.get_buffer(len(data))
-        n = min(len(buf), len(data))
-        buf[:n] = data[:n]
-        conn.buffer_updated(n)
-        data = data[n:]
-
-
 @pytest.mark.parametrize("drains", [False, True])
 async def test_dense_replies_without_a_join_arrive_intact(drains):
     spec = ToySpec(vocab=VOCAB)
@@ -85,13 +77,13 @@ async def test_dense_replies_without_a_join_arrive_intact(drains):
     t = HoldingTransport(drains)
     conn.connection_made(t)
     v = VerifierEndpoint(verifier_config(spec, (2,), SLOTS, DEPTH, 32), session=9)
-    _feed(conn, v.hello())
+    feed_buffered(conn, v.hello())
     await asyncio.sleep(0)  # the answer leaves with the tick's writelines
     v.receive_data(t.take(), 0.0)
     for s in range(SLOTS):
-        _feed(conn, v.send(context_of(session=9, slot=s, generation=1, tokens=PREFIX,
+        feed_buffered(conn, v.send(context_of(session=9, slot=s, generation=1, tokens=PREFIX,
                                       digest=digest_of(PREFIX))))
-    _feed(conn, b"".join(v.send(Step(
+    feed_buffered(conn, b"".join(v.send(Step(
         session=9, slot=s, generation=1, round_id=1, last_committed=len(PREFIX) - 1,
         first_position=len(PREFIX), prefix_digest=digest_of(PREFIX), depth=DEPTH,
         temperature=1.0, top_k=0, context_version=0, seed=s), now=0.0) for s in range(SLOTS)))

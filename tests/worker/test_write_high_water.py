@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from wire_helpers import feed_buffered
 
 from pp1q.models.toy import ToySpec
 from pp1q.runtime.metrics import Metrics
@@ -38,16 +39,6 @@ class FakeTransport:
         self.high = high
 
 
-def _feed(conn: WorkerConnection, data: bytes) -> None:
-    """As the loop does: recv_into get_buffer(), then buffer_updated(n)."""
-    while data:
-        buf = conn.get_buffer(len(data))
-        n = min(len(buf), len(data))
-        buf[:n] = data[:n]
-        conn.buffer_updated(n)
-        data = data[n:]
-
-
 @pytest.mark.parametrize("vocab", [129280, 64])
 async def test_the_mark_is_a_tick_of_replies_once_the_session_starts(vocab):
     spec = ToySpec(vocab=vocab)
@@ -57,7 +48,7 @@ async def test_the_mark_is_a_tick_of_replies_once_the_session_starts(vocab):
     conn.connection_made(t)
     assert t.high is None  # no session yet: the transport's default stands
     v = VerifierEndpoint(verifier_config(spec, (2,), 4, 5, 32), session=5)
-    _feed(conn, v.hello())
+    feed_buffered(conn, v.hello())
     limits = conn.endpoint.limits
     assert t.high == write_high_water(limits) == limits.max_inflight * limits.max_payload
     if vocab == 129280:  # a dense row alone is 517 KB: far above the 64 KiB default
