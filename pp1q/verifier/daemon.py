@@ -156,21 +156,17 @@ def unsupported_processors(settings: VerifierSettings, processors,
                            world: int) -> str | None:
     """Why a rank group of ``world`` ranks (the group's, not ``settings.ranks``: torchrun
     sets it through its environment) cannot apply these target processors exactly (None:
-    it can). Vocabulary shards apply the temperature element by element, exactly as one
-    row, and top-k / top-p in exact integers across the shards
-    (pp1q_kernels.shard_processors), top-k up to MAX_SHARD_TOP_K ids."""
-    if world <= 1:
+    it can). One process and a replicated group decide from whole rows (the deciding rank
+    applies them as one process does, pp1q.verifier.target_rows); vocabulary shards apply
+    the temperature element by element and top-k / top-p in exact integers across the
+    shards (pp1q_kernels.shard_processors), top-k up to MAX_SHARD_TOP_K ids."""
+    if world <= 1 or not settings.shard_vocab:
         return None
-    if settings.shard_vocab:
-        if processors.top_k is None or processors.top_k <= MAX_SHARD_TOP_K:
-            return None  # processors.top_k is None when k >= vocab (every id)
-        return (f"vocabulary-sharded ranks (--shard-vocab) apply a target top_k of at most "
-                f"{MAX_SHARD_TOP_K} (each rank gathers every rank's k largest), not "
-                f"{processors.top_k}")
-    if processors.is_default:
-        return None
-    return ("a replicated rank group samples the target at T = 1 without top-k/top-p (or "
-            "greedy, temperature 0); --shard-vocab applies the processors")
+    if processors.top_k is None or processors.top_k <= MAX_SHARD_TOP_K:
+        return None  # processors.top_k is None when k >= vocab (every id)
+    return (f"vocabulary-sharded ranks (--shard-vocab) apply a target top_k of at most "
+            f"{MAX_SHARD_TOP_K} (each rank gathers every rank's k largest), not "
+            f"{processors.top_k}")
 
 
 def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config,

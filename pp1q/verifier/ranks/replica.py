@@ -67,17 +67,18 @@ class RankDecisions:
 
     def decide(self, op: Op, s: SlotReplica) -> rounds.Outcome:
         """The decision of a ROUND or TARGET_ONLY op after ``s``'s committed prefix."""
-        if not s.processors.is_default:  # the HTTP API refuses these (422): never ignore them
-            raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, "replicated ranks sample the "
-                                     "target at T = 1 without top-k/top-p only")
+        # the request's processors (its OPEN) apply to both kinds through TargetRows, the
+        # one function a single process applies them with
         if op.kind is OpKind.TARGET_ONLY:
             return self.rows.target_only(op.slot, s.prefix.tokens, self.draw_seed(s),
-                                         op.generation, op.round_id, s.greedy)
+                                         op.generation, op.round_id, s.greedy,
+                                         processors=s.processors)
         drafts = [int(t) for t in op.drafts]
         q_rows = () if op.greedy else (
             op.q_rows if op.q_rows is not None else self._parse_rows(op))
         keys = RoundKeys(self.draw_seed(s), op.generation, op.round_id, len(s.prefix))
-        return self.rows.round(op.slot, s.prefix.tokens, drafts, q_rows, keys, op.greedy)
+        return self.rows.round(op.slot, s.prefix.tokens, drafts, q_rows, keys, op.greedy,
+                               processors=s.processors)
 
     @property
     def evictions(self) -> int:

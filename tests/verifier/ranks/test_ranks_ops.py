@@ -7,6 +7,7 @@ import struct
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -175,14 +176,27 @@ def test_an_open_with_bad_processors_is_refused(t, top_k, top_p, reason):
     assert e.value.reason is reason
 
 
-def test_replicated_ranks_refuse_to_decide_at_another_temperature():
-    # the HTTP API refuses such requests (422); a replica never samples them at T = 1
+@pytest.mark.parametrize("processors", [Processors(0.5), Processors(1.3, top_k=5, top_p=0.6)])
+def test_replicated_ranks_apply_the_requests_processors_as_one_process(processors):
+    # the OPEN's processors reach every replica; the decider applies them through
+    # TargetRows, as one process does (before: a replica sampled at T = 1 whatever the
+    # request asked, then refused them)
     ranks = _ranks()
-    _exchange(ranks, [_open(1, decider=1, processors=Processors(0.5))], 1)
-    t = Op(OpKind.TARGET_ONLY, 1, 3, 9, 1, seed=SEED, prefix_len=3,
+    _exchange(ranks, [_open(0, processors=processors),
+                      _open(1, decider=1, processors=processors)], 1)
+    t = Op(OpKind.TARGET_ONLY, 0, 3, 9, 0, seed=SEED, prefix_len=3,
            prefix_digest=Prefix(PROMPT).digest)
-    (v,) = _exchange(ranks, [t], 2)
-    assert not v.ok and v.reason is Reason.UNSUPPORTED_FEATURE
+    drafts, rows = _proposal(PROMPT)
+    r = _round(1, PROMPT, drafts, rows, decider=1)
+    vt, vr = _exchange(ranks, [t, r], 2)
+    assert vt.ok and vr.ok
+    p_one = processors.probs(torch.from_numpy(TARGET.logits(PROMPT, []))).numpy()[0]
+    assert vt.token == rounds.target_only(p_one, DRAWS.seed_for(SEED), 3, 9, 3, False).token
+    p = processors.probs(torch.from_numpy(TARGET.logits(PROMPT, drafts))).numpy()
+    one = rounds.sampled(p, rows, drafts, RoundKeys(DRAWS.seed_for(SEED), 1, 1, len(PROMPT)))
+    assert (vr.accepted, vr.token) == (one.accepted, one.token)
+    for st_ in ranks:
+        assert st_.slots[1].prefix.tokens == PROMPT + drafts[: vr.accepted] + [vr.token]
 
 
 def test_two_ops_of_one_slot_in_one_exchange_are_refused():

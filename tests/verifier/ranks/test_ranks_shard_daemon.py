@@ -134,6 +134,8 @@ def test_processors_a_group_cannot_apply_are_named_by_the_groups_size():
     at_limit, over = Processors(top_k=MAX_SHARD_TOP_K), Processors(top_k=MAX_SHARD_TOP_K + 1)
     assert unsupported_processors(sharded, at_limit, 3) is None
     assert f"at most {MAX_SHARD_TOP_K}" in unsupported_processors(sharded, over, 2)
-    # torchrun: --ranks stays 1, the group's size comes from its environment
-    assert unsupported_processors(replicated, warm, 2) is not None
-    assert unsupported_processors(replicated, top_p, 1) is None  # one process: all apply
+    # torchrun: --ranks stays 1, the group's size comes from its environment; a replicated
+    # group's deciding rank holds whole rows and applies them all, as one process does
+    for p in (warm, top_p, top_k, over):
+        assert unsupported_processors(replicated, p, 2) is None
+        assert unsupported_processors(replicated, p, 1) is None
