@@ -1,11 +1,14 @@
 """One rank of a sharded-sampler run over real gloo processes (test_ranks_shard_gloo.py).
 
-    python shard_gloo_rank.py RANK WORLD PORT ROUNDS OUT.json
+    python shard_gloo_rank.py RANK WORLD PORT ROUNDS OUT.json [DEVICE]
 
 Joins the group the way a verifier rank does (pp1q.verifier.ranks.collective), then
 decides ROUNDS rounds of shard_cases over its shard of SPLITS[WORLD - 2]: dense q
 scattered from rank 0 by slices, sparse q held whole. Writes its decisions and the
-size of every collective it took part in.
+size of every collective it took part in. DEVICE (default: none) puts the group's
+collectives on that device the way the NCCL backend does (``Collective.device``: each
+tensor copied there and back around the collective); ``cpu`` runs that path over gloo,
+``cuda`` on a machine with one GPU per rank.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
+import torch
 from pp1q_kernels.shard_spmd import CollectiveLog, Place, drive
 from shard_cases import SPLITS, D, V, cases, round_keys, round_step
 
@@ -23,9 +27,11 @@ from pp1q.verifier.ranks.shard_collective import ShardComm
 JOIN_S, COLLECTIVE_S = 60.0, 30.0  # bounds: a lost peer fails the run, never hangs it
 
 
-def main(rank: int, world: int, port: int, rounds: int, out: str) -> None:
+def main(rank: int, world: int, port: int, rounds: int, out: str, device: str) -> None:
     rv = Rendezvous(rank, world, ("127.0.0.1", port), "gloo", JOIN_S, COLLECTIVE_S)
     coll = Collective(rv, Limits(world, 1, D, V, V, 8))
+    if device != "none":  # what Collective sets for NCCL: cuda:LOCAL_RANK
+        coll.device = torch.device(device)
     layout = SPLITS[world - 2]
     log = CollectiveLog()
     comm = ShardComm(coll, log)
@@ -45,4 +51,5 @@ def main(rank: int, world: int, port: int, rounds: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:5]), sys.argv[5])
+    main(*(int(a) for a in sys.argv[1:5]), sys.argv[5],
+         sys.argv[6] if len(sys.argv) > 6 else "none")

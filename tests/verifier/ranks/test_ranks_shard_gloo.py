@@ -19,14 +19,16 @@ SUPPORT = Path(__file__).resolve().parents[2] / "support"
 pytestmark = pytest.mark.daemons  # real processes on loopback
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_gloo_ranks_decide_as_one_rank(tmp_path, world):
+# the device form copies every collective's tensors to a device and back, as the NCCL
+# backend does (cuda:LOCAL_RANK); here the device is the CPU, over gloo
+@pytest.mark.parametrize("world, device", [(2, "none"), (3, "cpu")])
+def test_gloo_ranks_decide_as_one_rank(tmp_path, world, device):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(SUPPORT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     outs = [tmp_path / f"rank{r}.json" for r in range(world)]
     codes = run_together([[sys.executable, str(SUPPORT / "shard_gloo_rank.py"), str(r),
-                           str(world), str(port), str(ROUNDS), str(outs[r])]
+                           str(world), str(port), str(ROUNDS), str(outs[r]), device]
                           for r in range(world)], RUN_S, env)
     assert codes == [0] * world
     runs = [json.loads(o.read_text()) for o in outs]
