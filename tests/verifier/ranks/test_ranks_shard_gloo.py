@@ -20,8 +20,12 @@ pytestmark = pytest.mark.daemons  # real processes on loopback
 
 
 # the device form copies every collective's tensors to a device and back, as the NCCL
-# backend does (cuda:LOCAL_RANK); here the device is the CPU, over gloo
-@pytest.mark.parametrize("world, device", [(2, "none"), (3, "cpu")])
+# backend does (cuda:LOCAL_RANK): the CPU over gloo here, cuda where scripts/
+# device_check.sh sets PP1Q_TEST_DEVICE on a GPU machine
+DEVICE = os.environ.get("PP1Q_TEST_DEVICE", "cpu")
+
+
+@pytest.mark.parametrize("world, device", [(2, "none"), (3, DEVICE)])
 def test_gloo_ranks_decide_as_one_rank(tmp_path, world, device):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(

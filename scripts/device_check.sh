@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The checks only a GPU machine can make, in one bounded run (CI has no GPU: everything
+# else passes on CPU, Triton under TRITON_INTERPRET=1). Usage, on a machine with CUDA and
+# pp1q installed (scripts/install.sh keeps its CUDA torch):
+#   bash scripts/device_check.sh [OUT_DIR]
+# Each step's output goes to OUT_DIR (default ./device-check); a failed step does not
+# stop the others; the summary says which failed.
+#   1. the Triton kernels compiled on CUDA tensors, bit for bit against the torch path
+#   2. pp1q bench kernels (the kernels on CUDA against their baselines, one run)
+#   3. the sharded sampler's device path: 3 ranks over gloo with the collectives' tensors
+#      on cuda, decisions against one rank's (NCCL itself needs a GPU per rank)
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:-device-check}
+mkdir -p "$OUT"
+python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || {
+    echo "device_check: no CUDA device here"; exit 2; }
+failed=()
+step() {  # step NAME TIMEOUT_S COMMAND...
+    local name=$1 limit=$2; shift 2
+    echo "device_check: $name ..."
+    if timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; then echo "  ok"
+    else echo "  FAILED (status $?; $OUT/$name.log)"; failed+=("$name"); fi
+}
+step triton 300 python3 -m pytest -q -p no:cacheprovider -n 0 tests/kernels/test_kernels_triton.py
+step bench-kernels 300 pp1q bench kernels
+step shard-cuda 300 env PP1Q_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 0 \
+    tests/verifier/ranks/test_ranks_shard_gloo.py
+if [ ${#failed[@]} -eq 0 ]; then echo "device_check: every step passed"; exit 0; fi
+echo "device_check: failed: ${failed[*]}"; exit 1
