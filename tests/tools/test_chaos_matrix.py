@@ -94,6 +94,7 @@ def test_distribution_under_mixed_faults_long(rig):
     _distribution(rig, N_SLOW)
 
 
+@pytest.mark.slow  # why the harness's faults are content-blind, not a check of pp1q
 def test_content_dependent_faults_would_bias_even_a_correct_verifier(rig):
     """Why the proxy's faults are blind to content: discarding every proposal whose first
     draft is token 11 (the far drafter's favourite, q 0.37 against p 0.11) conditions
