@@ -112,11 +112,11 @@ class StepDrafter:
         # the endpoint checked last_committed and prefix_digest against this before
         # handing the STEP out; COMMIT (which extends it) cannot arrive while we draft
         prefix = ep.context(step.slot)
+        form = step_form(step)  # one form for every REPLY of the step
         try:
             for index, (token, row) in enumerate(self.proposer.rows(step, prefix), start=1):
                 if not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # reset (or connection gone) while drafting: send nothing more
-                form = step_form(step)
                 dense_row = (self._dense_rows.take(self._drained()) if form is Form.DENSE
                              else None)
                 self._send(ep.send_parts(reply_from_row(
