@@ -56,10 +56,15 @@ def check(top_k: int | None, top_p: float | None, vocab: int) -> None:
         raise DistributionError(Reason.BAD_TOP_P, f"top_p {top_p!r}")
 
 
+def _ceil_div(a: int, b: int) -> int:
+    """ceil(a / b) for integers, b > 0 (floor division of the negation, exact)."""
+    return -((-a) // b)
+
+
 def nucleus_bound(top_p: float, total: int) -> int:
     """B = ceil(top_p * total), exact: before_j < top_p * total iff before_j < B."""
     num, den = float(top_p).as_integer_ratio()
-    return -((-num * int(total)) // den)
+    return _ceil_div(num * int(total), den)
 
 
 def _share(counts: torch.Tensor, t: int) -> torch.Tensor:
@@ -84,7 +89,7 @@ def _nucleus_of(kept: torch.Tensor, top_p: float) -> tuple[int, int]:
     at = int((kept.cumsum(0) < B).sum())  # the first position whose running mass >= B
     v = int(kept[at])
     above = int(kept[kept > v].sum())
-    return v, -((above - B) // v)  # ceil((B - above) / v)
+    return v, _ceil_div(B - above, v)  # tied ids needed: the i-th has above + i v before it
 
 
 def top_k_step(place: Place, P: torch.Tensor, k: int, top_p: float | None) -> Step:
@@ -163,7 +168,7 @@ def top_p_step(place: Place, P: torch.Tensor, top_p: float) -> Step:
     counts = yield Gather((pre.unsqueeze(-1) == P).sum(-1))  # [N, n] tied ids per rank
     takes = []
     for r in range(n):
-        t = -((int(above[r]) - int(B[r])) // int(pre[r]))  # ceil((B - A) / v), v >= 1
+        t = _ceil_div(int(B[r]) - int(above[r]), int(pre[r]))  # ties needed, v >= 1
         takes.append(int(_share(counts[:, r], t)[place.rank]))
     return _mask(P, pre, torch.tensor(takes, dtype=torch.int64))
 
