@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import msgspec
@@ -51,7 +50,7 @@ from pp1q.wire.messages import (
     Reply,
     type_of,
 )
-from pp1q.wire.pool import PayloadPool
+from pp1q.wire.pool import POOL_MIN_BYTES, PayloadPool
 from pp1q.wire.sizes import context_sizes, payload_cap, reply_sizes
 
 MAGIC = b"PP1Q"
@@ -91,8 +90,11 @@ def read_header(buf, offset: int = 0) -> Header:
 
 
 def head_checksum(head, control) -> int:
-    """head_xxh3: xxh3_64 of header bytes 0..23 followed by the control part."""
-    return _xxh3(bytes(head[:HEAD_SUM_AT]) + bytes(control))
+    """head_xxh3: xxh3_64 of header bytes 0..23 followed by the control part (streamed:
+    the two pieces are not copied into one)."""
+    h = xxhash.xxh3_64(head[:HEAD_SUM_AT])
+    h.update(control)
+    return h.intdigest()
 
 
 def reseal(buf: bytearray, offset: int = 0) -> int:
@@ -177,17 +179,28 @@ def _unraised(e: RemoteProtocolError) -> RemoteProtocolError:
     return type(e)(e.reason, e.detail)
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     """A decoded frame: the message, its total size, its payload checksum field, and
     ``error``: set (and the payload dropped) when header and control were intact but
     the payload is not (sizes inconsistent with the control part, checksum mismatch).
-    Such a frame poisons only the proposal it belongs to, not the stream."""
+    Such a frame poisons only the proposal it belongs to, not the stream.
+    A tuple: one is built per frame, and a frozen dataclass costs twice as much."""
 
     message: Message
     nbytes: int
     payload_checksum: int
     error: RemoteProtocolError | None = None
+
+
+class _Open(NamedTuple):
+    """The frame whose header and control part were read and checked."""
+
+    mtype: MsgType
+    control: object  # the decoded control struct
+    payload_len: int
+    declared: int  # payload_xxh3 field
+    nbytes: int
+    error: RemoteProtocolError | None  # the sizes refused: payload skipped unread
 
 
 class FrameDecoder:
@@ -200,6 +213,10 @@ class FrameDecoder:
     is alive (see pool.py).
     For asyncio.BufferedProtocol: ``get_buffer()`` / ``buffer_updated(n)`` receive a
     payload directly into the frame's own buffer.
+
+    A frame whose header and control part lie whole in the bytes fed is read where it
+    lies (no staging copy); only a frame split across reads is staged in ``_buf``.
+    Both ways run the same checks (``_check_header``, ``_open``) in the same order.
     """
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, pool: PayloadPool | None = None) -> None:
@@ -210,14 +227,13 @@ class FrameDecoder:
         # two generations of every in-flight row: the one being consumed, the next arriving
         self.pool = pool or PayloadPool(2 * limits.max_inflight * limits.max_depth
                                         * limits.max_payload)
-        self._buf = bytearray()  # header + control of the frame being read
-        self._head: tuple | None = None  # parsed header fields
-        self._control = None  # decoded control struct
+        self._buf = bytearray()  # staged header (+ control) of a frame split across reads
+        self._head: tuple | None = None  # (mtype, control_len, payload_len) of a staged header
+        self._frame: _Open | None = None  # header and control read, payload arriving
         self._payload: np.ndarray | None = None
         self._payload_mv: memoryview | None = None
         self._filled = 0
         self._skip = 0  # payload bytes to drop (frame already known corrupt)
-        self._pending_error: RemoteProtocolError | None = None
         self._error: RemoteProtocolError | None = None
         self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
         self._handed_payload = False
@@ -254,7 +270,7 @@ class FrameDecoder:
 
     @property
     def at_boundary(self) -> bool:
-        return self._head is None and not self._buf
+        return self._frame is None and not self._buf
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         if self._payload_mv is not None:
@@ -288,29 +304,45 @@ class FrameDecoder:
 
     def _frames(self, mv: memoryview) -> Iterator[Frame]:
         pos, end = 0, len(mv)
-        while pos < end or self._frame_ready():
-            if self._skip or self._payload_mv is not None:
+        while True:
+            if self._frame is not None:  # a payload (possibly empty) is arriving
                 pos = self._take_payload(mv, pos, end)
                 if self._payload_remaining():
-                    break
+                    return
                 yield self._finish_payload()
                 continue
-            need = HEADER_BYTES if self._head is None else HEADER_BYTES + self._head[4]
-            take = min(need - len(self._buf), end - pos)
-            self._buf += mv[pos:pos + take]
-            pos += take
-            if len(self._buf) < need:
-                break
-            if self._head is None:
-                self._parse_header()
+            if not self._buf and end - pos >= HEADER_BYTES:  # at a boundary, header here
+                mtype, control_len, payload_len = self._check_header(mv, pos)
+                need = HEADER_BYTES + control_len
+                if end - pos < need:  # the control part continues in a later read
+                    self._head = (mtype, control_len, payload_len)
+                    self._buf += mv[pos:end]
+                    return
+                src, at = mv, pos
+                pos += need
+            else:  # staging a header or control part split across reads
+                need = HEADER_BYTES if self._head is None else HEADER_BYTES + self._head[1]
+                take = min(need - len(self._buf), end - pos)
+                self._buf += mv[pos:pos + take]
+                pos += take
+                if len(self._buf) < need:
+                    return
+                if self._head is None:
+                    self._head = self._check_header(self._buf, 0)
+                    continue
+                mtype, control_len, payload_len = self._head
+                src, at = memoryview(bytes(self._buf)), 0
+                self._buf = bytearray()
+                self._head = None
+            if not self._open(mtype, control_len, payload_len, src, at):
+                continue  # no payload to keep: finished (or skipped) above
+            if end - pos >= payload_len:  # the payload is whole here: copied out at once
+                yield self._finish_payload(self._copy_out(mv[pos:pos + payload_len]))
+                pos += payload_len
                 continue
-            frame = self._parse_control()
-            if frame is not None:
-                yield frame
-
-    def _frame_ready(self) -> bool:
-        # a zero-length payload still has to be finished after its control part
-        return (self._skip or self._payload_mv is not None) and not self._payload_remaining()
+            # bounds were checked at the header and against the control part: allocate now
+            self._payload = self.pool.take(payload_len)
+            self._payload_mv = memoryview(self._payload)
 
     def _payload_remaining(self) -> int:
         if self._payload_mv is not None:
@@ -324,8 +356,10 @@ class FrameDecoder:
         self._filled += take
         return pos + take
 
-    def _parse_header(self) -> None:
-        magic, version, mtype, flags, control_len, payload_len, _ = _HEAD.unpack_from(self._buf)
+    def _check_header(self, buf, at: int) -> tuple[MsgType, int, int]:
+        """(type, control_len, payload_len) of the header at ``buf[at:]``, every field
+        checked before anything it declares is buffered."""
+        magic, version, mtype, flags, control_len, payload_len, _ = _HEAD.unpack_from(buf, at)
         if magic != MAGIC:
             raise RemoteProtocolError(Reason.BAD_MAGIC, f"magic {bytes(magic)!r}")
         if version != FRAME_VERSION:
@@ -347,49 +381,58 @@ class FrameDecoder:
             raise RemoteProtocolError(
                 Reason.FRAME_TOO_LARGE, f"{mtype.name} payload_len {payload_len} > {cap}"
             )
-        self._head = (magic, version, mtype, flags, control_len, payload_len)
+        return mtype, control_len, payload_len
 
-    def _parse_control(self) -> Frame | None:
-        _, _, mtype, _, control_len, payload_len = self._head
-        buf = self._buf
-        head_sum = _U64.unpack_from(buf, HEAD_SUM_AT)[0]
-        if head_checksum(buf, buf[HEADER_BYTES:]) != head_sum:
+    def _open(self, mtype: MsgType, control_len: int, payload_len: int, src, at: int) -> bool:
+        """Check and decode the control part of the frame at ``src[at:]`` (its header
+        checked, header and control there whole). True: its payload is to be kept."""
+        control_at = at + HEADER_BYTES
+        control_mv = src[control_at:control_at + control_len]
+        if head_checksum(src[at:at + HEAD_SUM_AT], control_mv) != _U64.unpack_from(
+                src, at + HEAD_SUM_AT)[0]:
             raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "header/control checksum")
         try:
-            control = _decoders[mtype].decode(buf[HEADER_BYTES:])
+            control = _decoders[mtype].decode(control_mv)
         except msgspec.MsgspecError as e:
             raise RemoteProtocolError(Reason.MALFORMED_CONTROL, f"{mtype.name}: {e}") from None
-        self._control = control
-        self._filled = 0
+        error = None
         if mtype is MsgType.REPLY:
-            self._pending_error = reply_sizes(control, payload_len, self.limits)
+            error = reply_sizes(control, payload_len, self.limits)
         elif mtype is MsgType.CONTEXT:
-            self._pending_error = context_sizes(control, payload_len, self.limits)
-        if self._pending_error is not None or payload_len == 0:
+            error = context_sizes(control, payload_len, self.limits)
+        self._frame = _Open(mtype, control, payload_len, _U64.unpack_from(
+            src, at + PAYLOAD_SUM_AT)[0], HEADER_BYTES + control_len + payload_len, error)
+        self._filled = 0
+        if error is not None or payload_len == 0:
             self._skip = payload_len  # nothing to keep: drop without allocating
-            if payload_len == 0:
-                return self._finish_payload()
-            return None
-        # bounds were checked at the header and against the control part: allocate now
-        self._payload = self.pool.take(payload_len)
-        self._payload_mv = memoryview(self._payload)
-        return None
+            return False
+        return True
 
-    def _finish_payload(self) -> Frame:
-        _, _, mtype, _, control_len, payload_len = self._head
-        declared = _U64.unpack_from(self._buf, PAYLOAD_SUM_AT)[0]
-        control, payload, error = self._control, self._payload, self._pending_error
-        nbytes = HEADER_BYTES + control_len + payload_len
-        self._buf = bytearray()
-        self._head = self._control = self._payload = self._payload_mv = None
-        self._pending_error = None
+    def _copy_out(self, whole: memoryview):
+        """A payload that lies whole in the bytes fed, copied once into its own buffer
+        (the caller may reuse what it fed): a small one into bytes, which are read-only
+        already and cost less than an array; a large one into a pooled buffer."""
+        n = len(whole)
+        if n < POOL_MIN_BYTES:
+            return bytes(whole)
+        buf = self.pool.take(n)
+        buf[:] = whole
+        return buf
+
+    def _finish_payload(self, payload=None) -> Frame:
+        """The frame whose payload is complete (``payload``: copied out whole, else in
+        the buffer it was received into)."""
+        mtype, control, _, declared, nbytes, error = self._frame
+        if payload is None:
+            payload = self._payload
+        self._frame = self._payload = self._payload_mv = None
         self._filled = self._skip = 0
         if error is None and _xxh3(payload if payload is not None else b"") != declared:
             error = RemoteProtocolError(Reason.CHECKSUM_MISMATCH, f"{mtype.name} payload")
         if mtype is MsgType.CONTEXT:
             tokens = None
             if error is None and payload is not None:
-                payload.flags.writeable = False
+                _freeze(payload)
                 tokens = np.frombuffer(payload, dtype="<i4", count=control.count)
             return Frame(Context(**msgspec.structs.asdict(control), tokens=tokens), nbytes,
                          declared, error)
@@ -397,7 +440,7 @@ class FrameDecoder:
             return Frame(control, nbytes, declared, error)
         ids = q = None
         if error is None and payload is not None:
-            payload.flags.writeable = False
+            _freeze(payload)
             n = control.entries
             if control.form == Form.SPARSE:
                 ids = np.frombuffer(payload, dtype="<i4", count=n)
@@ -407,3 +450,8 @@ class FrameDecoder:
         # positional: the head's fields in order, then the payload views (Reply's layout)
         return Frame(Reply(*msgspec.structs.astuple(control), ids, q), nbytes, declared, error)
 
+
+def _freeze(payload) -> None:
+    """Views of a handed-out payload are read-only (bytes are already)."""
+    if type(payload) is np.ndarray:
+        payload.flags.writeable = False
