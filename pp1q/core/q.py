@@ -276,15 +276,18 @@ def sample(row: DyadicRow, u24: int) -> int:
 # wire forms -> counts (the receiver's only way in; no renormalisation anywhere)
 
 
-def _as_array(values, dtype: str, what: str) -> np.ndarray:
-    """A 1-D array of ``dtype`` (a little-endian 4-byte code) from an array or LE bytes."""
+_I4, _F4 = np.dtype("<i4"), np.dtype("<f4")  # the wire's id and q element types
+
+
+def _as_array(values, dtype: np.dtype, what: str) -> np.ndarray:
+    """A 1-D array of ``dtype`` (a little-endian 4-byte type) from an array or LE bytes."""
     if isinstance(values, (bytes, bytearray, memoryview)):
         if len(values) % 4:
             raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: {len(values)} bytes")
         return np.frombuffer(values, dtype=dtype)
     arr = np.asarray(values)
-    if arr.dtype != np.dtype(dtype) or arr.ndim != 1:
-        raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: need 1-D {np.dtype(dtype)}")
+    if arr.dtype != dtype or arr.ndim != 1:
+        raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: need 1-D {dtype}")
     return arr
 
 
@@ -335,7 +338,7 @@ def validate_dense(q, vocab: int) -> np.ndarray:
     One fused numba pass where pp1q.core.q_backend chose it (same decisions, same
     reasons), else ``_validate_dense_numpy``.
     """
-    arr = _as_array(q, "<f4", "dense q")
+    arr = _as_array(q, _F4, "dense q")
     if arr.size < vocab:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, f"dense q has {arr.size} < {vocab}")
     k = q_backend.kernels_for(arr)
@@ -391,22 +394,30 @@ def dense_row_of_valid(arr: np.ndarray, vocab: int) -> DyadicRow:
     return DyadicRow._proven(vocab, ids.astype(np.int32), counts)
 
 
-def parse_sparse(ids, q, vocab: int) -> DyadicRow:
-    """Sparse (int32 ids, FP32 q), each as array or LE bytes; canonical support only."""
-    id_arr = _as_array(ids, "<i4", "sparse ids")
-    q_arr = _as_array(q, "<f4", "sparse q")
+def parse_sparse(ids, q, vocab: int, token: int | None = None) -> DyadicRow:
+    """Sparse (int32 ids, FP32 q), each as array or LE bytes; canonical support only.
+
+    ``token``: the token this row proposed, which must hold q > 0 (``require_token``'s
+    checks, made after the row's): one kernel call for both on the numba path."""
+    id_arr = _as_array(ids, _I4, "sparse ids")
+    q_arr = _as_array(q, _F4, "sparse q")
     if id_arr.size != q_arr.size:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, "sparse ids and q differ in length")
     if id_arr.size == 0:
         raise RowValidationError(Reason.MISSING_Q, "empty sparse row")
     k = q_backend.kernels_for(id_arr, q_arr)
-    if k is not None:
-        counts = q_backend.parse_sparse_fused(k, id_arr, q_arr, vocab)  # same checks, one call
-    else:
+    if k is None:
         _check_support(id_arr, vocab, RowValidationError)
         counts = _counts_from_q(q_arr)
         if not counts.all():
             raise RowValidationError(Reason.NON_CANONICAL, "sparse entry with zero q")
+        checked = -1
+    else:  # same checks, one call; a token outside the vocabulary is refused below
+        checked = token if token is not None and 0 <= token < vocab else -1
+        counts = q_backend.parse_sparse_fused(k, id_arr, q_arr, vocab, checked)
     # every invariant of DyadicRow is proven above: skip re-checking it
-    return DyadicRow._proven(vocab, np.ascontiguousarray(id_arr, dtype=np.int32),
-                             np.ascontiguousarray(counts, dtype=np.int64))
+    row = DyadicRow._proven(vocab, np.ascontiguousarray(id_arr, dtype=np.int32),
+                            np.ascontiguousarray(counts, dtype=np.int64))
+    if token is not None and checked < 0:
+        row.require_token(token)
+    return row

@@ -51,8 +51,11 @@ def kernels_for(*arrays: np.ndarray):
     """The kernels if they run on these arrays (C-contiguous, native byte order: wire
     buffers on a little-endian host always are), else None: the numpy path then."""
     k = kernels()
-    if k is None or not all(a.flags.c_contiguous and a.dtype.isnative for a in arrays):
+    if k is None:
         return None
+    for a in arrays:  # a loop, not all(generator): this runs once per received row
+        if not (a.flags.c_contiguous and a.dtype.isnative):
+            return None
     return k
 
 
@@ -69,7 +72,7 @@ def warm_up() -> tuple[str, str, float]:
                                     np.frombuffer(ids.tobytes(), np.int32))):
             k.scan(arr, arr.view(np.uint32), 4)
             k.extract(arr, arr.view(np.uint32), 4)
-            k.sparse(i, arr, arr.view(np.uint32), 8)
+            k.sparse(i, arr, 8, 0)
         k.scatter(np.zeros(8, np.float32), ids, np.ones(8, np.int64))  # dense REPLYs
     return name, why, time.perf_counter() - t0
 
@@ -86,15 +89,19 @@ def validate_fused(k, arr: np.ndarray, vocab: int) -> None:
     raise RowValidationError(reason, f"{what} at index {i}: {arr[i]!r}")
 
 
-def parse_sparse_fused(k, ids: np.ndarray, q: np.ndarray, vocab: int) -> np.ndarray:
+def parse_sparse_fused(k, ids: np.ndarray, q: np.ndarray, vocab: int,
+                       token: int = -1) -> np.ndarray:
     """The int64 counts of a sparse row after every check of ``parse_sparse`` in one
-    kernel call; ``ids`` int32 and ``q`` FP32, C-contiguous, equal lengths, not empty."""
-    code, i, counts = k.sparse(ids, q, q.view(np.uint32), vocab)
+    kernel call; ``ids`` int32 and ``q`` FP32, C-contiguous, equal lengths, not empty.
+    ``token`` (in range; -1: none): the proposed token, which must hold q > 0."""
+    code, i, counts = k.sparse(ids, q, vocab, token)
     if code == k.OK:
         return counts
     if code == k.MASS_WRONG:
         total = int((q.astype(np.float64) * (1 << 24)).astype(np.int64).sum())  # all dyadic
         raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {1 << 24}")
+    if code == k.ZERO_AT_TOKEN:
+        raise RowValidationError(Reason.ZERO_Q_AT_TOKEN, f"q({token}) = 0")
     reason, what = k.FAILURES[code]
     raise RowValidationError(reason, f"{what} at index {i}: {(ids[i], q[i])!r}")
 

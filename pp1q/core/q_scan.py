@@ -24,8 +24,9 @@ from pp1q.core.errors import Reason
 
 # the kernels' verdicts; pp1q.core.q_backend maps each failure to its closed-set Reason
 (OK, NON_FINITE_VALUE, NEGATIVE, ABOVE_ONE, PADDING, NON_DYADIC_VALUE, MASS_WRONG,
- ID_RANGE, DUPLICATE, UNSORTED, ZERO_COUNT) = range(11)
-FAILURES = {  # code -> (Reason, what the entry at the index is); MASS_WRONG has no index
+ ID_RANGE, DUPLICATE, UNSORTED, ZERO_COUNT, ZERO_AT_TOKEN) = range(12)
+FAILURES = {  # code -> (Reason, what the entry at the index is); MASS_WRONG and
+    # ZERO_AT_TOKEN (pp1q.core.q_backend words their details) have no index
     ID_RANGE: (Reason.ID_OUT_OF_RANGE, "support id outside the vocabulary"),
     DUPLICATE: (Reason.DUPLICATE_ID, "duplicate support id"),
     UNSORTED: (Reason.UNSORTED_SUPPORT, "support ids not ascending"),
@@ -127,13 +128,15 @@ def extract(q, bits, vocab):
 
 
 @_jit
-def sparse(ids, q, bits, vocab):  # one call instead of ~15 numpy calls of ~1 us each
-    """(code, index, counts) of a sparse row (int32 ids, FP32 q, ``bits`` q's memory as
-    uint32; equal lengths, at least one entry: the caller's checks). The numpy path's
-    order: ids out of range, duplicate ids, unsorted ids, then the q checks as ``scan``
-    makes them, then a zero count (a support entry must hold q > 0)."""
+def sparse(ids, q, vocab, token):  # one call instead of ~15 numpy calls of ~1 us each
+    """(code, index, counts) of a sparse row (int32 ids, FP32 q; equal lengths, at least
+    one entry: the caller's checks). The numpy path's order: ids out of range,
+    duplicate ids, unsorted ids, then the q checks as ``scan`` makes them, then a zero
+    count (a support entry must hold q > 0), then (``token`` >= 0: the proposed token,
+    in range) no support entry at ``token``. The uint32 view of q is taken in here: a
+    third array argument costs the caller about as much as the whole check."""
     n = ids.size
-    if n == 0 or q.size != n or bits.size != n:
+    if n == 0 or q.size != n:
         raise ValueError("sparse: ids and q differ in length, or no entry")
     for i in range(n):
         if ids[i] < 0 or ids[i] >= vocab:
@@ -150,7 +153,7 @@ def sparse(ids, q, bits, vocab):  # one call instead of ~15 numpy calls of ~1 us
     if unsorted >= 0:
         return UNSORTED, unsorted, np.empty(0, np.int64)
     counts = np.empty(n, np.int64)
-    code, i, total = scan(q, bits, n)
+    code, i, total = scan(q, q.view(np.uint32), n)
     if code != OK:
         return code, i, counts
     for i in range(n):
@@ -158,6 +161,10 @@ def sparse(ids, q, bits, vocab):  # one call instead of ~15 numpy calls of ~1 us
     for i in range(n):
         if counts[i] == 0:
             return ZERO_COUNT, i, counts
+    if token >= 0:
+        j = np.searchsorted(ids, token)  # ascending, proven above
+        if j == n or ids[j] != token:
+            return ZERO_AT_TOKEN, -1, counts
     return OK, -1, counts
 
 

@@ -156,9 +156,7 @@ def check_reply(
         return None
     if reply.entries > step.top_k:
         raise err(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries > top_k {step.top_k}")
-    row = parse_sparse(reply.ids, reply.q, vocab)
-    row.require_token(reply.token)
-    return row
+    return parse_sparse(reply.ids, reply.q, vocab, reply.token)  # and q(token) > 0
 
 
 class Rows(Sequence):

@@ -344,8 +344,8 @@ def test_the_kernels_check_their_own_bounds():
     bits = q.view(np.uint32)
     for call in (lambda: q_scan.scan(q, bits, 9), lambda: q_scan.extract(q, bits, 9),
                  lambda: q_scan.scan(q[:4], bits, 4),
-                 lambda: q_scan.sparse(np.arange(9, dtype=np.int32), q, bits, 64),
-                 lambda: q_scan.sparse(np.arange(0, dtype=np.int32), q[:0], bits[:0], 64),
+                 lambda: q_scan.sparse(np.arange(9, dtype=np.int32), q, 64, -1),
+                 lambda: q_scan.sparse(np.arange(0, dtype=np.int32), q[:0], 64, -1),
                  lambda: q_scan.scatter(q, np.array([0, 8], np.int32), np.ones(2, np.int64)),
                  lambda: q_scan.scatter(q, np.array([-1], np.int32), np.ones(1, np.int64)),
                  lambda: q_scan.scatter(q, np.arange(2, dtype=np.int32), np.ones(3, np.int64))):
@@ -392,3 +392,31 @@ def test_a_daemon_with_a_bad_choice_refuses_to_start_with_one_line():
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         "pp1q worker: PP1Q_VALIDATE='fastest': must be one of auto, numba, numpy"]
+
+
+@numba_missing
+def test_sparse_rows_with_a_proposed_token_decide_alike():
+    """parse_sparse(..., token): the numba path folds require_token into its one kernel
+    call; both paths refuse alike, the row's own fault before the token's."""
+    ids, q = np.array([3, 9, 40], np.int32), np.array([0.25, 0.25, 0.5], F32)
+    bad_q = q.copy()
+    bad_q[1] = np.nan
+    cases = [(ids, q, 9, None), (ids, q, 3, None), (ids, q, 40, None),
+             (ids, q, 4, Reason.ZERO_Q_AT_TOKEN), (ids, q, 0, Reason.ZERO_Q_AT_TOKEN),
+             (ids, q, 63, Reason.ZERO_Q_AT_TOKEN), (ids, q, 64, Reason.ID_OUT_OF_RANGE),
+             (ids, q, -1, Reason.ID_OUT_OF_RANGE),
+             (ids, bad_q, 4, Reason.NON_FINITE),  # the row's reason first
+             (ids[::-1].copy(), q, 4, Reason.UNSORTED_SUPPORT)]
+    for i, qq, token, want in cases:
+        got = {}
+        for name in ("numpy", "numba"):
+            with backend(name):
+                try:
+                    row = parse_sparse(i, qq, 64, token)
+                    got[name] = ("ok", row.counts.tolist())
+                except RowValidationError as e:
+                    got[name] = ("refused", e.reason)
+        assert got["numpy"] == got["numba"], (token, got)
+        assert got["numpy"][0] == ("ok" if want is None else "refused")
+        if want is not None:
+            assert got["numpy"][1] == want
