@@ -285,7 +285,7 @@ def _as_array(values, dtype: np.dtype, what: str) -> np.ndarray:
         if len(values) % 4:
             raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: {len(values)} bytes")
         return np.frombuffer(values, dtype=dtype)
-    arr = np.asarray(values)
+    arr = values if type(values) is np.ndarray else np.asarray(values)
     if arr.dtype != dtype or arr.ndim != 1:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: need 1-D {dtype}")
     return arr
@@ -408,16 +408,16 @@ def parse_sparse(ids, q, vocab: int, token: int | None = None) -> DyadicRow:
     k = q_backend.kernels_for(id_arr, q_arr)
     if k is None:
         _check_support(id_arr, vocab, RowValidationError)
-        counts = _counts_from_q(q_arr)
+        counts = _counts_from_q(q_arr)  # int64, contiguous
         if not counts.all():
             raise RowValidationError(Reason.NON_CANONICAL, "sparse entry with zero q")
+        id_arr = np.ascontiguousarray(id_arr)  # int32 already
         checked = -1
     else:  # same checks, one call; a token outside the vocabulary is refused below
         checked = token if token is not None and 0 <= token < vocab else -1
         counts = q_backend.parse_sparse_fused(k, id_arr, q_arr, vocab, checked)
     # every invariant of DyadicRow is proven above: skip re-checking it
-    row = DyadicRow._proven(vocab, np.ascontiguousarray(id_arr, dtype=np.int32),
-                            np.ascontiguousarray(counts, dtype=np.int64))
+    row = DyadicRow._proven(vocab, id_arr, counts)
     if token is not None and checked < 0:
         row.require_token(token)
     return row

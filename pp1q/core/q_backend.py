@@ -72,7 +72,7 @@ def warm_up() -> tuple[str, str, float]:
                                     np.frombuffer(ids.tobytes(), np.int32))):
             k.scan(arr, arr.view(np.uint32), 4)
             k.extract(arr, arr.view(np.uint32), 4)
-            k.sparse(i, arr, 8, 0)
+            k.sparse(i, arr, 8, 0, np.empty(8, np.int64))
         k.scatter(np.zeros(8, np.float32), ids, np.ones(8, np.int64))  # dense REPLYs
     return name, why, time.perf_counter() - t0
 
@@ -94,7 +94,8 @@ def parse_sparse_fused(k, ids: np.ndarray, q: np.ndarray, vocab: int,
     """The int64 counts of a sparse row after every check of ``parse_sparse`` in one
     kernel call; ``ids`` int32 and ``q`` FP32, C-contiguous, equal lengths, not empty.
     ``token`` (in range; -1: none): the proposed token, which must hold q > 0."""
-    code, i, counts = k.sparse(ids, q, vocab, token)
+    counts = np.empty(ids.size, np.int64)
+    code, i = k.sparse(ids, q, vocab, token, counts)
     if code == k.OK:
         return counts
     if code == k.MASS_WRONG:

@@ -124,6 +124,7 @@ _xxh3 = xxhash.xxh3_64_intdigest
 
 _HEAD_FIELDS = {MsgType.REPLY: REPLY_HEAD_FIELDS, MsgType.CONTEXT: CONTEXT_HEAD_FIELDS}
 _TYPES = {int(t): t for t in MsgType}  # the header's type byte -> MsgType (no Enum call per frame)
+_F4 = np.dtype("<f4")  # a REPLY's q values
 
 
 def _control_bytes(msg) -> tuple[MsgType, bytes]:
@@ -442,9 +443,9 @@ class FrameDecoder:
         if error is None and payload is not None:
             _freeze(payload)
             n = control.entries
-            if control.form == Form.SPARSE:
-                ids = np.frombuffer(payload, dtype="<i4", count=n)
-                q = np.frombuffer(payload, dtype="<f4", count=n, offset=4 * n)
+            if control.form == Form.SPARSE:  # one frombuffer, two slices: cheaper than two
+                words = np.frombuffer(payload, dtype="<i4")
+                ids, q = words[:n], words[n:].view(_F4)
             else:
                 q = np.frombuffer(payload, dtype="<f4", count=n)
         # positional: the head's fields in order, then the payload views (Reply's layout)

@@ -13,6 +13,9 @@ from pp1q.wire.limits import ENTRY_BYTES_DENSE, ENTRY_BYTES_SPARSE, ENTRY_BYTES_
 from pp1q.wire.messages import Form, MsgType
 
 
+_FORMS = {int(f): f for f in Form}
+
+
 def payload_cap(mtype: int, limits: Limits) -> int:
     """The largest payload a frame of this type may declare (checked from the header)."""
     if mtype == MsgType.REPLY:
@@ -41,10 +44,9 @@ def context_sizes(head, payload_len: int, limits: Limits) -> RemoteProtocolError
 def reply_sizes(head, payload_len: int, limits: Limits) -> RemoteProtocolError | None:
     """A REPLY's declared sizes against its form and the limits, before its payload is
     buffered; an error here is frame-aligned (the payload is skipped, the proposal fails)."""
-    try:
-        form = Form(head.form)
-    except ValueError:
-        raise RemoteProtocolError(Reason.MALFORMED_CONTROL, f"form {head.form}") from None
+    form = _FORMS.get(head.form)  # a dict lookup: Form() per frame costs several of them
+    if form is None:
+        raise RemoteProtocolError(Reason.MALFORMED_CONTROL, f"form {head.form}")
     n, lim = head.entries, limits
     if form is Form.TOKEN_ONLY:
         expect = 0 if n == 0 else -1

@@ -159,8 +159,12 @@ def slot_next(role: Role, state: SlotState, d: Dir | Pseudo, t: MsgType | None =
 
 def conn_event(ep, d: Dir | Pseudo, t: MsgType | None = None) -> Conn:
     """Check the event against CONN_TABLE and move endpoint ``ep`` (its ``role``,
-    ``state``) at once."""
-    ep.state = new = conn_next(ep.role, ep.state, d, t)
+    ``state``) at once (assigned only when it changes: most received frames leave
+    READY as it was, and assigning recomputes what the decoder accepts)."""
+    old = ep.state
+    new = conn_next(ep.role, old, d, t)
+    if new is not old:
+        ep.state = new
     return new
 
 

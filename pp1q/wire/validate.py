@@ -140,8 +140,8 @@ def check_reply(
     if not 0 <= reply.token < vocab:
         raise err(Reason.ID_OUT_OF_RANGE, f"token {reply.token} outside [0, {vocab})")
     want = step_form(step)
-    got = Form(reply.form)
-    if got is not want:
+    if reply.form != want:  # compared as ints: no Form() lookup per row
+        got = Form(reply.form)
         if want is not Form.TOKEN_ONLY and got is Form.TOKEN_ONLY:
             raise err(Reason.MISSING_Q, "sampled step answered without q")
         raise err(Reason.UNEXPECTED_SIZE, f"{got.name} reply for a {want.name} step")

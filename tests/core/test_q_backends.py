@@ -344,8 +344,12 @@ def test_the_kernels_check_their_own_bounds():
     bits = q.view(np.uint32)
     for call in (lambda: q_scan.scan(q, bits, 9), lambda: q_scan.extract(q, bits, 9),
                  lambda: q_scan.scan(q[:4], bits, 4),
-                 lambda: q_scan.sparse(np.arange(9, dtype=np.int32), q, 64, -1),
-                 lambda: q_scan.sparse(np.arange(0, dtype=np.int32), q[:0], 64, -1),
+                 lambda: q_scan.sparse(np.arange(9, dtype=np.int32), q, 64, -1,
+                                       np.empty(9, np.int64)),
+                 lambda: q_scan.sparse(np.arange(8, dtype=np.int32), q, 64, -1,
+                                       np.empty(7, np.int64)),
+                 lambda: q_scan.sparse(np.arange(0, dtype=np.int32), q[:0], 64, -1,
+                                       np.empty(0, np.int64)),
                  lambda: q_scan.scatter(q, np.array([0, 8], np.int32), np.ones(2, np.int64)),
                  lambda: q_scan.scatter(q, np.array([-1], np.int32), np.ones(1, np.int64)),
                  lambda: q_scan.scatter(q, np.arange(2, dtype=np.int32), np.ones(3, np.int64))):
