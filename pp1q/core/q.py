@@ -60,9 +60,8 @@ class DyadicRow:
         """A row whose parser has already proven every invariant of ``__post_init__``
         (ascending in-range int32 ids, positive int64 counts summing to MASS)."""
         row = object.__new__(cls)
-        object.__setattr__(row, "vocab", vocab)
-        object.__setattr__(row, "ids", ids)
-        object.__setattr__(row, "counts", counts)
+        # the instance dict written at once: three frozen-dataclass setattrs cost 0.4 us
+        row.__dict__.update(vocab=vocab, ids=ids, counts=counts)
         return row
 
     def __eq__(self, other: object) -> bool:
@@ -281,11 +280,14 @@ _I4, _F4 = np.dtype("<i4"), np.dtype("<f4")  # the wire's id and q element types
 
 def _as_array(values, dtype: np.dtype, what: str) -> np.ndarray:
     """A 1-D array of ``dtype`` (a little-endian 4-byte type) from an array or LE bytes."""
-    if isinstance(values, (bytes, bytearray, memoryview)):
+    if type(values) is np.ndarray:  # first: what decoded frames carry, once per row
+        arr = values
+    elif isinstance(values, (bytes, bytearray, memoryview)):
         if len(values) % 4:
             raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: {len(values)} bytes")
         return np.frombuffer(values, dtype=dtype)
-    arr = values if type(values) is np.ndarray else np.asarray(values)
+    else:
+        arr = np.asarray(values)
     if arr.dtype != dtype or arr.ndim != 1:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, f"{what}: need 1-D {dtype}")
     return arr

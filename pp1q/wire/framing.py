@@ -195,17 +195,6 @@ class Frame(NamedTuple):
     error: RemoteProtocolError | None = None
 
 
-class _Open(NamedTuple):
-    """The frame whose header and control part were read and checked."""
-
-    mtype: MsgType
-    control: object  # the decoded control struct
-    payload_len: int
-    declared: int  # payload_xxh3 field
-    nbytes: int
-    error: RemoteProtocolError | None  # the sizes refused: payload skipped unread
-
-
 class FrameDecoder:
     """Incremental decoder: ``feed(data) -> [message, ...]``.
 
@@ -232,7 +221,10 @@ class FrameDecoder:
                                         * limits.max_payload)
         self._buf = bytearray()  # staged header (+ control) of a frame split across reads
         self._head: tuple | None = None  # (mtype, control_len, payload_len) of a staged header
-        self._frame: _Open | None = None  # header and control read, payload arriving
+        # the frame whose header and control were read and checked, its payload arriving:
+        # (type, control struct, payload_xxh3 field, frame bytes, error: the sizes were
+        # refused and the payload is skipped unread). A plain tuple: one per frame.
+        self._frame: tuple | None = None
         self._payload: np.ndarray | None = None
         self._payload_mv: memoryview | None = None
         self._filled = 0
@@ -403,8 +395,8 @@ class FrameDecoder:
             error = reply_sizes(control, payload_len, self.limits)
         elif mtype is _CONTEXT:
             error = context_sizes(control, payload_len, self.limits)
-        self._frame = _Open(mtype, control, payload_len, _U64.unpack_from(
-            src, at + PAYLOAD_SUM_AT)[0], HEADER_BYTES + control_len + payload_len, error)
+        self._frame = (mtype, control, _U64.unpack_from(src, at + PAYLOAD_SUM_AT)[0],
+                       HEADER_BYTES + control_len + payload_len, error)
         self._filled = 0
         if error is not None or payload_len == 0:
             self._skip = payload_len  # nothing to keep: drop without allocating
@@ -425,7 +417,7 @@ class FrameDecoder:
     def _finish_payload(self, payload=None) -> Frame:
         """The frame whose payload is complete (``payload``: copied out whole, else in
         the buffer it was received into)."""
-        mtype, control, _, declared, nbytes, error = self._frame
+        mtype, control, declared, nbytes, error = self._frame
         if payload is None:
             payload = self._payload
         self._frame = self._payload = self._payload_mv = None

@@ -223,15 +223,13 @@ class VerifierEndpoint(Endpoint):
         reply: Reply = frame.message
         slot = reply.slot
         expected = len(s.frames) + 1
-        if reply.index > s.step.depth:
-            reason = Reason.DEPTH_TOO_LARGE
-        elif reply.index < expected:
-            reason = Reason.DUPLICATE_ROUND
-        elif reply.index > expected:
-            reason = Reason.OUT_OF_ORDER
-        else:
-            reason = None
-        if reason is not None:
+        if reply.index != expected or expected > s.step.depth:
+            if reply.index > s.step.depth:
+                reason = Reason.DEPTH_TOO_LARGE
+            elif reply.index < expected:
+                reason = Reason.DUPLICATE_ROUND
+            else:
+                reason = Reason.OUT_OF_ORDER
             self._fail_into(events, slot, s, reason, f"reply {reply.index}, want {expected}")
             return
         if frame.error is not None:
@@ -258,12 +256,10 @@ class VerifierEndpoint(Endpoint):
         slot_event(self.role, s, Dir.RECV, MsgType.COMPLETION)  # READY: handed out next
         s.deadline = None
         greedy = step_form(s.step) is Form.TOKEN_ONLY
-        events.append(ProposalReady(
-            slot=c.slot, generation=c.generation, round_id=c.round_id,
-            first_position=s.step.first_position,
-            draft_ids=tuple(int(r.token) for r in s.frames),
-            q_rows=() if greedy else Rows(s.frames, s.rows, self.vocab),
-            replies=tuple(s.frames), greedy=greedy,
+        events.append(ProposalReady(  # positional (keywords cost a third more): in field order
+            c.slot, c.generation, c.round_id, s.step.first_position,
+            tuple([r.token for r in s.frames]),  # ints: msgspec decoded them as I32
+            () if greedy else Rows(s.frames, s.rows, self.vocab), tuple(s.frames), greedy,
         ))
         s.frames, s.rows = [], []
 
