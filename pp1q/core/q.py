@@ -334,15 +334,20 @@ def _check_support(ids: np.ndarray, vocab: int, err: type) -> None:
 _CHUNK = 32000
 
 
-def validate_dense(q, vocab: int) -> np.ndarray:
+def validate_dense(q, vocab: int, checked: bool = False) -> np.ndarray:
     """Every check of ``parse_dense`` without building the row; returns the FP32 view.
 
     One fused numba pass where pp1q.core.q_backend chose it (same decisions, same
-    reasons), else ``_validate_dense_numpy``.
+    reasons), else ``_validate_dense_numpy``. ``checked``: ``q_backend.copy_scanned``
+    passed every value of ``q`` as it copied them in (all legal, the mass exact over
+    the whole array); then only the padding is left: zero, the row is valid as it is;
+    not zero, the full check below finds the reason.
     """
     arr = _as_array(q, _F4, "dense q")
     if arr.size < vocab:
         raise RowValidationError(Reason.UNEXPECTED_SIZE, f"dense q has {arr.size} < {vocab}")
+    if checked and not arr.view(np.uint32)[vocab:].any():
+        return arr
     k = q_backend.kernels_for(arr)
     if k is None:
         return _validate_dense_numpy(arr, vocab)

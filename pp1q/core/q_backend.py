@@ -74,7 +74,23 @@ def warm_up() -> tuple[str, str, float]:
             k.extract(arr, arr.view(np.uint32), 4)
             k.sparse(i, arr, 8, 0, np.empty(8, np.int64))
         k.scatter(np.zeros(8, np.float32), ids, np.ones(8, np.int64))  # dense REPLYs
+        fed = bytes(1) + row.tobytes()  # a payload where a frame put it: any alignment
+        for at in (0, 1):
+            copy_scanned(np.empty(32, np.uint8), memoryview(fed)[at:at + 32])
     return name, why, time.perf_counter() - t0
+
+
+def copy_scanned(dst: np.ndarray, src) -> bool:
+    """Copy the bytes ``src`` (a multiple of 4) into the uint8 buffer ``dst`` of the same
+    size. True: the numba kernel checked the FP32 values while copying them and every
+    one is a count / 2^24 with the counts summing to 2^24 (``validate_dense(...,
+    checked=True)`` then has only the padding left); False: nothing was checked (the
+    numpy path, or a row that ``validate_dense`` refuses: it finds the reason)."""
+    k = CHOICE.chosen()[2]
+    if k is None:
+        dst[:] = src
+        return False
+    return k.copy_scan(np.frombuffer(src, np.uint32), dst.view(np.uint32))
 
 
 def validate_fused(k, arr: np.ndarray, vocab: int) -> None:

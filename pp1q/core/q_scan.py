@@ -55,12 +55,69 @@ def _jit(fn):
         return numba.njit(nogil=True, boundscheck=False)(fn)
 
 
+def _jit_inline(fn):
+    """A helper compiled into its callers (numba's IR inlining): the hot loops stay one
+    vectorisable body."""
+    try:
+        return numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")(fn)
+    except RuntimeError:
+        return numba.njit(nogil=True, boundscheck=False, inline="always")(fn)
+
+
 @_jit
 def _not_dyadic(x):
     """x (in [0, 1]) is not an integer multiple of 2^-24. A value below 2^-24 truncates
     to 0 and differs from its scaled self too (subnormals included)."""
     s = x * _MASS_F32
     return np.float32(np.int32(s)) != s
+
+
+@_jit_inline
+def _entry(b, x):
+    """(count, odd) of one entry (bit pattern b, value x): its count if x = count / 2^24,
+    and whether it is not. A value above 1.0's bit pattern (sign, NaN, inf, > 1) counts
+    0 and is never converted: the running max of the patterns refuses it."""
+    x = x if b <= _ONE else np.float32(0.0)
+    s = x * _MASS_F32
+    c = np.int32(s)
+    return c, np.float32(c) != s
+
+
+@_jit
+def _stats(q, bits, lo, hi, top, odd, total):
+    """``scan``'s hot loop over entries lo..hi, carrying (top, odd, total) on: the
+    running max of the bit patterns, whether any value is not a count / 2^24, the sum
+    of the counts."""
+    for i in range(lo, hi):  # hot: no branch on the data, so LLVM vectorises it
+        b = bits[i]
+        top = max(top, b)
+        c, o = _entry(b, q[i])
+        odd |= o
+        total += c
+    return top, odd, total
+
+
+@_jit
+def copy_scan(src, dst):
+    """Copy ``src`` into ``dst`` (FP32 values as uint32 bit patterns, equal sizes) and
+    return whether the values pass ``scan`` over the whole of them (every value a
+    count / 2^24, the counts summing to 2^24): a received dense row is then read once,
+    not copied and scanned in two passes. Only a pass is conclusive; the padding
+    beyond the vocabulary (zero for a legal row) and any refusal's reason are
+    ``scan``'s to decide."""
+    n = dst.size
+    if src.size != n:
+        raise ValueError("copy_scan: sizes differ")
+    q = src.view(np.float32)
+    top, odd, total = np.uint32(0), False, np.int64(0)
+    for i in range(n):  # scan's hot loop, storing each value as it goes (one pass)
+        b = src[i]
+        dst[i] = b
+        top = max(top, b)
+        c, o = _entry(b, q[i])
+        odd |= o
+        total += c
+    return top <= _ONE and not odd and total == _MASS
 
 
 @_jit
@@ -72,17 +129,7 @@ def scan(q, bits, vocab):
     n = bits.size
     if not 0 <= vocab <= n or q.size != n:
         raise ValueError("scan: vocab beyond the row")
-    top = np.uint32(0)
-    odd = False
-    total = np.int64(0)
-    for i in range(vocab):  # hot: no branch on the data, so LLVM vectorises it
-        b = bits[i]
-        top = max(top, b)
-        x = q[i] if b <= _ONE else np.float32(0.0)  # out-of-range values never convert
-        s = x * _MASS_F32
-        c = np.int32(s)
-        odd |= np.float32(c) != s
-        total += c
+    top, odd, total = _stats(q, bits, 0, vocab, np.uint32(0), False, np.int64(0))
     pad = np.uint32(0)
     for i in range(vocab, n):
         pad |= bits[i]

@@ -32,6 +32,7 @@ import msgspec
 import numpy as np
 import xxhash
 
+from pp1q.core import q_backend
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.wire.limits import (
     DEFAULT_LIMITS,
@@ -126,7 +127,7 @@ _HEAD_FIELDS = {MsgType.REPLY: REPLY_HEAD_FIELDS, MsgType.CONTEXT: CONTEXT_HEAD_
 _TYPES = {int(t): t for t in MsgType}  # the header's type byte -> MsgType (no Enum call per frame)
 _F4 = np.dtype("<f4")  # a REPLY's q values
 # enum members as plain names (Python 3.11 takes ~0.1 us to look one up; these run per frame)
-_REPLY, _CONTEXT, _SPARSE = MsgType.REPLY, MsgType.CONTEXT, Form.SPARSE
+_REPLY, _CONTEXT, _SPARSE, _DENSE = MsgType.REPLY, MsgType.CONTEXT, Form.SPARSE, Form.DENSE
 
 
 def _control_bytes(msg) -> tuple[MsgType, bytes]:
@@ -193,6 +194,9 @@ class Frame(NamedTuple):
     nbytes: int
     payload_checksum: int
     error: RemoteProtocolError | None = None
+    # a dense REPLY's q passed q_backend.copy_scanned's checks as it was copied in (the
+    # checksum is still the decoder's to verify, the padding the validator's)
+    q_checked: bool = False
 
 
 class FrameDecoder:
@@ -332,7 +336,7 @@ class FrameDecoder:
             if not self._open(mtype, control_len, payload_len, src, at):
                 continue  # no payload to keep: finished (or skipped) above
             if end - pos >= payload_len:  # the payload is whole here: copied out at once
-                yield self._finish_payload(self._copy_out(mv[pos:pos + payload_len]))
+                yield self._finish_payload(*self._copy_out(mv[pos:pos + payload_len]))
                 pos += payload_len
                 continue
             # bounds were checked at the header and against the control part: allocate now
@@ -403,18 +407,23 @@ class FrameDecoder:
             return False
         return True
 
-    def _copy_out(self, whole: memoryview):
-        """A payload that lies whole in the bytes fed, copied once into its own buffer
-        (the caller may reuse what it fed): a small one into bytes, which are read-only
-        already and cost less than an array; a large one into a pooled buffer."""
+    def _copy_out(self, whole: memoryview) -> tuple:
+        """(payload, q_checked): a payload that lies whole in the bytes fed, copied once
+        into its own buffer (the caller may reuse what it fed): a small one into bytes,
+        which are read-only already and cost less than an array; a large one into a
+        pooled buffer, a dense REPLY's q checked on the way (one pass over the row
+        instead of a copy and a later scan)."""
         n = len(whole)
         if n < POOL_MIN_BYTES:
-            return bytes(whole)
+            return bytes(whole), False
         buf = self.pool.take(n)
+        mtype, control = self._frame[:2]
+        if mtype is _REPLY and control.form == _DENSE:
+            return buf, q_backend.copy_scanned(buf, whole)
         buf[:] = whole
-        return buf
+        return buf, False
 
-    def _finish_payload(self, payload=None) -> Frame:
+    def _finish_payload(self, payload=None, q_checked: bool = False) -> Frame:
         """The frame whose payload is complete (``payload``: copied out whole, else in
         the buffer it was received into)."""
         mtype, control, declared, nbytes, error = self._frame
@@ -443,7 +452,8 @@ class FrameDecoder:
             else:
                 q = np.frombuffer(payload, dtype="<f4", count=n)
         # positional: the head's fields in order, then the payload views (Reply's layout)
-        return Frame(Reply(*msgspec.structs.astuple(control), ids, q), nbytes, declared, error)
+        return Frame(Reply(*msgspec.structs.astuple(control), ids, q), nbytes, declared, error,
+                     q_checked and error is None)
 
 
 def _freeze(payload) -> None:

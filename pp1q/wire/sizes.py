@@ -12,7 +12,6 @@ from pp1q.core.errors import Reason, RemoteProtocolError
 from pp1q.wire.limits import ENTRY_BYTES_DENSE, ENTRY_BYTES_SPARSE, ENTRY_BYTES_TOKEN, Limits
 from pp1q.wire.messages import Form, MsgType
 
-
 _FORMS = {int(f): f for f in Form}
 # enum members as plain names (Python 3.11 takes ~0.1 us to look one up; this runs per frame)
 _REPLY, _CONTEXT = MsgType.REPLY, MsgType.CONTEXT

@@ -132,12 +132,14 @@ def check_step(step: Step, version: int, limits: Limits, err: type = RemoteProto
 
 
 def check_reply(
-    reply: Reply, step: Step, vocab: int, err: type = RemoteProtocolError
+    reply: Reply, step: Step, vocab: int, err: type = RemoteProtocolError,
+    q_checked: bool = False,
 ) -> DyadicRow | None:
     """One REPLY of ``step`` (already matched on slot/generation/round/index).
 
     Returns the validated sparse ``DyadicRow``; None for a dense row (validated in
-    place, see ``Rows``) and for a token-only reply of a greedy step.
+    place, see ``Rows``) and for a token-only reply of a greedy step. ``q_checked``:
+    the decoder checked a dense q while copying it in (``Frame.q_checked``).
     """
     position = step.first_position + reply.index - 1
     if reply.position != position:
@@ -155,7 +157,7 @@ def check_reply(
     if reply.q is None:
         raise err(Reason.MISSING_Q, "reply without q values")
     if want is _DENSE:  # validated in place; the DyadicRow is built only on demand
-        q = validate_dense(reply.q, vocab)
+        q = validate_dense(reply.q, vocab, q_checked)
         if not (reply.token < q.size and q[reply.token] > 0):  # never an IndexError
             raise RowValidationError(Reason.ZERO_Q_AT_TOKEN, f"q({reply.token}) = 0")
         return None

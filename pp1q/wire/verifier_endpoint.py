@@ -236,7 +236,7 @@ class VerifierEndpoint(Endpoint):
             self._fail_into(events, slot, s, frame.error.reason, frame.error.detail)
             return
         try:
-            row = check_reply(reply, s.step, self.vocab)
+            row = check_reply(reply, s.step, self.vocab, RemoteProtocolError, frame.q_checked)
         except _ROW_ERRORS as e:
             self._fail_into(events, slot, s, e.reason, e.detail)
             return

@@ -350,6 +350,7 @@ def test_the_kernels_check_their_own_bounds():
                                        np.empty(7, np.int64)),
                  lambda: q_scan.sparse(np.arange(0, dtype=np.int32), q[:0], 64, -1,
                                        np.empty(0, np.int64)),
+                 lambda: q_scan.copy_scan(bits[:4], np.zeros(8, np.uint32)),
                  lambda: q_scan.scatter(q, np.array([0, 8], np.int32), np.ones(2, np.int64)),
                  lambda: q_scan.scatter(q, np.array([-1], np.int32), np.ones(1, np.int64)),
                  lambda: q_scan.scatter(q, np.arange(2, dtype=np.int32), np.ones(3, np.int64))):
@@ -424,3 +425,26 @@ def test_sparse_rows_with_a_proposed_token_decide_alike():
         assert got["numpy"][0] == ("ok" if want is None else "refused")
         if want is not None:
             assert got["numpy"][1] == want
+
+
+@numba_missing
+@pytest.mark.parametrize("name,q,vocab,want", corpus(), ids=[c[0] for c in corpus()])
+def test_copy_scanned_copies_exactly_and_passes_only_rows_the_scan_passes(name, q, vocab, want):
+    """copy_scanned (the decoder's copy of a dense payload) copies every byte under both
+    checkers, from any alignment; under numba its pass means validate_dense(checked=True)
+    accepts exactly the rows validate_dense accepts, with the same reason otherwise."""
+    for at in (0, 1, 3):  # where a payload starts in the bytes fed
+        fed = memoryview(bytes(at) + q.tobytes())[at:]
+        for name_ in ("numpy", "numba"):
+            with backend(name_):
+                dst = np.full(q.nbytes, 0xAB, np.uint8)
+                passed = q_backend.copy_scanned(dst, fed)
+                assert dst.tobytes() == q.tobytes()
+                assert passed is False or name_ == "numba"
+                arr = dst.view(F32)
+                try:
+                    validate_dense(arr, vocab, checked=passed)
+                    got = None
+                except RowValidationError as e:
+                    got = e.reason
+                assert got == want, (name_, at, passed)
