@@ -12,7 +12,9 @@ any x * 2^24 is not an integer, and the int64 sum of the counts. Only when somet
 failed does a second, cold loop find the first offending index, so the reason is the
 one the numpy path gives, in the numpy path's order of checks: a value above 1.0's bit
 pattern anywhere (the row's padding included), then nonzero padding, then a non-dyadic
-value, then the mass.
+value, then the mass. ``copy_scan`` is that loop storing each value as it reads it: a
+dense payload the decoder copies out of the bytes fed is checked in the same pass (one
+read of the row instead of two; only a pass is taken from it, refusals get ``scan``).
 """
 
 from __future__ import annotations
