@@ -7,6 +7,7 @@ helpers in pp1q.wire.framing). ``WIRE_REVISION``: the revision of v2 spoken (HEL
 """
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.wire.decoder import FrameDecoder
 from pp1q.wire.endpoint import WireConfig
 from pp1q.wire.events import (
     Committed,
@@ -28,7 +29,6 @@ from pp1q.wire.framing import (
     HEADER_BYTES,
     MAGIC,
     Frame,
-    FrameDecoder,
     Header,
     chain_checksum,
     encode,

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.core.prefix import Prefix
-from pp1q.wire.framing import Frame, FrameDecoder
+from pp1q.wire.decoder import FrameDecoder
+from pp1q.wire.framing import Frame
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import KNOWN_VERSIONS, Identity
 from pp1q.wire.pool import PayloadPool

@@ -29,7 +29,7 @@ def _dense_reply_header() -> bytes:
 
 
 def _refusal_of(data: bytes) -> Refusal:
-    from pp1q.wire.framing import FrameDecoder
+    from pp1q.wire.decoder import FrameDecoder
 
     msg = FrameDecoder().feed(data)[-1]  # after a HELLO answer, if one went out first
     assert isinstance(msg, Refusal)
