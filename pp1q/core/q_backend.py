@@ -74,9 +74,10 @@ def warm_up() -> tuple[str, str, float]:
             k.extract(arr, arr.view(np.uint32), 4)
             k.sparse(i, arr, 8, 0, np.empty(8, np.int64))
         k.scatter(np.zeros(8, np.float32), ids, np.ones(8, np.int64))  # dense REPLYs
-        fed = bytes(1) + row.tobytes()  # a payload where a frame put it: any alignment
-        for at in (0, 1):
-            copy_scanned(np.empty(32, np.uint8), memoryview(fed)[at:at + 32])
+        fed = bytes(1) + row.tobytes()  # a payload where a frame put it: any alignment,
+        for buf in (fed, bytearray(fed)):  # in read-only bytes or a writable buffer
+            for at in (0, 1):
+                copy_scanned(np.empty(32, np.uint8), memoryview(buf)[at:at + 32])
     return name, why, time.perf_counter() - t0
 
 
