@@ -12,6 +12,9 @@ back on."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from worker_round import run_round
@@ -115,3 +118,28 @@ async def test_kept_counts_of_another_q_fail_the_proposal_check(chosen):
     for e in ready:
         assert list(e.q_rows) != [row for _, row in proposer.sent[e.slot]]
         assert not proposal_matches(e.q_rows, e.draft_ids, _keys(e))
+
+
+async def test_the_worker_keeps_no_kept_counts_past_the_send(chosen):
+    """Kept counts are 517 KB a row: once a round's REPLYs have left, nothing on the
+    worker (drafting, the reused rows, the connection) still holds any of them."""
+
+    class Watched(Proposer):
+        def __init__(self) -> None:
+            super().__init__(None)
+            self.refs = []
+
+        def rows(self, step, prefix):
+            rng = np.random.default_rng(step.slot)
+            for _ in range(step.depth):
+                row = build_row(rng.normal(size=VOCAB) * 2.0)
+                self.refs.append(weakref.ref(row.kept_dense_counts()))
+                yield sample(row, int(rng.integers(1 << 24))), row
+
+    proposer = Watched()
+    events, conn = await run_round(proposer, vocab=VOCAB, slots=SLOTS, depth=DEPTH,
+                                   drains=True)  # conn: the worker, alive to the end
+    assert len([e for e in events if isinstance(e, ProposalReady)]) == SLOTS
+    gc.collect()
+    assert len(proposer.refs) == SLOTS * DEPTH and len(conn.drafter._dense_rows) > 0
+    assert [r for r in proposer.refs if r() is not None] == []
