@@ -71,6 +71,7 @@ def warm_up() -> tuple[str, str, float]:
             k.extract(arr, arr.view(np.uint32), 4)
             k.sparse(i, arr, arr.view(np.uint32), 8)
         k.scatter(np.zeros(8, np.float32), ids, np.ones(8, np.int64))  # dense REPLYs
+        k.dense_from_counts(np.zeros(8, np.float32), np.ones(4, np.int32))  # and from counts
     return name, why, time.perf_counter() - t0
 
 
