@@ -24,6 +24,10 @@ def run_daemon(args, role: str, serve) -> int:
         return refuse(role, e)
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    from pp1q.runtime import malloc
+
+    tuned = malloc.tune()  # a daemon started from a shell or a unit: no page faults per row
+    logging.getLogger("pp1q").debug("malloc thresholds set: %s", ", ".join(tuned) or "none")
     try:
         import uvloop
     except ImportError:  # non-Linux: the standard loop works, only slower

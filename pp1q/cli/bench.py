@@ -62,6 +62,9 @@ def run(args) -> int:
     if unknown:
         print(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(SUITES)}")
         return 2
+    from pp1q.runtime import malloc
+
+    malloc.tune()  # the daemons' malloc thresholds: in-process figures are the service's
     print(f"pp1q bench on {platform.machine()} / Python {platform.python_version()}")
     for name in names:
         try:

@@ -74,6 +74,7 @@ def warm_up() -> tuple[str, str, float]:
             k.extract(arr, arr.view(np.uint32), 4)
             k.sparse(i, arr, 8, 0, np.empty(8, np.int64))
         k.scatter(np.zeros(8, np.float32), ids, np.ones(8, np.int64))  # dense REPLYs
+        k.dense_from_counts(np.zeros(8, np.float32), np.ones(4, np.int32))  # and from counts
         fed = bytes(1) + row.tobytes()  # a payload where a frame put it: any alignment,
         for buf in (fed, bytearray(fed)):  # in read-only bytes or a writable buffer
             for at in (0, 1):

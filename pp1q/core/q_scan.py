@@ -1,6 +1,7 @@
 """The fused q-row kernels (numba): every dyadic24 check of a dense FP32 row in one
 pass, its support extraction, a sparse row's checks in one call, and the other way
-round, a dense REPLY's q written from a row's counts (``scatter``). Imported only by
+round, a dense REPLY's q written from a row's counts (``scatter`` from its support,
+``dense_from_counts`` from build_row's whole-vocabulary counts). Imported only by
 pp1q.core.q_backend, and only when the numba backend is chosen: the one module of
 pp1q/ that imports numba (pp1q_kernels.numba_step and numba_draws are the others).
 
@@ -234,3 +235,23 @@ def scatter(row, ids, counts):
         raise ValueError("scatter: support id outside the row")
     for j in range(ids.size):
         row[ids[j]] = np.float32(counts[j]) / _MASS_F32
+
+
+# -- a dense REPLY's q from a whole vocabulary's counts ------------------------------
+
+_INV_MASS_F32 = np.float32(1.0 / (1 << 24))  # times a count: count / 2^24, exactly
+
+
+@_jit
+def dense_from_counts(row, counts):
+    """row[i] = counts[i] / 2^24 for i < counts.size, 0 after (the padding): a dense
+    REPLY's q written in one sequential pass from build_row's own dense counts, with
+    nothing cleared first and no scatter (``scatter`` is for rows without them). Exact,
+    the same bits as ``scatter``: a count (<= 2^24) is an FP32 integer and 2^-24 a power
+    of two. Bounds checks are not compiled in: counts longer than the row are refused."""
+    if counts.size > row.size:
+        raise ValueError("dense_from_counts: more counts than the row holds")
+    for i in range(counts.size):  # branch-free, so LLVM vectorises the conversion
+        row[i] = np.float32(counts[i]) * _INV_MASS_F32
+    for i in range(counts.size, row.size):
+        row[i] = np.float32(0.0)

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import threading
 
+from pp1q.runtime import malloc
+
 STARTUP_TIMEOUT_S = 60.0  # toy weights at 129280 tokens take a few seconds on a small CPU
 STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL after this long
 _PORT_LINE = re.compile(r"(?:listening on|HTTP on) [^ ]*:(\d+).*?(?:metrics on [^ ]*:(\d+))?$")
@@ -30,8 +32,7 @@ def pp1q_command(role: str, *args: str) -> list[str]:
 DAEMON_ENV_DEFAULTS = {
     "OPENBLAS_NUM_THREADS": "1",  # see pp1q.cli.worker
     "OMP_WAIT_POLICY": "PASSIVE",
-    "MALLOC_MMAP_THRESHOLD_": str(256 << 20),
-    "MALLOC_TRIM_THRESHOLD_": str(512 << 20),
+    **{name: str(value) for name, value in malloc.ENV.items()},  # at exec, before any malloc
 }
 
 

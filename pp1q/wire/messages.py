@@ -222,7 +222,7 @@ def reply_from_row(
         if n < row.vocab:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"dense_len {n} < vocab")
         if dense_row is not None:
-            return Reply(**head, entries=n, q=dense_row.fill(n, row.ids, row.counts))
+            return Reply(**head, entries=n, q=dense_row.fill(n, row))
         q = np.zeros(n, dtype="<f4")
         q[row.ids] = row.counts.astype(np.float32) / np.float32(MASS)
         return Reply(**head, entries=n, q=q)

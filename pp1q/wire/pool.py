@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from pp1q.core import q_backend
-from pp1q.core.q import MASS
+from pp1q.core.q import MASS, DyadicRow
 
 POOL_MIN_BYTES = 64 * 1024  # smaller payloads come from malloc's heap without page faults
 _IDLE_REFS = sys.getrefcount(np.empty(0)) + 1  # refs of a buffer only the pool's list holds
@@ -57,33 +57,58 @@ class PayloadPool:
 
 SCATTER_CLEAR_RATIO = 16  # clear by index below 1/16 of the row; measured: a memset wins above
 _MASS_F32 = np.float32(MASS)  # q = count / 2^24, exact in FP32
+_WHOLE = np.empty(0, dtype=np.int32)  # ZeroRow._ids after a whole-row write: any entry may be set
 
 
 class ZeroRow:
-    """One dense FP32 row kept all zero between uses, for building dense REPLYs.
+    """One dense FP32 row reused for building dense REPLYs.
 
     A fresh zeroed 517 KB row per REPLY costs a calloc (page faults when it is mmap'd)
-    and a full pass; here a fill first clears only the previous fill's support (or the
-    whole row with one memset when that support was wide), then writes the new one:
-    one numba pass from the counts where pp1q.core.q_backend chose numba (numpy's
-    fancy-index store of an 86k-entry support took 0.29 ms, the bulk of a dense REPLY),
-    else numpy's store. Both write the same bits: count / 2^24 is exact in FP32.
+    and a full pass. A row build_row kept its whole vocabulary's counts for
+    (``DyadicRow.kept_dense_counts``: every dense row the worker drafts) is written over
+    the whole length in one sequential pass, nothing cleared first. Any other row is
+    scattered from its support into zeros: the previous fill's support is cleared first
+    (or the whole row with one memset when that support was wide or unknown). Each
+    write is one numba pass where pp1q.core.q_backend chose numba (numpy's fancy-index
+    store of an 86k-entry support took 0.29 ms, the bulk of a dense REPLY), else
+    numpy's; all write the same bits: count / 2^24 is exact in FP32.
     The row returned is valid until the next ``fill``: encode the frame before that.
     """
 
     def __init__(self) -> None:
         self._row = np.zeros(0, dtype="<f4")
-        self._ids: np.ndarray | None = None
+        self._ids: np.ndarray | None = None  # entries possibly nonzero: None = none
 
-    def fill(self, n: int, ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """The row of ``n`` zeros with q = counts / 2^24 at ``ids`` (a DyadicRow's
-        support: ids in range, counts <= 2^24)."""
+    def fill(self, n: int, row: DyadicRow) -> np.ndarray:
+        """The ``n`` values of ``row``'s dense q: q = count / 2^24 at its ids, zero
+        elsewhere (``n >= row.vocab``, the caller's check)."""
+        dense = row.kept_dense_counts()
+        if dense is not None:
+            return self._write_whole(n, dense)
+        return self._scatter(n, row.ids, row.counts)
+
+    def _write_whole(self, n: int, dense: np.ndarray) -> np.ndarray:
+        if self._row.size != n:
+            self._row = np.empty(n, dtype="<f4")  # every entry is written below
+        self._ids = _WHOLE  # set first: a failed write leaves a row cleared by memset next
+        k = q_backend.kernels_for(dense)
+        if k is None:
+            v = dense.size
+            np.copyto(self._row[:v], dense, casting="unsafe")  # exact: counts <= 2^24
+            self._row[:v] /= _MASS_F32
+            self._row[v:] = 0
+        else:
+            k.dense_from_counts(self._row, dense)
+        return self._row
+
+    def _scatter(self, n: int, ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
         if self._row.size != n:
             self._row = np.zeros(n, dtype="<f4")
-        elif self._ids is not None and self._ids.size * SCATTER_CLEAR_RATIO < n:
-            self._row[self._ids] = 0
+        elif self._ids is _WHOLE or (self._ids is not None
+                                     and self._ids.size * SCATTER_CLEAR_RATIO >= n):
+            self._row.fill(0)  # a wide or unknown support: one memset beats a scattered clear
         elif self._ids is not None:
-            self._row.fill(0)  # a wide support: one memset beats a scattered clear
+            self._row[self._ids] = 0
         self._ids = None  # cleared first: a failed write below leaves no stale support
         k = q_backend.kernels_for(ids, counts)
         if k is None:

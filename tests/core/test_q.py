@@ -181,6 +181,29 @@ def test_build_row_invariants_and_round_trips(logits, temperature, top_k):
     assert np.all(np.abs(row.dense_counts() - share) < 1.0 + 1e-6)
     assert parse_dense(row.to_dense(), row.vocab) == row
     assert parse_sparse(*row.to_sparse(), row.vocab) == row
+    kept = row.kept_dense_counts()  # a full-support row keeps its whole counts, exactly
+    assert (kept is None) == (top_k is not None)
+    if kept is not None:
+        assert kept.dtype == np.int32 and np.array_equal(kept, row.dense_counts())
+
+
+def test_kept_dense_counts_are_read_only_and_private_to_build_row():
+    """The counts build_row keeps for a dense REPLY cannot be written, and nothing else
+    reads or carries them: equality ignores them, a parsed or replaced row has none."""
+    import dataclasses
+
+    row = build_row(np.random.default_rng(3).normal(size=200))
+    kept = row.kept_dense_counts()
+    with pytest.raises(ValueError):
+        kept[0] = 1
+    parsed = parse_dense(row.to_dense(), row.vocab)
+    bare = dataclasses.replace(row)
+    assert parsed == row == bare
+    assert parsed.kept_dense_counts() is None and bare.kept_dense_counts() is None
+    assert "_dense" not in repr(row) and "_dense" not in {f.name for f in dataclasses.fields(row)}
+    other = build_row(np.random.default_rng(3).normal(size=200))
+    object.__setattr__(other, "_dense", np.roll(kept, 1))
+    assert other == row  # equality reads the support only: the REPLY tests catch a bad cache
 
 
 @settings(max_examples=200, deadline=None)

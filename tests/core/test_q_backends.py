@@ -353,7 +353,8 @@ def test_the_kernels_check_their_own_bounds():
                  lambda: q_scan.copy_scan(bits[:4], np.zeros(8, np.uint32)),
                  lambda: q_scan.scatter(q, np.array([0, 8], np.int32), np.ones(2, np.int64)),
                  lambda: q_scan.scatter(q, np.array([-1], np.int32), np.ones(1, np.int64)),
-                 lambda: q_scan.scatter(q, np.arange(2, dtype=np.int32), np.ones(3, np.int64))):
+                 lambda: q_scan.scatter(q, np.arange(2, dtype=np.int32), np.ones(3, np.int64)),
+                 lambda: q_scan.dense_from_counts(q, np.ones(9, np.int32))):
         with pytest.raises(ValueError):
             call()
 
@@ -378,6 +379,45 @@ def test_dense_replies_from_the_reused_row_are_byte_identical(name):
                 token=int(row.ids[-1]), row=row, form=Form.DENSE, dense_len=dense_len,
                 dense_row=dense_row)) for dense_row in (reused, None)]
             assert frames[0] == frames[1]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_dense_replies_from_kept_counts_equal_the_scatter_bit_for_bit(name):
+    """A row build_row kept its whole counts for is written over the row in one pass
+    (nothing cleared, no scatter); the same row without them (dataclasses.replace keeps
+    none) is scattered into zeros, and a fresh row is the plain store: the three REPLYs
+    are the same bytes, and the q is row.to_dense() bit for bit with zero padding, over
+    narrow and wide supports, top-k rows between (a scatter after a whole write must
+    clear it all) and a change of row length."""
+    import dataclasses
+
+    from pp1q.wire.framing import encode
+    from pp1q.wire.pool import ZeroRow
+
+    g = np.random.default_rng(62)
+    with backend(name):
+        whole, scattered = ZeroRow(), ZeroRow()
+        for n in range(18):
+            top_k = int(g.integers(1, 40)) if n % 4 == 3 else None
+            row = build_row(g.normal(size=300) * (0.5, 3.0, 60.0)[n % 3],
+                            temperature=float(g.uniform(0.3, 2.0)), top_k=top_k)
+            bare = dataclasses.replace(row)
+            assert (row.kept_dense_counts() is None) == (top_k is not None)
+            assert bare.kept_dense_counts() is None
+            dense_len = 320 if n < 12 else 300
+
+            def reply(r, dense_row, dense_len=dense_len, row=row):
+                return reply_from_row(session=1, slot=0, generation=1, round_id=1, index=1,
+                                      position=1, token=int(row.ids[-1]), row=r,
+                                      form=Form.DENSE, dense_len=dense_len,
+                                      dense_row=dense_row)
+
+            q = reply(row, whole).q
+            assert np.array_equal(q[:300].view(np.uint32), row.to_dense().view(np.uint32))
+            assert not q[300:].view(np.uint32).any()
+            frames = [encode(reply(r, z)) for r, z in ((row, whole), (bare, scattered),
+                                                        (row, None))]
+            assert frames[0] == frames[1] == frames[2]
 
 
 @numba_missing

@@ -6,26 +6,15 @@ the worker reuse its rows. Driven through the adapter's own hooks, no socket."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
-from wire_helpers import feed_buffered
+from worker_round import run_round, step_of
 
-from pp1q.core.prefix import digest_of
 from pp1q.core.q import build_row, sample
-from pp1q.models.toy import ToySpec
-from pp1q.runtime.metrics import Metrics
-from pp1q.wire import Step, VerifierEndpoint, context_of
 from pp1q.wire.events import ProposalReady
-from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config, worker_config
-from pp1q.wire.sessions import SessionTable
-from pp1q.worker.connection import WorkerConnection
 from pp1q.worker.drafting import Proposer
 
 VOCAB, SLOTS, DEPTH = 64, 4, 5
-PREFIX = list(range(7))
-ROUNDS_OF_THE_LOOP = 500  # bounded: the whole round takes a few dozen iterations
 
 
 class Canned(Proposer):
@@ -38,68 +27,14 @@ class Canned(Proposer):
             yield sample(row, int(rng.integers(1 << 24))), row
 
 
-class HoldingTransport:
-    """Keeps every buffer it is given, unread until the end; ``drains``: reports an
-    empty buffer (and copies, as a kernel does) instead of holding references."""
-
-    def __init__(self, drains: bool) -> None:
-        self.drains, self.held = drains, []
-
-    def writelines(self, parts) -> None:
-        for p in parts:
-            self.write(p)
-
-    def write(self, data) -> None:
-        self.held.append(bytes(data) if self.drains else data)
-
-    def get_write_buffer_size(self) -> int:
-        return 0 if self.drains else sum(len(p) for p in self.held)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high=None, low=None) -> None:
-        pass
-
-    def take(self) -> bytes:
-        out, self.held = b"".join(bytes(p) for p in self.held), []
-        return out
-
-
 @pytest.mark.parametrize("drains", [False, True])
 async def test_dense_replies_without_a_join_arrive_intact(drains):
-    spec = ToySpec(vocab=VOCAB)
-    conn = WorkerConnection(worker_config(spec, (2,), DEFAULT_MAX_SUPPORT), SessionTable(),
-                            Canned(None), Metrics("worker"))
-    t = HoldingTransport(drains)
-    conn.connection_made(t)
-    v = VerifierEndpoint(verifier_config(spec, (2,), SLOTS, DEPTH, 32), session=9)
-    feed_buffered(conn, v.hello())
-    await asyncio.sleep(0)  # the answer leaves with the tick's writelines
-    v.receive_data(t.take(), 0.0)
-    for s in range(SLOTS):
-        feed_buffered(conn, v.send(context_of(session=9, slot=s, generation=1, tokens=PREFIX,
-                                      digest=digest_of(PREFIX))))
-    feed_buffered(conn, b"".join(v.send(Step(
-        session=9, slot=s, generation=1, round_id=1, last_committed=len(PREFIX) - 1,
-        first_position=len(PREFIX), prefix_digest=digest_of(PREFIX), depth=DEPTH,
-        temperature=1.0, top_k=0, context_version=0, seed=s), now=0.0) for s in range(SLOTS)))
-    for _ in range(ROUNDS_OF_THE_LOOP):
-        if not conn.drafter.tasks:
-            break
-        await asyncio.sleep(0)
-    await asyncio.sleep(0)  # the last tick's writelines
-    events = v.receive_data(t.take(), 0.0)
+    events, conn = await run_round(Canned(None), vocab=VOCAB, slots=SLOTS, depth=DEPTH,
+                                   drains=drains)
     ready = [e for e in events if isinstance(e, ProposalReady)]
     assert len(ready) == SLOTS, events
     for e in ready:  # each row is the one its slot drafted, as the verifier parsed it
-        want = list(Canned(None).rows(Step(
-            session=9, slot=e.slot, generation=1, round_id=1, last_committed=0,
-            first_position=1, prefix_digest=0, depth=DEPTH, temperature=1.0, top_k=0,
-            context_version=0, seed=0), []))
+        want = list(Canned(None).rows(step_of(e.slot, DEPTH), []))
         assert [int(x) for x in e.draft_ids] == [tok for tok, _ in want]
         assert list(e.q_rows) == [row for _, row in want]
     rows = len(conn.drafter._dense_rows)

@@ -105,7 +105,7 @@ def _row(goal: str, ratio: float, target: float) -> str:
 
 
 def run(quick: bool) -> list[str]:
-    from pp1q.tools.bench.round import time_ours, time_raw
+    from pp1q.tools.bench.round import time_ours, time_ours_two_batches, time_raw
     from pp1q.tools.bench.wire import checkers
 
     lines = [f"{'goal (issue 13)':<52} {'ratio':>9}  target"]
@@ -119,6 +119,9 @@ def run(quick: bool) -> list[str]:
                               ours / raw, target))
             lines.append(_row(f"{form} round + verification and COMMIT / raw{by}", full / raw,
                               target_full))
+        two = time_ours_two_batches(form, rounds)
+        lines.append(_row(f"{form} round + verification, two batches in flight / raw",
+                          two / raw, target_full))
     t_val, t_copy = _wire(3 if quick else 15)
     for checker, t in t_val.items():
         lines.append(_row(f"dense decode + validate / np.copy, {checker}", t / t_copy, 3.0))

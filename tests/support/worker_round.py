@@ -1,0 +1,84 @@
+"""One round through the worker's real adapter, in memory: a WorkerConnection (its
+StepDrafter, the ZeroRows dense REPLYs are written into) with a given Proposer, driven
+by the loop's own hooks and answered to a VerifierEndpoint. No socket."""
+
+from __future__ import annotations
+
+import asyncio
+
+from wire_helpers import feed_buffered
+
+from pp1q.core.prefix import digest_of
+from pp1q.models.toy import ToySpec
+from pp1q.runtime.metrics import Metrics
+from pp1q.wire import Step, VerifierEndpoint, context_of
+from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config, worker_config
+from pp1q.wire.sessions import SessionTable
+from pp1q.worker.connection import WorkerConnection
+
+SESSION = 9
+PREFIX = list(range(7))
+ROUNDS_OF_THE_LOOP = 500  # bounded: a round takes a few dozen iterations
+
+
+class HoldingTransport:
+    """Keeps every buffer it is given, unread until the end; ``drains``: reports an
+    empty buffer (and copies, as a kernel does) instead of holding references."""
+
+    def __init__(self, drains: bool) -> None:
+        self.drains, self.held = drains, []
+
+    def writelines(self, parts) -> None:
+        for p in parts:
+            self.write(p)
+
+    def write(self, data) -> None:
+        self.held.append(bytes(data) if self.drains else data)
+
+    def get_write_buffer_size(self) -> int:
+        return 0 if self.drains else sum(len(p) for p in self.held)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def take(self) -> bytes:
+        out, self.held = b"".join(bytes(p) for p in self.held), []
+        return out
+
+
+def step_of(slot: int, depth: int, top_k: int = 0, temperature: float = 1.0) -> Step:
+    """The STEP ``run_round`` sends for ``slot`` (its seed is the slot)."""
+    return Step(session=SESSION, slot=slot, generation=1, round_id=1,
+                last_committed=len(PREFIX) - 1, first_position=len(PREFIX),
+                prefix_digest=digest_of(PREFIX), depth=depth, temperature=temperature,
+                top_k=top_k, context_version=0, seed=slot)
+
+
+async def run_round(proposer, *, vocab: int, slots: int, depth: int, drains: bool,
+                    check_outgoing: bool = False) -> tuple[list, WorkerConnection]:
+    """The verifier's events for one round of ``slots`` dense STEPs, and the worker."""
+    spec = ToySpec(vocab=vocab)
+    conn = WorkerConnection(worker_config(spec, (2,), DEFAULT_MAX_SUPPORT), SessionTable(),
+                            proposer, Metrics("worker"), check_outgoing=check_outgoing)
+    t = HoldingTransport(drains)
+    conn.connection_made(t)
+    v = VerifierEndpoint(verifier_config(spec, (2,), slots, depth, 32), session=SESSION)
+    feed_buffered(conn, v.hello())
+    await asyncio.sleep(0)  # the answer leaves with the tick's writelines
+    v.receive_data(t.take(), 0.0)
+    for s in range(slots):
+        feed_buffered(conn, v.send(context_of(session=SESSION, slot=s, generation=1,
+                                              tokens=PREFIX, digest=digest_of(PREFIX))))
+    feed_buffered(conn, b"".join(v.send(step_of(s, depth), now=0.0) for s in range(slots)))
+    for _ in range(ROUNDS_OF_THE_LOOP):
+        if not conn.drafter.tasks:
+            break
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the last tick's writelines
+    return v.receive_data(t.take(), 0.0), conn
