@@ -1,8 +1,12 @@
 """One STEP on the worker: draft rows in order, send each REPLY at once, COMPLETION last.
 
-Runs as a task per STEP on the event loop. Between rows it yields, so a RESET that
-arrives mid-proposal is processed before the next row is drafted; after a RESET the
-endpoint refuses further sends for that step and drafting stops. The proposal draw of
+Runs as a task per STEP on the event loop. Between rows it yields once it has drafted
+for YIELD_AFTER_S since it last did (or a loop tick's unsent frames reach
+YIELD_AT_BYTES), so a RESET that arrives mid-proposal of a real model is processed
+before the next row is drafted; after a RESET the endpoint refuses further sends for
+that step and drafting stops. Fast rows send a whole STEP in one loop tick: a RESET
+read after them finds the step complete, and the verifier, whose RESET invalidated the
+generation, discards the late frames as stale. The proposal draw of
 row i is keyed by the STEP's (seed, generation, round, first_position + i - 1): a
 retried STEP under the same keys would draw identical rows, but the endpoint refuses a
 reused round outright, so a key is never drawn twice on one session.
@@ -37,6 +41,15 @@ log = logging.getLogger("pp1q.worker")
 # sparse REPLY (about 300 bytes) costs less than writing its three parts separately;
 # a dense one (517 KB) leaves as (header, row), without the copy.
 JOIN_BELOW_BYTES = 64 * 1024
+# Drafting yields to the loop between rows once it has run this long since it last did:
+# how long a RESET (or any input) may wait behind a proposal. A real model's row takes
+# longer, so it yields after every row; canned or tiny rows (~15 us) send a whole STEP
+# in one loop tick, one write for the tick's frames instead of one per row.
+YIELD_AFTER_S = 0.5e-3
+# ... or once this many bytes wait for the tick's write: a dense row (517 KB) leaves
+# before the next is built (the kernel sends it while we draft, and its reused row is
+# free again), and what a tick holds unsent stays bounded; a sparse round is ~7 KB.
+YIELD_AT_BYTES = 64 * 1024
 
 
 class Proposer:
@@ -70,12 +83,14 @@ class StepDrafter:
     def __init__(self, endpoint: WorkerEndpoint, proposer: Proposer,
                  metrics: Metrics, write: Callable[[bytes], None],
                  writable: Callable[[], asyncio.Future | None],
-                 drained: Callable[[], bool] = lambda: False) -> None:
+                 drained: Callable[[], bool] = lambda: False,
+                 queued: Callable[[], int] = lambda: 0) -> None:
         self.endpoint, self.metrics = endpoint, metrics
         self.proposer = proposer
         self._write = write
         self._writable = writable  # None when the transport accepts more, else a future
         self._drained = drained  # True: every byte written so far has left our buffers
+        self._queued = queued  # bytes written this loop tick, not yet handed to the transport
         self.tasks: dict[int, asyncio.Task] = {}
         # dense REPLYs leave as (header, row) without a join copy (30-50 us a row): a
         # row is filled again only once the transport no longer holds it
@@ -98,6 +113,7 @@ class StepDrafter:
     def detach(self) -> None:
         """The connection is gone: drop its hooks (bound to it: a reference cycle)."""
         self._write, self._writable, self._drained = _drop, _always_writable, _never
+        self._queued = _nothing
 
     def _done(self, slot: int, task: asyncio.Task) -> None:
         if self.tasks.get(slot) is task:
@@ -113,6 +129,7 @@ class StepDrafter:
         # handing the STEP out; COMMIT (which extends it) cannot arrive while we draft
         prefix = ep.context(step.slot)
         form = step_form(step)  # one form for every REPLY of the step
+        resumed = t0
         try:
             for index, (token, row) in enumerate(self.proposer.rows(step, prefix), start=1):
                 if not ep.is_live(step.slot, step.generation, step.round_id):
@@ -127,7 +144,11 @@ class StepDrafter:
                 waiter = self._writable()
                 if waiter is not None:
                     await waiter  # the peer reads slower than we draft: back-pressure
-                await asyncio.sleep(0)  # let a RESET for this slot in before the next row
+                    resumed = time.perf_counter()
+                elif (time.perf_counter() - resumed >= YIELD_AFTER_S
+                      or self._queued() >= YIELD_AT_BYTES):
+                    await asyncio.sleep(0)  # let a RESET for this slot in before the next row
+                    resumed = time.perf_counter()
         except Pp1qError as e:
             log.warning("drafting slot %d failed: %s", step.slot, str(e))
             self._abort(step, e.reason)
@@ -160,3 +181,7 @@ def _always_writable() -> None:
 
 def _never() -> bool:
     return False
+
+
+def _nothing() -> int:
+    return 0

@@ -10,7 +10,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from wire_helpers import feed_buffered
+from wire_helpers import HoldingTransport, feed_buffered
 
 from pp1q.core.prefix import digest_of
 from pp1q.core.q import build_row, sample
@@ -21,9 +21,11 @@ from pp1q.wire.events import ProposalReady
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config, worker_config
 from pp1q.wire.sessions import SessionTable
 from pp1q.worker.connection import WorkerConnection
-from pp1q.worker.drafting import Proposer
+from pp1q.worker.drafting import YIELD_AT_BYTES, Proposer
 
-VOCAB, SLOTS, DEPTH = 64, 4, 5
+# a dense row (128 KiB) above YIELD_AT_BYTES: the drafter yields after each, so a loop
+# tick holds one row per slot, as at the real vocabulary
+VOCAB, SLOTS, DEPTH = 1 << 15, 4, 5
 PREFIX = list(range(7))
 ROUNDS_OF_THE_LOOP = 500  # bounded: the whole round takes a few dozen iterations
 
@@ -36,37 +38,6 @@ class Canned(Proposer):
         for _ in range(step.depth):
             row = build_row(rng.normal(size=VOCAB) * 2.0)
             yield sample(row, int(rng.integers(1 << 24))), row
-
-
-class HoldingTransport:
-    """Keeps every buffer it is given, unread until the end; ``drains``: reports an
-    empty buffer (and copies, as a kernel does) instead of holding references."""
-
-    def __init__(self, drains: bool) -> None:
-        self.drains, self.held = drains, []
-
-    def writelines(self, parts) -> None:
-        for p in parts:
-            self.write(p)
-
-    def write(self, data) -> None:
-        self.held.append(bytes(data) if self.drains else data)
-
-    def get_write_buffer_size(self) -> int:
-        return 0 if self.drains else sum(len(p) for p in self.held)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high=None, low=None) -> None:
-        pass
-
-    def take(self) -> bytes:
-        out, self.held = b"".join(bytes(p) for p in self.held), []
-        return out
 
 
 @pytest.mark.parametrize("drains", [False, True])
@@ -102,6 +73,7 @@ async def test_dense_replies_without_a_join_arrive_intact(drains):
             context_version=0, seed=0), []))
         assert [int(x) for x in e.draft_ids] == [tok for tok, _ in want]
         assert list(e.q_rows) == [row for _, row in want]
+    assert 4 * VOCAB > YIELD_AT_BYTES
     rows = len(conn.drafter._dense_rows)
     if drains:
         assert rows <= SLOTS  # drained between ticks: one tick's rows, reused
