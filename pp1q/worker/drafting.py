@@ -30,7 +30,7 @@ from pp1q.core.errors import Pp1qError, Reason
 from pp1q.core.q import DyadicRow
 from pp1q.models.toy import DraftModel
 from pp1q.runtime.metrics import Metrics
-from pp1q.wire import Form, Status, Step, WorkerEndpoint, reply_from_row
+from pp1q.wire import Form, Status, Step, WorkerEndpoint
 from pp1q.wire.pool import ZeroRows
 from pp1q.wire.validate import step_form
 from pp1q.worker.proposer import ProposalSpec, propose, propose_greedy
@@ -136,11 +136,7 @@ class StepDrafter:
                     return  # reset (or connection gone) while drafting: send nothing more
                 dense_row = (self._dense_rows.take(self._drained()) if form is Form.DENSE
                              else None)
-                self._send(ep.send_parts(reply_from_row(
-                    session=ep.session, slot=step.slot, generation=step.generation,
-                    round_id=step.round_id, index=index,
-                    position=step.first_position + index - 1, token=token, row=row,
-                    form=form, dense_len=ep.limits.dense_len, dense_row=dense_row)))
+                self._send(ep.send_row(step, index, token, row, form, dense_row))
                 waiter = self._writable()
                 if waiter is not None:
                     await waiter  # the peer reads slower than we draft: back-pressure
@@ -155,14 +151,14 @@ class StepDrafter:
             return
         if not ep.is_live(step.slot, step.generation, step.round_id):
             return
-        self._send(ep.send_parts(ep.completion(step.slot)))
+        self._write(ep.send_completion(step.slot))
         self.metrics.round_latency.observe(time.perf_counter() - t0)
 
     def _abort(self, step: Step, reason: Reason) -> None:
         self.metrics.drafting_aborts.labels(reason=Reason(reason).value).inc()
         ep = self.endpoint
         if ep.is_live(step.slot, step.generation, step.round_id):
-            self._send(ep.send_parts(ep.completion(step.slot, Status.ABORTED, Reason(reason))))
+            self._write(ep.send_completion(step.slot, Status.ABORTED, Reason(reason)))
 
     def _send(self, parts) -> None:
         if len(parts) > 1 and sum(len(p) for p in parts) < JOIN_BELOW_BYTES:
