@@ -165,12 +165,13 @@ def encode_parts(msg: Message) -> tuple:
 
 def encode_fields(t: MsgType, fields, payload: tuple = ()) -> bytes:
     """One frame in one buffer from the control part's ``fields`` in order (a struct or
-    a tuple) and ``payload``: LE arrays, in order. Byte for byte ``encode`` of the same
-    message, without building it (the worker's sparse REPLYs and COMPLETIONs: small
-    frames, one join). The caller states the payload that matches the fields (a
-    REPLY's ``entries``: its ids and q)."""
-    parts = tuple(memoryview(p).cast("B") for p in payload)
-    return b"".join(_sealed_parts(t, _checked_control(t, fields), parts))
+    a tuple) and ``payload``: C-contiguous LE arrays, in order. Byte for byte ``encode``
+    of the same message, without building it (the worker's sparse REPLYs and
+    COMPLETIONs: small frames, one join). The caller states the payload that matches
+    the fields (a REPLY's ``entries``: its ids and q)."""
+    control = _checked_control(t, fields)
+    body = b"".join(payload)
+    return b"".join((_sealed_head(t, control, len(body), _xxh3(body)), control, body))
 
 
 def _sealed_parts(t: MsgType, control: bytes, parts: tuple) -> tuple:

@@ -21,7 +21,7 @@ def check_order(index: int, s: SlotTrack) -> None:
 def book_reply(s: SlotTrack, token: int, parts: tuple) -> tuple:
     """Book a REPLY frame on its slot: what the COMPLETION and the COMMIT will check."""
     s.drafts.append(token)
-    s.reply_bytes += sum(len(p) for p in parts)
+    s.reply_bytes += sum(map(len, parts))
     s.checksums.append(payload_checksum_of(parts[0]))  # a field of the header
     return parts
 

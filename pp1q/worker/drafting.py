@@ -130,21 +130,26 @@ class StepDrafter:
         prefix = ep.context(step.slot)
         form = step_form(step)  # one form for every REPLY of the step
         resumed = t0
+        # a RESET, a lost connection or a close reaches the endpoint only in another loop
+        # callback, so the step can stop being live only across an await (or before we
+        # first ran): check again only then
+        awaited = True
         try:
             for index, (token, row) in enumerate(self.proposer.rows(step, prefix), start=1):
-                if not ep.is_live(step.slot, step.generation, step.round_id):
+                if awaited and not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # reset (or connection gone) while drafting: send nothing more
+                awaited = False
                 dense_row = (self._dense_rows.take(self._drained()) if form is Form.DENSE
                              else None)
                 self._send(ep.send_row(step, index, token, row, form, dense_row))
                 waiter = self._writable()
                 if waiter is not None:
                     await waiter  # the peer reads slower than we draft: back-pressure
-                    resumed = time.perf_counter()
+                    resumed, awaited = time.perf_counter(), True
                 elif (time.perf_counter() - resumed >= YIELD_AFTER_S
                       or self._queued() >= YIELD_AT_BYTES):
                     await asyncio.sleep(0)  # let a RESET for this slot in before the next row
-                    resumed = time.perf_counter()
+                    resumed, awaited = time.perf_counter(), True
         except Pp1qError as e:
             log.warning("drafting slot %d failed: %s", step.slot, str(e))
             self._abort(step, e.reason)
@@ -161,7 +166,10 @@ class StepDrafter:
             self._write(ep.send_completion(step.slot, Status.ABORTED, Reason(reason)))
 
     def _send(self, parts) -> None:
-        if len(parts) > 1 and sum(len(p) for p in parts) < JOIN_BELOW_BYTES:
+        if len(parts) == 1:  # a frame in one buffer already (a sparse REPLY)
+            self._write(parts[0])
+            return
+        if sum(len(p) for p in parts) < JOIN_BELOW_BYTES:
             parts = (b"".join(parts),)
         for part in parts:  # the connection writes a loop tick's parts in one writelines
             self._write(part)
