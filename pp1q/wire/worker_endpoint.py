@@ -73,6 +73,8 @@ from pp1q.wire.validate import (
 )
 from pp1q.wire.worker_sends import book_reply, check_completion, check_order, check_own_reply
 
+_SPARSE = int(Form.SPARSE)  # a REPLY head's form field, as the int msgpack writes
+
 
 class WorkerEndpoint(Endpoint):
     role = Role.WORKER
@@ -350,14 +352,15 @@ class WorkerEndpoint(Endpoint):
                 token=token, row=row, form=form, dense_len=self.limits.dense_len,
                 dense_row=dense_row))
         s = self._live_slot(step.slot, step.generation, step.round_id)
-        with slot_transition(self.role, s, Dir.SEND, MsgType.REPLY):
-            check_order(index, s)
-            row.require_token(token)  # never ship a token its own q could not have drawn
-            ids, q = row.to_sparse()
-            return book_reply(s, token, (encode_fields(MsgType.REPLY, (
-                self.session, step.slot, step.generation, step.round_id, index,
-                step.first_position + index - 1, token, Form.SPARSE, ids.size),
-                (ids.astype("<i4", copy=False), q.astype("<f4", copy=False))),))
+        check_order(index, s)
+        row.require_token(token)  # never ship a token its own q could not have drawn
+        ids, q = row.to_sparse()
+        frame = encode_fields(MsgType.REPLY, (
+            self.session, step.slot, step.generation, step.round_id, index,
+            step.first_position + index - 1, token, _SPARSE, ids.size),
+            (ids.astype("<i4", copy=False), q.astype("<f4", copy=False)))
+        slot_event(self.role, s, Dir.SEND, MsgType.REPLY)  # once every check above passed
+        return book_reply(s, token, (frame,))
 
     def send_completion(self, slot: int, status: Status = Status.OK,
                         reason: Reason | str = "") -> bytes:
