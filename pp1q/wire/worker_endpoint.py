@@ -71,7 +71,13 @@ from pp1q.wire.validate import (
     check_step,
     choose_version,
 )
-from pp1q.wire.worker_sends import book_reply, check_completion, check_order, check_own_reply
+from pp1q.wire.worker_sends import (
+    book_reply,
+    check_completion,
+    check_order,
+    check_own_reply,
+    integer,
+)
 
 _SPARSE = int(Form.SPARSE)  # a REPLY head's form field, as the int msgpack writes
 
@@ -345,6 +351,7 @@ class WorkerEndpoint(Endpoint):
         ``send_parts(reply_from_row(...))`` returns for it, the head filled in from the
         STEP. A sparse row (without our own row checks) is written straight into one
         frame, no Reply built; ``dense_row`` as for ``reply_from_row``."""
+        token = integer(token)  # a drafter's numpy integer is no msgpack int
         if form is not Form.SPARSE or self.check_outgoing or row is None:
             return self.send_parts(reply_from_row(
                 session=self.session, slot=step.slot, generation=step.generation,

@@ -5,12 +5,22 @@ its own rows (``check_outgoing``), the verifier's row checks before a REPLY leav
 
 from __future__ import annotations
 
+import operator
+
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.wire.endpoint import SlotTrack
 from pp1q.wire.framing import payload_checksum_of
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import Completion, Form, Reply, Status, Step
 from pp1q.wire.validate import check_reply
+
+
+def integer(token) -> int:
+    """A drafted token id as a Python int (a numpy integer too; never a float, cut)."""
+    try:
+        return operator.index(token)
+    except TypeError:
+        raise LocalProtocolError(Reason.MALFORMED_CONTROL, f"token {token!r}") from None
 
 
 def check_order(index: int, s: SlotTrack) -> None:

@@ -51,7 +51,8 @@ def test_direct_frames_are_the_message_frames_byte_for_byte(seed, top_k):
     v, w, w2 = _both(st)
     direct = []
     for i, (token, row, form) in enumerate(rows_for(st, seed), start=1):
-        got = b"".join(w.send_row(st, i, token, row, form))
+        drafted = np.int64(token) if seed % 2 else token  # a drafter's numpy integer too
+        got = b"".join(w.send_row(st, i, drafted, row, form))
         assert got == _by_message(w2, st, i, token, row)
         direct.append(got)
     done = w.send_completion(st.slot)
@@ -83,6 +84,9 @@ def test_direct_frames_keep_every_refusal():
     with pytest.raises(LocalProtocolError) as e:  # not before every row
         w.send_completion(0)
     assert e.value.reason == Reason.UNEXPECTED_SIZE
+    with pytest.raises(LocalProtocolError) as e:  # a token id is an integer, never cut
+        w.send_row(st, 1, t1 + 0.5, r1, f)
+    assert e.value.reason == Reason.MALFORMED_CONTROL
     w.send_row(st, 1, t1, r1, f)  # the refusals changed nothing: row 1 still goes
     w.receive_data(v.send(Reset(session=SESSION, slot=0, generation=1,
                                 reason=Reason.STEP_TIMEOUT)), 0.0)
