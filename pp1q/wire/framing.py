@@ -163,15 +163,17 @@ def encode_parts(msg: Message) -> tuple:
     return _sealed_parts(t, control, msg.payload_parts() if t in _HEAD_FIELDS else ())
 
 
-def encode_fields(t: MsgType, fields, payload: tuple = ()) -> bytes:
+def encode_fields(t: MsgType, fields, payload: tuple = ()) -> tuple[bytes, int]:
     """One frame in one buffer from the control part's ``fields`` in order (a struct or
-    a tuple) and ``payload``: C-contiguous LE arrays, in order. Byte for byte ``encode``
-    of the same message, without building it (the worker's sparse REPLYs and
-    COMPLETIONs: small frames, one join). The caller states the payload that matches
-    the fields (a REPLY's ``entries``: its ids and q)."""
+    a tuple) and ``payload``: C-contiguous LE arrays, in order; (frame, its payload
+    checksum). Byte for byte ``encode`` of the same message, without building it (the
+    worker's sparse REPLYs and COMPLETIONs: small frames, one join). The caller states
+    the payload that matches the fields (a REPLY's ``entries``: its ids and q)."""
     control = _checked_control(t, fields)
     body = b"".join(payload)
-    return b"".join((_sealed_head(t, control, len(body), _xxh3(body)), control, body))
+    payload_sum = _xxh3(body)
+    return (b"".join((_sealed_head(t, control, len(body), payload_sum), control, body)),
+            payload_sum)
 
 
 def _sealed_parts(t: MsgType, control: bytes, parts: tuple) -> tuple:

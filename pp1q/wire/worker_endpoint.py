@@ -10,6 +10,9 @@ after every ``receive_data()``.
 
 from __future__ import annotations
 
+import operator
+import sys
+
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.core.prefix import Prefix
 from pp1q.core.q import DyadicRow
@@ -30,6 +33,7 @@ from pp1q.wire.framing import (
     encode,
     encode_fields,
     encode_parts,
+    payload_checksum_of,
 )
 from pp1q.wire.messages import (
     CONNECTION_SLOT,
@@ -76,10 +80,10 @@ from pp1q.wire.worker_sends import (
     check_completion,
     check_order,
     check_own_reply,
-    integer,
 )
 
 _SPARSE = int(Form.SPARSE)  # a REPLY head's form field, as the int msgpack writes
+_NATIVE_LE = sys.byteorder == "little"  # numpy's native arrays are already the wire's LE
 
 
 class WorkerEndpoint(Endpoint):
@@ -343,7 +347,9 @@ class WorkerEndpoint(Endpoint):
         check_order(reply.index, s)
         if self.check_outgoing:
             check_own_reply(reply, s.step, self.limits, self.vocab)
-        return book_reply(s, int(reply.token), encode_parts(reply))
+        parts = encode_parts(reply)
+        book_reply(s, int(reply.token), sum(map(len, parts)), payload_checksum_of(parts[0]))
+        return parts
 
     def send_row(self, step: Step, index: int, token: int, row: DyadicRow | None,
                  form: Form, dense_row: ZeroRow | None = None) -> tuple:
@@ -351,7 +357,10 @@ class WorkerEndpoint(Endpoint):
         ``send_parts(reply_from_row(...))`` returns for it, the head filled in from the
         STEP. A sparse row (without our own row checks) is written straight into one
         frame, no Reply built; ``dense_row`` as for ``reply_from_row``."""
-        token = integer(token)  # a drafter's numpy integer is no msgpack int
+        try:  # a drafter's numpy integer is no msgpack int; a float is never cut to one
+            token = operator.index(token)
+        except TypeError:
+            raise LocalProtocolError(Reason.MALFORMED_CONTROL, f"token {token!r}") from None
         if form is not Form.SPARSE or self.check_outgoing or row is None:
             return self.send_parts(reply_from_row(
                 session=self.session, slot=step.slot, generation=step.generation,
@@ -361,13 +370,14 @@ class WorkerEndpoint(Endpoint):
         s = self._live_slot(step.slot, step.generation, step.round_id)
         check_order(index, s)
         row.require_token(token)  # never ship a token its own q could not have drawn
-        ids, q = row.to_sparse()
-        frame = encode_fields(MsgType.REPLY, (
+        ids, q = row.to_sparse()  # int32 ids (DyadicRow casts them), FP32 q: LE on LE hosts
+        frame, payload_sum = encode_fields(MsgType.REPLY, (
             self.session, step.slot, step.generation, step.round_id, index,
             step.first_position + index - 1, token, _SPARSE, ids.size),
-            (ids.astype("<i4", copy=False), q.astype("<f4", copy=False)))
+            (ids, q) if _NATIVE_LE else (ids.astype("<i4"), q.astype("<f4")))
         slot_event(self.role, s, Dir.SEND, MsgType.REPLY)  # once every check above passed
-        return book_reply(s, token, (frame,))
+        book_reply(s, token, len(frame), payload_sum)
+        return (frame,)
 
     def send_completion(self, slot: int, status: Status = Status.OK,
                         reason: Reason | str = "") -> bytes:
@@ -380,7 +390,7 @@ class WorkerEndpoint(Endpoint):
         done = self.completion(slot, status, reason)
         with slot_transition(self.role, s, Dir.SEND, MsgType.COMPLETION):
             check_completion(done, s)
-            return encode_fields(MsgType.COMPLETION, done)
+            return encode_fields(MsgType.COMPLETION, done)[0]
 
     def _check_own_completion(self, c: Completion, s: SlotTrack) -> None:
         if c != self.completion(c.slot, Status(c.status), c.reason):

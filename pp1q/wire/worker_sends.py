@@ -5,22 +5,11 @@ its own rows (``check_outgoing``), the verifier's row checks before a REPLY leav
 
 from __future__ import annotations
 
-import operator
-
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.wire.endpoint import SlotTrack
-from pp1q.wire.framing import payload_checksum_of
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import Completion, Form, Reply, Status, Step
 from pp1q.wire.validate import check_reply
-
-
-def integer(token) -> int:
-    """A drafted token id as a Python int (a numpy integer too; never a float, cut)."""
-    try:
-        return operator.index(token)
-    except TypeError:
-        raise LocalProtocolError(Reason.MALFORMED_CONTROL, f"token {token!r}") from None
 
 
 def check_order(index: int, s: SlotTrack) -> None:
@@ -28,12 +17,11 @@ def check_order(index: int, s: SlotTrack) -> None:
         raise LocalProtocolError(Reason.OUT_OF_ORDER, f"reply {index} out of order")
 
 
-def book_reply(s: SlotTrack, token: int, parts: tuple) -> tuple:
+def book_reply(s: SlotTrack, token: int, nbytes: int, payload_sum: int) -> None:
     """Book a REPLY frame on its slot: what the COMPLETION and the COMMIT will check."""
     s.drafts.append(token)
-    s.reply_bytes += sum(map(len, parts))
-    s.checksums.append(payload_checksum_of(parts[0]))  # a field of the header
-    return parts
+    s.reply_bytes += nbytes
+    s.checksums.append(payload_sum)
 
 
 def check_completion(c: Completion, s: SlotTrack) -> None:
