@@ -58,7 +58,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self.endpoint = WorkerEndpoint(config, check_outgoing=check_outgoing, sessions=sessions,
                                        now=asyncio.get_running_loop().time())
         self.drafter = StepDrafter(self.endpoint, proposer, metrics, self._write,
-                                   lambda: self._drain, self._drained, lambda: self._out_bytes)
+                                   lambda: self._drain, self._drained, lambda: self._out_bytes,
+                                   self._flush_out)
         self._drain: asyncio.Future | None = None
         self._out: list[bytes] = []  # frames of this loop tick, not yet written
         self._out_bytes = 0  # their size
@@ -194,7 +195,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
 
     def _write(self, data: bytes) -> None:
         """Queue ``data``; everything queued in one loop tick leaves in one writelines
-        (one writev: uvloop writes each ``write`` at once, one syscall per frame)."""
+        (one writev: uvloop writes each ``write`` at once, one syscall per frame), or
+        earlier when the drafter flushes a finished proposal (``_flush_out``)."""
         if self.transport is not None and not self.transport.is_closing():
             self._out.append(data)
             self._out_bytes += len(data)

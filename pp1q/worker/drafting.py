@@ -6,7 +6,9 @@ YIELD_AT_BYTES), so a RESET that arrives mid-proposal of a real model is process
 before the next row is drafted; after a RESET the endpoint refuses further sends for
 that step and drafting stops. Fast rows send a whole STEP in one loop tick: a RESET
 read after them finds the step complete, and the verifier, whose RESET invalidated the
-generation, discards the late frames as stale. The proposal draw of
+generation, discards the late frames as stale. A STEP's frames leave as soon as its
+COMPLETION is written (one writelines), so the verifier checks one proposal while the
+next is drafted; other frames leave at the end of the loop tick. The proposal draw of
 row i is keyed by the STEP's (seed, generation, round, first_position + i - 1): a
 retried STEP under the same keys would draw identical rows, but the endpoint refuses a
 reused round outright, so a key is never drawn twice on one session.
@@ -84,13 +86,15 @@ class StepDrafter:
                  metrics: Metrics, write: Callable[[bytes], None],
                  writable: Callable[[], asyncio.Future | None],
                  drained: Callable[[], bool] = lambda: False,
-                 queued: Callable[[], int] = lambda: 0) -> None:
+                 queued: Callable[[], int] = lambda: 0,
+                 flush: Callable[[], None] = lambda: None) -> None:
         self.endpoint, self.metrics = endpoint, metrics
         self.proposer = proposer
         self._write = write
         self._writable = writable  # None when the transport accepts more, else a future
         self._drained = drained  # True: every byte written so far has left our buffers
         self._queued = queued  # bytes written this loop tick, not yet handed to the transport
+        self._flush = flush  # hand what is queued to the transport now, not at the tick's end
         self.tasks: dict[int, asyncio.Task] = {}
         # dense REPLYs leave as (header, row) without a join copy (30-50 us a row): a
         # row is filled again only once the transport no longer holds it
@@ -113,7 +117,7 @@ class StepDrafter:
     def detach(self) -> None:
         """The connection is gone: drop its hooks (bound to it: a reference cycle)."""
         self._write, self._writable, self._drained = _drop, _always_writable, _never
-        self._queued = _nothing
+        self._queued, self._flush = _nothing, _always_writable
 
     def _done(self, slot: int, task: asyncio.Task) -> None:
         if self.tasks.get(slot) is task:
@@ -157,6 +161,8 @@ class StepDrafter:
         if not ep.is_live(step.slot, step.generation, step.round_id):
             return
         self._write(ep.send_completion(step.slot))
+        # the whole proposal leaves now: the verifier checks it while we draft the next
+        self._flush()
         self.metrics.round_latency.observe(time.perf_counter() - t0)
 
     def _abort(self, step: Step, reason: Reason) -> None:

@@ -118,12 +118,12 @@ class HoldingTransport:
     kernel does) instead of holding references."""
 
     def __init__(self, drains: bool = True) -> None:
-        self.drains, self.held, self.writes = drains, [], 0
+        self.drains, self.held, self.writes = drains, [], []
 
     def writelines(self, parts) -> None:
-        self.writes += 1
-        for p in parts:
-            self.held.append(bytes(p) if self.drains else p)
+        parts = [bytes(p) if self.drains else p for p in parts]
+        self.writes.append(b"".join(bytes(p) for p in parts))  # each call's bytes, in order
+        self.held += parts
 
     def write(self, data) -> None:
         self.writelines((data,))

@@ -3,7 +3,9 @@ it last did. A slow drafter (a real model) still yields after every row, so a RE
 that arrives mid-proposal stops it before the next row; a fast one sends a whole STEP
 in one loop tick, and a RESET that arrives after its frames left is still safe: the
 RESET invalidated the generation, so the verifier refuses the late REPLYs as stale and
-the next generation drafts normally. Driven through the adapter's own hooks, no socket."""
+the next generation drafts normally. A STEP's frames leave as soon as its COMPLETION is
+written, not at the end of the loop tick (the verifier checks one proposal while the
+next is drafted). Driven through the adapter's own hooks, no socket."""
 
 from __future__ import annotations
 
@@ -67,13 +69,14 @@ async def _connected(proposer):
     feed_buffered(conn, v.hello())
     await asyncio.sleep(0)  # the answer leaves with the tick's writelines
     v.receive_data(t.take(), 0.0)
-    feed_buffered(conn, v.send(context_of(session=SESSION, slot=0, generation=1,
-                                          tokens=PREFIX, digest=digest_of(PREFIX))))
+    for slot in range(SLOTS):
+        feed_buffered(conn, v.send(context_of(session=SESSION, slot=slot, generation=1,
+                                              tokens=PREFIX, digest=digest_of(PREFIX))))
     return conn, t, v
 
 
-def _step(generation: int) -> Step:
-    return Step(session=SESSION, slot=0, generation=generation, round_id=1,
+def _step(generation: int, slot: int = 0) -> Step:
+    return Step(session=SESSION, slot=slot, generation=generation, round_id=1,
                 last_committed=len(PREFIX) - 1, first_position=len(PREFIX),
                 prefix_digest=digest_of(PREFIX), depth=DEPTH, temperature=1.0, top_k=8,
                 context_version=0, seed=1)
@@ -129,3 +132,15 @@ async def test_a_reset_read_with_its_step_sends_nothing():
     feed_buffered(conn, v.send(_step(1), now=0.0) + v.send(_reset(1)))
     await _until(lambda: not conn.drafter.tasks)
     assert t.take() == b""
+
+
+async def test_a_finished_proposal_leaves_at_once():
+    conn, t, v = await _connected(Fast())
+    feed_buffered(conn, b"".join(v.send(_step(1, slot), now=0.0) for slot in range(SLOTS)))
+    await _until(lambda: not conn.drafter.tasks)
+    kinds = [_kinds(w) for w in t.writes]
+    assert sum(k.count(Completion) for k in kinds) == SLOTS
+    for k in kinds:  # a COMPLETION is the last frame of its write: nothing waited behind it
+        assert Completion not in k[:-1], kinds
+    ready = v.receive_data(t.take(), 0.0)
+    assert sorted(e.slot for e in ready if isinstance(e, ProposalReady)) == list(range(SLOTS))
