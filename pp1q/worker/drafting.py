@@ -44,9 +44,10 @@ log = logging.getLogger("pp1q.worker")
 # a dense one (517 KB) leaves as (header, row), without the copy.
 JOIN_BELOW_BYTES = 64 * 1024
 # Drafting yields to the loop between rows once it has run this long since it last did:
-# how long a RESET (or any input) may wait behind a proposal. A real model's row takes
-# longer, so it yields after every row; canned or tiny rows (~15 us) send a whole STEP
-# in one loop tick, one write for the tick's frames instead of one per row.
+# how long a RESET (or any input) may wait behind a proposal (plus the row in progress;
+# each STEP drafted in the same tick adds its own). A real model's row takes longer,
+# so it yields after every row; canned or tiny rows (~15 us) draft a whole STEP in one
+# loop tick, its frames in one write instead of one per row.
 YIELD_AFTER_S = 0.5e-3
 # ... or once this many bytes wait for the tick's write: a dense row (517 KB) leaves
 # before the next is built (the kernel sends it while we draft, and its reused row is
