@@ -114,7 +114,11 @@ _HEAD_FIELDS = {MsgType.REPLY: REPLY_HEAD_FIELDS, MsgType.CONTEXT: CONTEXT_HEAD_
 def _control_bytes(msg) -> tuple[MsgType, bytes]:
     t = type_of(msg)
     n = _HEAD_FIELDS.get(t)
-    fields = msg if n is None else msgspec.structs.astuple(msg)[:n]
+    return t, _checked_control(t, msg if n is None else msgspec.structs.astuple(msg)[:n])
+
+
+def _checked_control(t: MsgType, fields) -> bytes:
+    """The control part of a ``t`` frame from its fields in order (a struct or a tuple)."""
     try:  # our own message must satisfy the same schema the peer will enforce
         control = _encoder.encode(fields)
         _decoders[t].decode(control)
@@ -122,7 +126,15 @@ def _control_bytes(msg) -> tuple[MsgType, bytes]:
         raise LocalProtocolError(Reason.MALFORMED_CONTROL, f"{t.name}: {e}") from None
     if len(control) > MAX_CONTROL_BYTES:
         raise LocalProtocolError(Reason.FRAME_TOO_LARGE, f"control part {len(control)} bytes")
-    return t, control
+    return control
+
+
+def _sealed_head(t: MsgType, control: bytes, payload_len: int, payload_sum: int) -> bytes:
+    """The 32 header bytes: the fields, then head_xxh3 over them and the control part."""
+    if payload_len > MAX_PAYLOAD_CAP:
+        raise LocalProtocolError(Reason.FRAME_TOO_LARGE, f"payload {payload_len} bytes")
+    head = _HEAD.pack(MAGIC, FRAME_VERSION, t, 0, len(control), payload_len, payload_sum)
+    return head + _U64.pack(head_checksum(head, control))
 
 
 def encode(msg: Message) -> bytes:
@@ -135,16 +147,28 @@ def encode_parts(msg: Message) -> tuple:
     for a vectored write (writelines), which must have sent a payload before its buffer
     is written again."""
     t, control = _control_bytes(msg)
-    parts = msg.payload_parts() if t in _HEAD_FIELDS else ()
-    payload_len = sum(len(p) for p in parts)
-    if payload_len > MAX_PAYLOAD_CAP:
-        raise LocalProtocolError(Reason.FRAME_TOO_LARGE, f"payload {payload_len} bytes")
+    return _sealed_parts(t, control, msg.payload_parts() if t in _HEAD_FIELDS else ())
+
+
+def encode_fields(t: MsgType, fields, payload: tuple = ()) -> tuple[bytes, int]:
+    """One frame in one buffer from the control part's ``fields`` in order (a struct or
+    a tuple) and ``payload``: C-contiguous LE arrays, in order; (frame, its payload
+    checksum). Byte for byte ``encode`` of the same message, without building it (the
+    worker's sparse REPLYs and COMPLETIONs: small frames, one join). The caller states
+    the payload that matches the fields (a REPLY's ``entries``: its ids and q)."""
+    control = _checked_control(t, fields)
+    body = b"".join(payload)
+    payload_sum = _xxh3(body)
+    return (b"".join((_sealed_head(t, control, len(body), payload_sum), control, body)),
+            payload_sum)
+
+
+def _sealed_parts(t: MsgType, control: bytes, parts: tuple) -> tuple:
     h = xxhash.xxh3_64()
     for p in parts:
         h.update(p)
-    head = _HEAD.pack(MAGIC, FRAME_VERSION, t, 0, len(control), payload_len, h.intdigest())
-    head_sum = _U64.pack(head_checksum(head, control))
-    return (b"".join((head, head_sum, control)), *parts)
+    head = _sealed_head(t, control, sum(len(p) for p in parts), h.intdigest())
+    return (head + control, *parts)
 
 
 def chain_checksum(payload_checksums) -> int:

@@ -10,8 +10,12 @@ after every ``receive_data()``.
 
 from __future__ import annotations
 
+import operator
+import sys
+
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.core.prefix import Prefix
+from pp1q.core.q import DyadicRow
 from pp1q.wire.endpoint import Endpoint, SlotTrack, WireConfig
 from pp1q.wire.events import (
     Committed,
@@ -23,8 +27,14 @@ from pp1q.wire.events import (
     StepRefused,
     StepRequested,
 )
-from pp1q.wire.framing import Frame, chain_checksum, encode, encode_parts, payload_checksum_of
-from pp1q.wire.limits import Limits
+from pp1q.wire.framing import (
+    Frame,
+    chain_checksum,
+    encode,
+    encode_fields,
+    encode_parts,
+    payload_checksum_of,
+)
 from pp1q.wire.messages import (
     CONNECTION_SLOT,
     WIRE_REVISION,
@@ -41,9 +51,10 @@ from pp1q.wire.messages import (
     Reset,
     Status,
     Step,
+    reply_from_row,
     type_of,
 )
-from pp1q.wire.pool import PayloadPool
+from pp1q.wire.pool import PayloadPool, ZeroRow
 from pp1q.wire.sessions import SessionTable
 from pp1q.wire.table import (
     Conn,
@@ -60,11 +71,19 @@ from pp1q.wire.validate import (
     check_commit,
     check_context,
     check_identity,
-    check_reply,
     check_revision,
     check_step,
     choose_version,
 )
+from pp1q.wire.worker_sends import (
+    book_reply,
+    check_completion,
+    check_order,
+    check_own_reply,
+)
+
+_SPARSE = int(Form.SPARSE)  # a REPLY head's form field, as the int msgpack writes
+_NATIVE_LE = sys.byteorder == "little"  # numpy's native arrays are already the wire's LE
 
 
 class WorkerEndpoint(Endpoint):
@@ -314,9 +333,8 @@ class WorkerEndpoint(Endpoint):
             return encode_parts(msg)
         if t not in (MsgType.REPLY, MsgType.COMPLETION):
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"worker cannot send {t.name}")
-        s = self._slot(msg.slot, LocalProtocolError)
-        if not self.is_live(msg.slot, msg.generation, msg.round_id):
-            raise LocalProtocolError(Reason.STALE_GENERATION, "step reset, completed or unknown")
+        self._slot(msg.slot, LocalProtocolError)
+        s = self._live_slot(msg.slot, msg.generation, msg.round_id)
         with slot_transition(self.role, s, Dir.SEND, t):  # applied once the checks pass
             if t is MsgType.REPLY:
                 parts = self._reply_frame(msg, s)
@@ -326,34 +344,61 @@ class WorkerEndpoint(Endpoint):
         return parts
 
     def _reply_frame(self, reply: Reply, s: SlotTrack) -> tuple:
-        if reply.index != len(s.checksums) + 1 or reply.index > s.step.depth:
-            raise LocalProtocolError(Reason.OUT_OF_ORDER, f"reply {reply.index} out of order")
+        check_order(reply.index, s)
         if self.check_outgoing:
-            _check_own_reply(reply, s.step, self.limits, self.vocab)
+            check_own_reply(reply, s.step, self.limits, self.vocab)
         parts = encode_parts(reply)
-        s.drafts.append(int(reply.token))
-        s.reply_bytes += sum(len(p) for p in parts)
-        s.checksums.append(payload_checksum_of(parts[0]))  # a field of the header
+        book_reply(s, int(reply.token), sum(map(len, parts)), payload_checksum_of(parts[0]))
         return parts
+
+    def send_row(self, step: Step, index: int, token: int, row: DyadicRow | None,
+                 form: Form, dense_row: ZeroRow | None = None) -> tuple:
+        """The REPLY of row ``index`` of the outstanding ``step``, as drafted: what
+        ``send_parts(reply_from_row(...))`` returns for it, the head filled in from the
+        STEP. A sparse row (without our own row checks) is written straight into one
+        frame, no Reply built; ``dense_row`` as for ``reply_from_row``."""
+        try:  # a drafter's numpy integer is no msgpack int; a float is never cut to one
+            token = operator.index(token)
+        except TypeError:
+            raise LocalProtocolError(Reason.MALFORMED_CONTROL, f"token {token!r}") from None
+        if form is not Form.SPARSE or self.check_outgoing or row is None:
+            return self.send_parts(reply_from_row(
+                session=self.session, slot=step.slot, generation=step.generation,
+                round_id=step.round_id, index=index, position=step.first_position + index - 1,
+                token=token, row=row, form=form, dense_len=self.limits.dense_len,
+                dense_row=dense_row))
+        s = self._live_slot(step.slot, step.generation, step.round_id)
+        check_order(index, s)
+        row.require_token(token)  # never ship a token its own q could not have drawn
+        ids, q = row.to_sparse()  # int32 ids (DyadicRow casts them), FP32 q: LE on LE hosts
+        frame, payload_sum = encode_fields(MsgType.REPLY, (
+            self.session, step.slot, step.generation, step.round_id, index,
+            step.first_position + index - 1, token, _SPARSE, ids.size),
+            (ids, q) if _NATIVE_LE else (ids.astype("<i4"), q.astype("<f4")))
+        slot_event(self.role, s, Dir.SEND, MsgType.REPLY)  # once every check above passed
+        book_reply(s, token, len(frame), payload_sum)
+        return (frame,)
+
+    def send_completion(self, slot: int, status: Status = Status.OK,
+                        reason: Reason | str = "") -> bytes:
+        """The frame of ``completion(slot, status, reason)``: the step's totals as we
+        counted them (``send`` of a Completion built elsewhere checks it against them)."""
+        s = self._slot(slot, LocalProtocolError)
+        step = s.step
+        if step is None or not self.is_live(slot, step.generation, step.round_id):
+            raise LocalProtocolError(Reason.STALE_GENERATION, "step reset, completed or unknown")
+        done = self.completion(slot, status, reason)
+        with slot_transition(self.role, s, Dir.SEND, MsgType.COMPLETION):
+            check_completion(done, s)
+            return encode_fields(MsgType.COMPLETION, done)[0]
 
     def _check_own_completion(self, c: Completion, s: SlotTrack) -> None:
         if c != self.completion(c.slot, Status(c.status), c.reason):
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "completion totals differ")
-        if c.status == Status.OK and len(s.checksums) != s.step.depth:
-            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "OK completion before every row")
-        if c.status == Status.ABORTED and c.reason not in Reason._value2member_map_:
-            raise LocalProtocolError(Reason.MALFORMED_CONTROL, "abort needs a Reason")
+        check_completion(c, s)
 
+    def _live_slot(self, slot: int, generation: int, round_id: int) -> SlotTrack:
+        if not self.is_live(slot, generation, round_id):
+            raise LocalProtocolError(Reason.STALE_GENERATION, "step reset, completed or unknown")
+        return self.slots[slot]
 
-def _check_own_reply(reply: Reply, step: Step, limits: Limits, vocab: int) -> None:
-    """Our reply must pass the verifier's checks: fail here, not on the peer."""
-    if reply.entries > max(limits.max_support, limits.dense_len):
-        raise LocalProtocolError(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries")
-    if reply.form == Form.DENSE and reply.entries != limits.dense_len:
-        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"dense entries {reply.entries}")
-    if reply.form == Form.SPARSE and reply.entries > limits.max_support:
-        raise LocalProtocolError(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries")
-    try:
-        check_reply(reply, step, vocab, LocalProtocolError)
-    except RemoteProtocolError as e:  # pp1q.core.q's parsers speak for received rows
-        raise LocalProtocolError(e.reason, e.detail) from None

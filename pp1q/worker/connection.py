@@ -58,9 +58,11 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self.endpoint = WorkerEndpoint(config, check_outgoing=check_outgoing, sessions=sessions,
                                        now=asyncio.get_running_loop().time())
         self.drafter = StepDrafter(self.endpoint, proposer, metrics, self._write,
-                                   lambda: self._drain, self._drained)
+                                   lambda: self._drain, self._drained, lambda: self._out_bytes,
+                                   self._flush_out)
         self._drain: asyncio.Future | None = None
         self._out: list[bytes] = []  # frames of this loop tick, not yet written
+        self._out_bytes = 0  # their size
         self._session: int | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._shut = False  # closed by our bounds (counted there)
@@ -193,10 +195,11 @@ class WorkerConnection(asyncio.BufferedProtocol):
 
     def _write(self, data: bytes) -> None:
         """Queue ``data``; everything queued in one loop tick leaves in one writelines
-        (one writev: uvloop writes each ``write`` at once, one syscall per frame)."""
+        (one writev: uvloop writes each ``write`` at once, one syscall per frame), or
+        earlier when the drafter flushes a finished proposal (``_flush_out``)."""
         if self.transport is not None and not self.transport.is_closing():
-            self.metrics.reply_bytes.inc(len(data))
             self._out.append(data)
+            self._out_bytes += len(data)
             if len(self._out) == 1:
                 asyncio.get_running_loop().call_soon(self._flush_out)
 
@@ -207,8 +210,9 @@ class WorkerConnection(asyncio.BufferedProtocol):
                 and self.transport.get_write_buffer_size() == 0)
 
     def _flush_out(self) -> None:
-        out, self._out = self._out, []
+        out, n, self._out, self._out_bytes = self._out, self._out_bytes, [], 0
         if out and self.transport is not None and not self.transport.is_closing():
+            self.metrics.reply_bytes.inc(n)  # once a tick, not once a frame (a lock each)
             self.transport.writelines(out)
 
     def close(self) -> None:

@@ -1,8 +1,14 @@
 """One STEP on the worker: draft rows in order, send each REPLY at once, COMPLETION last.
 
-Runs as a task per STEP on the event loop. Between rows it yields, so a RESET that
-arrives mid-proposal is processed before the next row is drafted; after a RESET the
-endpoint refuses further sends for that step and drafting stops. The proposal draw of
+Runs as a task per STEP on the event loop. Between rows it yields once it has drafted
+for YIELD_AFTER_S since it last did (or a loop tick's unsent frames reach
+YIELD_AT_BYTES), so a RESET that arrives mid-proposal of a real model is processed
+before the next row is drafted; after a RESET the endpoint refuses further sends for
+that step and drafting stops. Fast rows send a whole STEP in one loop tick: a RESET
+read after them finds the step complete, and the verifier, whose RESET invalidated the
+generation, discards the late frames as stale. A STEP's frames leave as soon as its
+COMPLETION is written (one writelines), so the verifier checks one proposal while the
+next is drafted; other frames leave at the end of the loop tick. The proposal draw of
 row i is keyed by the STEP's (seed, generation, round, first_position + i - 1): a
 retried STEP under the same keys would draw identical rows, but the endpoint refuses a
 reused round outright, so a key is never drawn twice on one session.
@@ -26,7 +32,7 @@ from pp1q.core.errors import Pp1qError, Reason
 from pp1q.core.q import DyadicRow
 from pp1q.models.toy import DraftModel
 from pp1q.runtime.metrics import Metrics
-from pp1q.wire import Form, Status, Step, WorkerEndpoint, reply_from_row
+from pp1q.wire import Form, Status, Step, WorkerEndpoint
 from pp1q.wire.pool import ZeroRows
 from pp1q.wire.validate import step_form
 from pp1q.worker.proposer import ProposalSpec, propose, propose_greedy
@@ -37,6 +43,16 @@ log = logging.getLogger("pp1q.worker")
 # sparse REPLY (about 300 bytes) costs less than writing its three parts separately;
 # a dense one (517 KB) leaves as (header, row), without the copy.
 JOIN_BELOW_BYTES = 64 * 1024
+# Drafting yields to the loop between rows once it has run this long since it last did:
+# how long a RESET (or any input) may wait behind a proposal (plus the row in progress;
+# each STEP drafted in the same tick adds its own). A real model's row takes longer,
+# so it yields after every row; canned or tiny rows (~15 us) draft a whole STEP in one
+# loop tick, its frames in one write instead of one per row.
+YIELD_AFTER_S = 0.5e-3
+# ... or once this many bytes wait for the tick's write: a dense row (517 KB) leaves
+# before the next is built (the kernel sends it while we draft, and its reused row is
+# free again), and what a tick holds unsent stays bounded; a sparse round is ~7 KB.
+YIELD_AT_BYTES = 64 * 1024
 
 
 class Proposer:
@@ -70,12 +86,16 @@ class StepDrafter:
     def __init__(self, endpoint: WorkerEndpoint, proposer: Proposer,
                  metrics: Metrics, write: Callable[[bytes], None],
                  writable: Callable[[], asyncio.Future | None],
-                 drained: Callable[[], bool] = lambda: False) -> None:
+                 drained: Callable[[], bool] = lambda: False,
+                 queued: Callable[[], int] = lambda: 0,
+                 flush: Callable[[], None] = lambda: None) -> None:
         self.endpoint, self.metrics = endpoint, metrics
         self.proposer = proposer
         self._write = write
         self._writable = writable  # None when the transport accepts more, else a future
         self._drained = drained  # True: every byte written so far has left our buffers
+        self._queued = queued  # bytes written this loop tick, not yet handed to the transport
+        self._flush = flush  # hand what is queued to the transport now, not at the tick's end
         self.tasks: dict[int, asyncio.Task] = {}
         # dense REPLYs leave as (header, row) without a join copy (30-50 us a row): a
         # row is filled again only once the transport no longer holds it
@@ -98,6 +118,7 @@ class StepDrafter:
     def detach(self) -> None:
         """The connection is gone: drop its hooks (bound to it: a reference cycle)."""
         self._write, self._writable, self._drained = _drop, _always_writable, _never
+        self._queued, self._flush = _nothing, _always_writable
 
     def _done(self, slot: int, task: asyncio.Task) -> None:
         if self.tasks.get(slot) is task:
@@ -113,38 +134,49 @@ class StepDrafter:
         # handing the STEP out; COMMIT (which extends it) cannot arrive while we draft
         prefix = ep.context(step.slot)
         form = step_form(step)  # one form for every REPLY of the step
+        resumed = t0
+        # a RESET, a lost connection or a close reaches the endpoint only in another loop
+        # callback, so the step can stop being live only across an await (or before we
+        # first ran): check again only then
+        awaited = True
         try:
             for index, (token, row) in enumerate(self.proposer.rows(step, prefix), start=1):
-                if not ep.is_live(step.slot, step.generation, step.round_id):
+                if awaited and not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # reset (or connection gone) while drafting: send nothing more
+                awaited = False
                 dense_row = (self._dense_rows.take(self._drained()) if form is Form.DENSE
                              else None)
-                self._send(ep.send_parts(reply_from_row(
-                    session=ep.session, slot=step.slot, generation=step.generation,
-                    round_id=step.round_id, index=index,
-                    position=step.first_position + index - 1, token=token, row=row,
-                    form=form, dense_len=ep.limits.dense_len, dense_row=dense_row)))
+                self._send(ep.send_row(step, index, token, row, form, dense_row))
                 waiter = self._writable()
                 if waiter is not None:
                     await waiter  # the peer reads slower than we draft: back-pressure
-                await asyncio.sleep(0)  # let a RESET for this slot in before the next row
+                    resumed, awaited = time.perf_counter(), True
+                elif (time.perf_counter() - resumed >= YIELD_AFTER_S
+                      or self._queued() >= YIELD_AT_BYTES):
+                    await asyncio.sleep(0)  # let a RESET for this slot in before the next row
+                    resumed, awaited = time.perf_counter(), True
         except Pp1qError as e:
             log.warning("drafting slot %d failed: %s", step.slot, str(e))
             self._abort(step, e.reason)
             return
         if not ep.is_live(step.slot, step.generation, step.round_id):
             return
-        self._send(ep.send_parts(ep.completion(step.slot)))
+        self._write(ep.send_completion(step.slot))
+        # the whole proposal leaves now: the verifier checks it while we draft the next
+        self._flush()
         self.metrics.round_latency.observe(time.perf_counter() - t0)
 
     def _abort(self, step: Step, reason: Reason) -> None:
         self.metrics.drafting_aborts.labels(reason=Reason(reason).value).inc()
         ep = self.endpoint
         if ep.is_live(step.slot, step.generation, step.round_id):
-            self._send(ep.send_parts(ep.completion(step.slot, Status.ABORTED, Reason(reason))))
+            self._write(ep.send_completion(step.slot, Status.ABORTED, Reason(reason)))
 
     def _send(self, parts) -> None:
-        if len(parts) > 1 and sum(len(p) for p in parts) < JOIN_BELOW_BYTES:
+        if len(parts) == 1:  # a frame in one buffer already (a sparse REPLY)
+            self._write(parts[0])
+            return
+        if sum(len(p) for p in parts) < JOIN_BELOW_BYTES:
             parts = (b"".join(parts),)
         for part in parts:  # the connection writes a loop tick's parts in one writelines
             self._write(part)
@@ -160,3 +192,7 @@ def _always_writable() -> None:
 
 def _never() -> bool:
     return False
+
+
+def _nothing() -> int:
+    return 0

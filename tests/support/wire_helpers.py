@@ -112,6 +112,39 @@ def feed_buffered(protocol, data: bytes) -> None:
         data = data[n:]
 
 
+class HoldingTransport:
+    """An asyncio transport stand-in for the worker adapter: keeps every buffer it is
+    given, unread until ``take()``; ``drains``: reports an empty buffer (and copies, as a
+    kernel does) instead of holding references."""
+
+    def __init__(self, drains: bool = True) -> None:
+        self.drains, self.held, self.writes = drains, [], []
+
+    def writelines(self, parts) -> None:
+        parts = [bytes(p) if self.drains else p for p in parts]
+        self.writes.append(b"".join(bytes(p) for p in parts))  # each call's bytes, in order
+        self.held += parts
+
+    def write(self, data) -> None:
+        self.writelines((data,))
+
+    def get_write_buffer_size(self) -> int:
+        return 0 if self.drains else sum(len(p) for p in self.held)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def take(self) -> bytes:
+        out, self.held = b"".join(bytes(p) for p in self.held), []
+        return out
+
+
 def feed_all(decoder, chunks) -> list:
     out = []
     for c in chunks:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from wire_helpers import feed_buffered
+from wire_helpers import HoldingTransport, feed_buffered
 
 from pp1q.core.prefix import digest_of
 from pp1q.models.toy import ToySpec
@@ -19,37 +19,6 @@ from pp1q.worker.connection import WorkerConnection
 SESSION = 9
 PREFIX = list(range(7))
 ROUNDS_OF_THE_LOOP = 500  # bounded: a round takes a few dozen iterations
-
-
-class HoldingTransport:
-    """Keeps every buffer it is given, unread until the end; ``drains``: reports an
-    empty buffer (and copies, as a kernel does) instead of holding references."""
-
-    def __init__(self, drains: bool) -> None:
-        self.drains, self.held = drains, []
-
-    def writelines(self, parts) -> None:
-        for p in parts:
-            self.write(p)
-
-    def write(self, data) -> None:
-        self.held.append(bytes(data) if self.drains else data)
-
-    def get_write_buffer_size(self) -> int:
-        return 0 if self.drains else sum(len(p) for p in self.held)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high=None, low=None) -> None:
-        pass
-
-    def take(self) -> bytes:
-        out, self.held = b"".join(bytes(p) for p in self.held), []
-        return out
 
 
 def step_of(slot: int, depth: int, top_k: int = 0, temperature: float = 1.0) -> Step:

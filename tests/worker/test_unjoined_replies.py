@@ -12,9 +12,11 @@ from worker_round import run_round, step_of
 
 from pp1q.core.q import build_row, sample
 from pp1q.wire.events import ProposalReady
-from pp1q.worker.drafting import Proposer
+from pp1q.worker.drafting import YIELD_AT_BYTES, Proposer
 
-VOCAB, SLOTS, DEPTH = 64, 4, 5
+# a dense row (128 KiB) above YIELD_AT_BYTES: the drafter yields after each, so a loop
+# tick holds one row per slot, as at the real vocabulary
+VOCAB, SLOTS, DEPTH = 1 << 15, 4, 5
 
 
 class Canned(Proposer):
@@ -37,6 +39,7 @@ async def test_dense_replies_without_a_join_arrive_intact(drains):
         want = list(Canned(None).rows(step_of(e.slot, DEPTH), []))
         assert [int(x) for x in e.draft_ids] == [tok for tok, _ in want]
         assert list(e.q_rows) == [row for _, row in want]
+    assert 4 * VOCAB > YIELD_AT_BYTES
     rows = len(conn.drafter._dense_rows)
     if drains:
         assert rows <= SLOTS  # drained between ticks: one tick's rows, reused

@@ -1,0 +1,45 @@
+"""What the worker checks and books on each frame it sends (WorkerEndpoint's sending
+side): rows in order, each REPLY booked on its slot for the COMPLETION's totals, a
+COMPLETION only after every row (or aborted with a Reason), and, when the worker checks
+its own rows (``check_outgoing``), the verifier's row checks before a REPLY leaves."""
+
+from __future__ import annotations
+
+from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.wire.endpoint import SlotTrack
+from pp1q.wire.limits import Limits
+from pp1q.wire.messages import Completion, Form, Reply, Status, Step
+from pp1q.wire.validate import check_reply
+
+
+def check_order(index: int, s: SlotTrack) -> None:
+    if index != len(s.checksums) + 1 or index > s.step.depth:
+        raise LocalProtocolError(Reason.OUT_OF_ORDER, f"reply {index} out of order")
+
+
+def book_reply(s: SlotTrack, token: int, nbytes: int, payload_sum: int) -> None:
+    """Book a REPLY frame on its slot: what the COMPLETION and the COMMIT will check."""
+    s.drafts.append(token)
+    s.reply_bytes += nbytes
+    s.checksums.append(payload_sum)
+
+
+def check_completion(c: Completion, s: SlotTrack) -> None:
+    if c.status == Status.OK and len(s.checksums) != s.step.depth:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "OK completion before every row")
+    if c.status == Status.ABORTED and c.reason not in Reason._value2member_map_:
+        raise LocalProtocolError(Reason.MALFORMED_CONTROL, "abort needs a Reason")
+
+
+def check_own_reply(reply: Reply, step: Step, limits: Limits, vocab: int) -> None:
+    """Our reply must pass the verifier's checks: fail here, not on the peer."""
+    if reply.entries > max(limits.max_support, limits.dense_len):
+        raise LocalProtocolError(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries")
+    if reply.form == Form.DENSE and reply.entries != limits.dense_len:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"dense entries {reply.entries}")
+    if reply.form == Form.SPARSE and reply.entries > limits.max_support:
+        raise LocalProtocolError(Reason.SUPPORT_TOO_LARGE, f"{reply.entries} entries")
+    try:
+        check_reply(reply, step, vocab, LocalProtocolError)
+    except RemoteProtocolError as e:  # pp1q.core.q's parsers speak for received rows
+        raise LocalProtocolError(e.reason, e.detail) from None

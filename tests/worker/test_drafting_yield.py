@@ -1,0 +1,146 @@
+"""When drafting yields to the loop (issue 13): only once it has run YIELD_AFTER_S since
+it last did. A slow drafter (a real model) still yields after every row, so a RESET
+that arrives mid-proposal stops it before the next row; a fast one sends a whole STEP
+in one loop tick, and a RESET that arrives after its frames left is still safe: the
+RESET invalidated the generation, so the verifier refuses the late REPLYs as stale and
+the next generation drafts normally. A STEP's frames leave as soon as its COMPLETION is
+written, not at the end of the loop tick (the verifier checks one proposal while the
+next is drafted). Driven through the adapter's own hooks, no socket."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+from wire_helpers import HoldingTransport, feed_buffered
+
+from pp1q.core.errors import Reason
+from pp1q.core.prefix import digest_of
+from pp1q.core.q import build_row, sample
+from pp1q.models.toy import ToySpec
+from pp1q.runtime.metrics import Metrics
+from pp1q.wire import Reset, Step, VerifierEndpoint, context_of
+from pp1q.wire.events import Discarded, ProposalReady
+from pp1q.wire.framing import FrameDecoder
+from pp1q.wire.messages import Completion, Reply
+from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config, worker_config
+from pp1q.wire.sessions import SessionTable
+from pp1q.worker.connection import WorkerConnection
+from pp1q.worker.drafting import YIELD_AFTER_S, Proposer
+
+VOCAB, SLOTS, DEPTH, SESSION = 64, 4, 5, 9
+PREFIX = list(range(7))
+LOOP_TURNS = 500  # bounded: a step takes a handful of loop turns
+
+
+class Fast(Proposer):
+    """Rows built up front: drafting a STEP costs microseconds."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        rng = np.random.default_rng(3)
+        self.chain = []
+        for _ in range(DEPTH):
+            row = build_row(rng.normal(size=VOCAB) * 2.0, top_k=8)
+            self.chain.append((sample(row, int(rng.integers(1 << 24))), row))
+
+    def rows(self, step, prefix):
+        yield from self.chain[:step.depth]
+
+
+class Slow(Fast):
+    """Each row takes longer than the yield budget, as a real model's does."""
+
+    def rows(self, step, prefix):
+        for token, row in super().rows(step, prefix):
+            time.sleep(2 * YIELD_AFTER_S)
+            yield token, row
+
+
+async def _connected(proposer):
+    spec = ToySpec(vocab=VOCAB)
+    conn = WorkerConnection(worker_config(spec, (2,), DEFAULT_MAX_SUPPORT), SessionTable(),
+                            proposer, Metrics("worker"))
+    t = HoldingTransport()
+    conn.connection_made(t)
+    v = VerifierEndpoint(verifier_config(spec, (2,), SLOTS, DEPTH, 8), session=SESSION,
+                         step_timeout=60.0)
+    feed_buffered(conn, v.hello())
+    await asyncio.sleep(0)  # the answer leaves with the tick's writelines
+    v.receive_data(t.take(), 0.0)
+    for slot in range(SLOTS):
+        feed_buffered(conn, v.send(context_of(session=SESSION, slot=slot, generation=1,
+                                              tokens=PREFIX, digest=digest_of(PREFIX))))
+    return conn, t, v
+
+
+def _step(generation: int, slot: int = 0) -> Step:
+    return Step(session=SESSION, slot=slot, generation=generation, round_id=1,
+                last_committed=len(PREFIX) - 1, first_position=len(PREFIX),
+                prefix_digest=digest_of(PREFIX), depth=DEPTH, temperature=1.0, top_k=8,
+                context_version=0, seed=1)
+
+
+def _reset(generation: int) -> Reset:
+    return Reset(session=SESSION, slot=0, generation=generation, reason=Reason.STEP_TIMEOUT)
+
+
+async def _until(done) -> None:
+    for _ in range(LOOP_TURNS):
+        if done():
+            break
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the last tick's writelines
+
+
+def _kinds(data: bytes) -> list[type]:
+    return [type(m) for m in FrameDecoder().feed(data)]
+
+
+async def test_a_slow_drafter_stops_at_a_reset_between_rows():
+    conn, t, v = await _connected(Slow())
+    feed_buffered(conn, v.send(_step(1), now=0.0))
+    await _until(lambda: t.held)  # the first row left; drafting yielded after it
+    assert conn.drafter.tasks  # still drafting: the RESET comes mid-proposal
+    feed_buffered(conn, v.send(_reset(1)))
+    await _until(lambda: not conn.drafter.tasks)
+    sent = _kinds(t.take())
+    assert Completion not in sent and 1 <= sent.count(Reply) < DEPTH, sent
+
+
+async def test_a_fast_drafter_sends_a_whole_step_and_a_late_reset_is_still_safe():
+    conn, t, v = await _connected(Fast())
+    feed_buffered(conn, v.send(_step(1), now=0.0))
+    await _until(lambda: not conn.drafter.tasks)
+    late = t.take()  # every frame of the step left before the RESET arrived
+    assert _kinds(late) == [Reply] * DEPTH + [Completion]
+    feed_buffered(conn, v.send(_reset(1)))  # the verifier gave up before reading them
+    events = v.receive_data(late, 0.0)
+    assert len(events) == DEPTH + 1 and all(
+        isinstance(e, Discarded) and e.reason == Reason.STALE_GENERATION for e in events)
+    # the next generation drafts from the same committed prefix and is consumed
+    feed_buffered(conn, v.send(_step(2), now=0.0))
+    await _until(lambda: not conn.drafter.tasks)
+    [ready] = v.receive_data(t.take(), 0.0)
+    assert isinstance(ready, ProposalReady) and ready.generation == 2
+    assert list(ready.draft_ids) == [tok for tok, _ in Fast().chain]
+
+
+async def test_a_reset_read_with_its_step_sends_nothing():
+    conn, t, v = await _connected(Fast())
+    feed_buffered(conn, v.send(_step(1), now=0.0) + v.send(_reset(1)))
+    await _until(lambda: not conn.drafter.tasks)
+    assert t.take() == b""
+
+
+async def test_a_finished_proposal_leaves_at_once():
+    conn, t, v = await _connected(Fast())
+    feed_buffered(conn, b"".join(v.send(_step(1, slot), now=0.0) for slot in range(SLOTS)))
+    await _until(lambda: not conn.drafter.tasks)
+    kinds = [_kinds(w) for w in t.writes]
+    assert sum(k.count(Completion) for k in kinds) == SLOTS
+    for k in kinds:  # a COMPLETION is the last frame of its write: nothing waited behind it
+        assert Completion not in k[:-1], kinds
+    ready = v.receive_data(t.take(), 0.0)
+    assert sorted(e.slot for e in ready if isinstance(e, ProposalReady)) == list(range(SLOTS))
