@@ -22,7 +22,7 @@ from pp1q.models.toy import ToySpec
 from pp1q.runtime.metrics import Metrics
 from pp1q.wire import Reset, Step, VerifierEndpoint, context_of
 from pp1q.wire.events import Discarded, ProposalReady
-from pp1q.wire.framing import FrameDecoder
+from pp1q.wire.decoder import FrameDecoder
 from pp1q.wire.messages import Completion, Reply
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config, worker_config
 from pp1q.wire.sessions import SessionTable
