@@ -21,8 +21,8 @@ from pp1q.core.q import build_row, sample
 from pp1q.models.toy import ToySpec
 from pp1q.runtime.metrics import Metrics
 from pp1q.wire import Reset, Step, VerifierEndpoint, context_of
-from pp1q.wire.events import Discarded, ProposalReady
 from pp1q.wire.decoder import FrameDecoder
+from pp1q.wire.events import Discarded, ProposalReady
 from pp1q.wire.messages import Completion, Reply
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config, worker_config
 from pp1q.wire.sessions import SessionTable
