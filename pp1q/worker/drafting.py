@@ -118,7 +118,7 @@ class StepDrafter:
     def detach(self) -> None:
         """The connection is gone: drop its hooks (bound to it: a reference cycle)."""
         self._write, self._writable, self._drained = _drop, _always_writable, _never
-        self._queued, self._flush = _nothing, _always_writable
+        self._queued, self._flush = _nothing, _nothing_to_flush
 
     def _done(self, slot: int, task: asyncio.Task) -> None:
         if self.tasks.get(slot) is task:
@@ -196,3 +196,7 @@ def _never() -> bool:
 
 def _nothing() -> int:
     return 0
+
+
+def _nothing_to_flush() -> None:
+    """A detached drafter's flush: its connection is closed."""
