@@ -119,7 +119,7 @@ def run(quick: bool) -> list[str]:
             lines.append(_row(f"{form} round + verification and COMMIT / raw{by}", full / raw,
                               target_full))
         two = time_ours_two_batches(form, rounds)
-        lines.append(_row(f"{form} round + verification, two batches in flight / raw",
+        lines.append(_row(f"{form} + verification, 2 batches in flight / raw",
                           two / raw, target_full))
     t_val, t_copy = _wire(3 if quick else 15)
     for checker, t in t_val.items():
