@@ -29,21 +29,32 @@ def step_of(slot: int, depth: int, top_k: int = 0, temperature: float = 1.0) -> 
                 top_k=top_k, context_version=0, seed=slot)
 
 
-async def run_round(proposer, *, vocab: int, slots: int, depth: int, drains: bool,
-                    check_outgoing: bool = False) -> tuple[list, WorkerConnection]:
-    """The verifier's events for one round of ``slots`` dense STEPs, and the worker."""
+async def connected(proposer, *, vocab: int, slots: int, depth: int, support: int = 32,
+                    drains: bool = True, check_outgoing: bool = False, **verifier_options
+                    ) -> tuple[WorkerConnection, HoldingTransport, VerifierEndpoint]:
+    """A WorkerConnection drafting with ``proposer`` on a HoldingTransport, and a
+    VerifierEndpoint past HELLO that gave every slot the context PREFIX."""
     spec = ToySpec(vocab=vocab)
     conn = WorkerConnection(worker_config(spec, (2,), DEFAULT_MAX_SUPPORT), SessionTable(),
                             proposer, Metrics("worker"), check_outgoing=check_outgoing)
     t = HoldingTransport(drains)
     conn.connection_made(t)
-    v = VerifierEndpoint(verifier_config(spec, (2,), slots, depth, 32), session=SESSION)
+    v = VerifierEndpoint(verifier_config(spec, (2,), slots, depth, support), session=SESSION,
+                         **verifier_options)
     feed_buffered(conn, v.hello())
     await asyncio.sleep(0)  # the answer leaves with the tick's writelines
     v.receive_data(t.take(), 0.0)
     for s in range(slots):
         feed_buffered(conn, v.send(context_of(session=SESSION, slot=s, generation=1,
                                               tokens=PREFIX, digest=digest_of(PREFIX))))
+    return conn, t, v
+
+
+async def run_round(proposer, *, vocab: int, slots: int, depth: int, drains: bool,
+                    check_outgoing: bool = False) -> tuple[list, WorkerConnection]:
+    """The verifier's events for one round of ``slots`` dense STEPs, and the worker."""
+    conn, t, v = await connected(proposer, vocab=vocab, slots=slots, depth=depth,
+                                 drains=drains, check_outgoing=check_outgoing)
     feed_buffered(conn, b"".join(v.send(step_of(s, depth), now=0.0) for s in range(slots)))
     for _ in range(ROUNDS_OF_THE_LOOP):
         if not conn.drafter.tasks:

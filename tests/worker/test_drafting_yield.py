@@ -13,24 +13,19 @@ import asyncio
 import time
 
 import numpy as np
-from wire_helpers import HoldingTransport, feed_buffered
+from wire_helpers import feed_buffered
+from worker_round import PREFIX, SESSION, connected
 
 from pp1q.core.errors import Reason
 from pp1q.core.prefix import digest_of
 from pp1q.core.q import build_row, sample
-from pp1q.models.toy import ToySpec
-from pp1q.runtime.metrics import Metrics
-from pp1q.wire import Reset, Step, VerifierEndpoint, context_of
+from pp1q.wire import Reset, Step
 from pp1q.wire.decoder import FrameDecoder
 from pp1q.wire.events import Discarded, ProposalReady
 from pp1q.wire.messages import Completion, Reply
-from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config, worker_config
-from pp1q.wire.sessions import SessionTable
-from pp1q.worker.connection import WorkerConnection
 from pp1q.worker.drafting import YIELD_AFTER_S, Proposer
 
-VOCAB, SLOTS, DEPTH, SESSION = 64, 4, 5, 9
-PREFIX = list(range(7))
+VOCAB, SLOTS, DEPTH = 64, 4, 5
 LOOP_TURNS = 500  # bounded: a step takes a handful of loop turns
 
 
@@ -59,20 +54,8 @@ class Slow(Fast):
 
 
 async def _connected(proposer):
-    spec = ToySpec(vocab=VOCAB)
-    conn = WorkerConnection(worker_config(spec, (2,), DEFAULT_MAX_SUPPORT), SessionTable(),
-                            proposer, Metrics("worker"))
-    t = HoldingTransport()
-    conn.connection_made(t)
-    v = VerifierEndpoint(verifier_config(spec, (2,), SLOTS, DEPTH, 8), session=SESSION,
-                         step_timeout=60.0)
-    feed_buffered(conn, v.hello())
-    await asyncio.sleep(0)  # the answer leaves with the tick's writelines
-    v.receive_data(t.take(), 0.0)
-    for slot in range(SLOTS):
-        feed_buffered(conn, v.send(context_of(session=SESSION, slot=slot, generation=1,
-                                              tokens=PREFIX, digest=digest_of(PREFIX))))
-    return conn, t, v
+    return await connected(proposer, vocab=VOCAB, slots=SLOTS, depth=DEPTH, support=8,
+                           step_timeout=60.0)
 
 
 def _step(generation: int, slot: int = 0) -> Step:
