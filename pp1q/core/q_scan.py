@@ -5,7 +5,7 @@ round, a dense REPLY's q written from a row's counts (``scatter`` from its suppo
 pp1q.core.q_backend, and only when the numba backend is chosen: the one module of
 pp1q/ that imports numba (pp1q_kernels.numba_step and numba_draws are the others).
 
-``scan(q, bits, vocab)`` makes the checks of the numpy path (pp1q.core.q) over ``q``
+``scan(q, bits, vocab)`` makes the checks of the numpy path (pp1q.core.q_parse) over ``q``
 (FP32) and ``bits`` (the same memory as uint32) in one loop that keeps no branch per
 entry: the running max of the bit patterns (an unsigned max covers sign, NaN, inf and
 q > 1 at once: every legal value is a non-negative FP32 no greater than 1.0), whether
