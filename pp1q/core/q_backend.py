@@ -50,7 +50,7 @@ def kernels():
 def kernels_for(*arrays: np.ndarray):
     """The kernels if they run on these arrays (C-contiguous, native byte order: wire
     buffers on a little-endian host always are), else None: the numpy path then."""
-    k = CHOICE.chosen()[2]
+    k = CHOICE.chosen()[2]  # kernels(), inlined: this runs once per received row
     if k is None:
         return None
     for a in arrays:  # a loop, not all(generator): this runs once per received row
@@ -88,7 +88,7 @@ def copy_scanned(dst: np.ndarray, src) -> bool:
     one is a count / 2^24 with the counts summing to 2^24 (``validate_dense(...,
     checked=True)`` then has only the padding left); False: nothing was checked (the
     numpy path, or a row that ``validate_dense`` refuses: it finds the reason)."""
-    k = CHOICE.chosen()[2]
+    k = kernels()
     if k is None:
         dst[:] = src
         return False

@@ -125,12 +125,14 @@ def time_zmq(form: str, rounds: int) -> float | None:
 
 
 def time_ours(form: str, rounds: int, check_outgoing: bool = False,
-              checker: str | None = None, decide: str | None = None) -> tuple[float, float]:
+              checker: str | None = None, decide: str | None = None,
+              batches: int = 1) -> tuple[float, float]:
     """(transport + validation, + verification and commit) median ms per round.
     ``check_outgoing``: the worker's own REPLY checks (off: the worker daemon's default).
     ``checker``: the q-row checker both ends use (pp1q.core.q_backend; None: this
     process's choice, PP1Q_VALIDATE or auto); ``decide``: the verifier's CPU decision
-    path (pp1q_kernels.numba_rows: numba or torch; None: PP1Q_DECIDE or auto)."""
+    path (pp1q_kernels.numba_rows: numba or torch; None: PP1Q_DECIDE or auto);
+    ``batches``: batches of 4 requests in flight at once (see ``_ours``)."""
     import uvloop
     from pp1q_kernels import numba_rows
 
@@ -142,7 +144,7 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = False,
     try:
         q_backend.warm_up()
         numba_rows.warm_up()
-        return uvloop.run(_ours(peer.port, form, rounds))
+        return uvloop.run(_ours(peer.port, form, rounds, batches))
     finally:
         peer.close()
         if before:
@@ -156,18 +158,7 @@ def time_ours_two_batches(form: str, rounds: int) -> float:
     design sizes the link (``link.MAX_BATCHES_IN_FLIGHT``): while the verifier decides
     and commits one batch, the worker drafts the other's rows on the other core.
     Verification and COMMIT included, both ends' default checkers and decision path."""
-    import uvloop
-    from pp1q_kernels import numba_rows
-
-    from pp1q.core import q_backend
-
-    peer = _Peer("ours", form)
-    try:
-        q_backend.warm_up()
-        numba_rows.warm_up()
-        return uvloop.run(_ours(peer.port, form, rounds, batches=2))[1]
-    finally:
-        peer.close()
+    return time_ours(form, rounds, batches=2)[1]
 
 
 async def _ours(port: int, form: str, rounds: int,
