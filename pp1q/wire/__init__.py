@@ -49,12 +49,14 @@ from pp1q.wire.messages import (
     Identity,
     Message,
     MsgType,
+    Proposal,
     Refusal,
     Reply,
     Reset,
     Status,
     Step,
     context_of,
+    proposal_from_rows,
     reply_from_row,
 )
 from pp1q.wire.pool import PayloadPool
@@ -68,8 +70,10 @@ __all__ = [
     "Commit", "Committed", "Completion", "Context", "ContextReceived", "ContextRefused",
     "Conn", "Discarded", "Event", "Form", "Frame",
     "FrameDecoder", "Hello", "HelloAnswer", "Identity", "Limits", "LocalProtocolError",
-    "Message", "MsgType", "PayloadPool", "ProposalFailed", "ProposalReady", "Reason", "Refusal",
+    "Message", "MsgType", "PayloadPool", "Proposal", "ProposalFailed", "ProposalReady", "Reason",
+    "Refusal",
     "RemoteProtocolError", "Reply", "Reset", "SessionRefused", "SessionStarted", "SlotReset",
     "SlotState", "Status", "Step", "StepRefused", "StepRequested", "VerifierEndpoint",
-    "WireConfig", "WorkerEndpoint", "chain_checksum", "context_of", "encode", "reply_from_row",
+    "WireConfig", "WorkerEndpoint", "chain_checksum", "context_of", "encode",
+    "proposal_from_rows", "reply_from_row",
 ]

@@ -31,15 +31,16 @@ from pp1q.wire.framing import (  # the layout's own structs and control decoders
     head_checksum,
 )
 from pp1q.wire.limits import DEFAULT_LIMITS, MAX_CONTROL_BYTES, Limits
-from pp1q.wire.messages import Context, Form, Message, MsgType, Reply
+from pp1q.wire.messages import Context, Form, Message, MsgType, Proposal, Reply
 from pp1q.wire.pool import POOL_MIN_BYTES, PayloadPool
-from pp1q.wire.sizes import context_sizes, payload_cap, reply_sizes
+from pp1q.wire.sizes import context_sizes, payload_cap, proposal_sizes, reply_sizes
 
 _SCRATCH_BYTES = 64 * 1024  # BufferedProtocol receive size outside a payload (asyncio's default)
 _TYPES = {int(t): t for t in MsgType}  # the header's type byte -> MsgType (no Enum call per frame)
 _I4, _F4 = np.dtype("<i4"), np.dtype("<f4")  # a REPLY's ids and q (parsed once, not per frame)
 # enum members as plain names (Python 3.11 takes ~0.1 us to look one up; these run per frame)
 _REPLY, _CONTEXT, _SPARSE, _DENSE = MsgType.REPLY, MsgType.CONTEXT, Form.SPARSE, Form.DENSE
+_PROPOSAL = MsgType.PROPOSAL
 
 
 def _unraised(e: RemoteProtocolError) -> RemoteProtocolError:
@@ -246,6 +247,8 @@ class FrameDecoder:
         error = None
         if mtype is _REPLY:
             error = reply_sizes(control, payload_len, self.limits)
+        elif mtype is _PROPOSAL:
+            error = proposal_sizes(control, payload_len, self.limits)
         elif mtype is _CONTEXT:
             error = context_sizes(control, payload_len, self.limits)
         self._frame = (mtype, control, _U64.unpack_from(src, at + PAYLOAD_SUM_AT)[0],
@@ -289,6 +292,9 @@ class FrameDecoder:
                 tokens = np.frombuffer(payload, dtype="<i4", count=control.count)
             return Frame(Context(**msgspec.structs.asdict(control), tokens=tokens), nbytes,
                          declared, error)
+        if mtype is _PROPOSAL:
+            return Frame(_proposal(control, payload if error is None else None), nbytes,
+                         declared, error)
         if mtype is not _REPLY:
             return Frame(control, nbytes, declared, error)
         ids = q = None
@@ -303,6 +309,22 @@ class FrameDecoder:
         # positional: the head's fields in order, then the payload views (Reply's layout)
         return Frame(Reply(*msgspec.structs.astuple(control), ids, q), nbytes, declared, error,
                      q_checked and error is None)
+
+
+def _proposal(head, payload) -> Proposal:
+    """The decoded PROPOSAL: each position's ids and q viewed in ``payload`` (None: the
+    frame failed, no rows)."""
+    ids = q = None
+    if payload is not None:
+        _freeze(payload)
+        words = np.frombuffer(payload, dtype=_I4)  # one frombuffer; each row two slices
+        ids, q, at = [], [], 0
+        for n in head.entries:
+            ids.append(words[at:at + n])
+            q.append(words[at + n:at + 2 * n].view(_F4))
+            at += 2 * n
+        ids, q = tuple(ids), tuple(q)
+    return Proposal(*msgspec.structs.astuple(head), ids, q)
 
 
 def _freeze(payload) -> None:

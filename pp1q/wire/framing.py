@@ -6,9 +6,10 @@
     5      1     message type     MsgType
     6      2     flags            0 (reserved; any other value is refused)
     8      4     control_len      1..MAX_CONTROL_BYTES
-    12     4     payload_len      0, or at most the negotiated row (REPLY) / context
-                                  (CONTEXT) bytes
-    16     8     payload_xxh3     xxh3_64 of the payload bytes (REPLY: the probability checksum)
+    12     4     payload_len      0, or at most the negotiated row (REPLY, PROPOSAL) /
+                                  context (CONTEXT) bytes
+    16     8     payload_xxh3     xxh3_64 of the payload bytes (REPLY: the probability
+                                  checksum; PROPOSAL: the completion's byte checksum)
     24     8     head_xxh3        xxh3_64 of bytes 0..23 followed by the control part
 
 All integers little-endian. The receiver (pp1q.wire.decoder) checks lengths as soon as
@@ -35,6 +36,7 @@ from pp1q.wire.limits import MAX_CONTROL_BYTES, MAX_PAYLOAD_CAP
 from pp1q.wire.messages import (
     CONTEXT_HEAD_FIELDS,
     CONTROL_CLASSES,
+    PROPOSAL_HEAD_FIELDS,
     REPLY_HEAD_FIELDS,
     Message,
     MsgType,
@@ -108,7 +110,8 @@ _decoders = {t: msgspec.msgpack.Decoder(cls) for t, cls in CONTROL_CLASSES.items
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
-_HEAD_FIELDS = {MsgType.REPLY: REPLY_HEAD_FIELDS, MsgType.CONTEXT: CONTEXT_HEAD_FIELDS}
+_HEAD_FIELDS = {MsgType.REPLY: REPLY_HEAD_FIELDS, MsgType.CONTEXT: CONTEXT_HEAD_FIELDS,
+                MsgType.PROPOSAL: PROPOSAL_HEAD_FIELDS}
 
 
 def _control_bytes(msg) -> tuple[MsgType, bytes]:

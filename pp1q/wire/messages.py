@@ -6,8 +6,10 @@ the field order below IS the wire layout, see docs/wire.md) and refuses unknown
 control part, exposed as numpy arrays (``Reply.ids`` int32 for sparse rows, ``Reply.q``
 FP32; ``Context.tokens`` int32).
 
-Revision 2 of wire v2 (``WIRE_REVISION``) added CONTEXT, ``Limits.max_context`` and the
-``revision`` of HELLO and its answer; a peer of revision 1 is refused (bad_revision).
+Revision 2 of wire v2 added CONTEXT, ``Limits.max_context`` and the ``revision`` of
+HELLO and its answer. Revision 3 (``WIRE_REVISION``) added PROPOSAL: a sparse step's
+whole proposal (every position's fields and row, and the completion's totals) in one
+frame. A peer of another revision is refused (bad_revision).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import Annotated
 
 import msgspec
 import numpy as np
+import xxhash
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.q import MASS, DyadicRow
 from pp1q.wire.limits import (
     I32,
+    MAX_DEPTH_CAP,
     MAX_DETAIL_CHARS,
     MAX_ID_CHARS,
     MAX_VERSIONS_OFFERED,
@@ -35,14 +39,19 @@ from pp1q.wire.limits import (
 from pp1q.wire.pool import ZeroRow
 
 IdStr = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
+
+# one value per drafted position (a PROPOSAL's lists): bounded by the hard depth cap, so
+# its control part is bounded before the lists' lengths are compared with anything
+_PER_POSITION = msgspec.Meta(max_length=MAX_DEPTH_CAP)
 DetailStr = Annotated[str, msgspec.Meta(max_length=MAX_DETAIL_CHARS)]
 
 WIRE_V1 = 1  # greedy: token ids only, no q
 WIRE_V2 = 2  # sampled: every drafted token travels with the exact q that sampled it
 KNOWN_VERSIONS = (WIRE_V1, WIRE_V2)
 # The revision of wire v2 this code speaks, negotiated in HELLO (both sides must speak
-# the same one). Revision 1 carried the request context on a separate connection.
-WIRE_REVISION = 2
+# the same one). Revision 1 carried the request context on a separate connection;
+# revision 2 answered a sparse step only row by row (REPLY ... COMPLETION).
+WIRE_REVISION = 3
 FIRST_REVISION = 1  # what a HELLO without a revision field (revision 1's layout) decodes to
 CONNECTION_SLOT = -1  # Refusal.slot for a refusal about the whole connection (e.g. HELLO)
 
@@ -59,6 +68,7 @@ class MsgType(enum.IntEnum):
     RESET = 7
     REFUSAL = 8
     CONTEXT = 9  # revision 2: a slot's committed context (full, or appended)
+    PROPOSAL = 10  # revision 3: a sparse step's every row and its totals, in one frame
 
 
 class Form(enum.IntEnum):
@@ -282,6 +292,76 @@ class Completion(_Control):
     reason: Annotated[str, msgspec.Meta(max_length=64)]  # "" when OK, else a Reason value
 
 
+class _ProposalHead(_Control):
+    """The control part of a PROPOSAL; ``Proposal`` adds the payload arrays."""
+
+    session: U64
+    slot: U16
+    generation: U24
+    round_id: U32
+    first_position: U32  # absolute position of x_1 (position i is first_position + i - 1)
+    context_version: U32
+    tokens: Annotated[list[I32], _PER_POSITION]  # sampled global id of each position, in order
+    entries: Annotated[list[U32], _PER_POSITION]  # support size of each position's sparse row
+    row_checksums: Annotated[list[U64], _PER_POSITION]  # xxh3_64 of each row's payload bytes (ids, then q)
+
+
+PROPOSAL_HEAD_FIELDS = len(_ProposalHead.__struct_fields__)
+
+
+class Proposal(_ProposalHead, eq=False):
+    """Worker -> verifier: a sparse step's whole proposal in one frame (revision 3).
+
+    Position i carries what its REPLY would: ``tokens[i]``, ``entries[i]``, its row
+    (``ids[i]`` int32 ascending global ids, ``q[i]`` FP32) and that row's probability
+    checksum ``row_checksums[i]`` (the payload_xxh3 its REPLY would carry). The payload
+    is the rows in order, each its ids then its q; the frame's own payload checksum
+    and length are the completion's byte checksum and exact size (a proposal that
+    arrives whole needs no COMPLETION). Decoded arrays are read-only views of the
+    frame's buffer.
+    """
+
+    ids: object = None  # tuple of int32 arrays, one per position
+    q: object = None  # tuple of FP32 arrays, one per position
+
+    def payload_parts(self) -> tuple[memoryview, ...]:
+        """The payload as LE bytes: (ids_1, q_1, ids_2, q_2, ...), checked against the head."""
+        n = len(self.entries)
+        if self.ids is None or self.q is None:
+            raise LocalProtocolError(Reason.MISSING_Q, "proposal without rows")
+        if not len(self.tokens) == len(self.row_checksums) == len(self.ids) == len(self.q) == n:
+            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "proposal fields of unequal length")
+        parts = []
+        for ids, q, k in zip(self.ids, self.q, self.entries, strict=True):
+            parts += (_le_array(ids, "<i4", k, "ids"), _le_array(q, "<f4", k, "q"))
+        return tuple(parts)
+
+
+def proposal_from_rows(*, session: int, slot: int, generation: int, round_id: int,
+                       first_position: int, context_version: int, tokens, rows) -> Proposal:
+    """Build a PROPOSAL carrying each ``rows[i]`` exactly (sparse) for ``tokens[i]``."""
+    ids, q, sums = [], [], []
+    for token, row in zip(tokens, rows, strict=True):
+        if row is None:
+            raise LocalProtocolError(Reason.MISSING_Q, "sampled proposal without its q row")
+        row.require_token(token)  # never ship a token its own q could not have drawn
+        i, v = row.to_sparse()
+        i, v = i.astype("<i4", copy=False), v.astype("<f4", copy=False)  # LE hosts: no copy
+        ids.append(i)
+        q.append(v)
+        sums.append(row_checksum(i, v))
+    return Proposal(session=session, slot=slot, generation=generation, round_id=round_id,
+                    first_position=first_position, context_version=context_version,
+                    tokens=[int(t) for t in tokens], entries=[int(i.size) for i in ids],
+                    row_checksums=sums, ids=tuple(ids), q=tuple(q))
+
+
+def row_checksum(ids, q) -> int:
+    """A sparse row's probability checksum: xxh3_64 of its ids then its q, LE (what
+    the payload_xxh3 of a REPLY carrying that row is)."""
+    return xxhash.xxh3_64_intdigest(b"".join((ids, q)))
+
+
 class Commit(_Control):
     """Verifier -> worker: the verification outcome of one round."""
 
@@ -328,6 +408,7 @@ MESSAGE_CLASSES: dict[MsgType, type] = {
     MsgType.RESET: Reset,
     MsgType.REFUSAL: Refusal,
     MsgType.CONTEXT: Context,
+    MsgType.PROPOSAL: Proposal,
 }
 TYPE_OF: dict[type, MsgType] = {cls: t for t, cls in MESSAGE_CLASSES.items()}
 
@@ -341,8 +422,10 @@ def type_of(msg) -> MsgType:
 
 
 # frames with a payload: the control part is the head, the payload arrays follow it
-HEAD_CLASSES: dict[MsgType, type] = {MsgType.REPLY: _ReplyHead, MsgType.CONTEXT: _ContextHead}
+HEAD_CLASSES: dict[MsgType, type] = {MsgType.REPLY: _ReplyHead, MsgType.CONTEXT: _ContextHead,
+                                     MsgType.PROPOSAL: _ProposalHead}
 CONTROL_CLASSES: dict[MsgType, type] = {**MESSAGE_CLASSES, **HEAD_CLASSES}
 CONTEXT_HEAD_FIELDS = len(_ContextHead.__struct_fields__)
 
-Message = Hello | HelloAnswer | Step | Reply | Completion | Commit | Reset | Refusal | Context
+Message = (Hello | HelloAnswer | Step | Reply | Completion | Commit | Reset | Refusal | Context
+           | Proposal)

@@ -1,9 +1,10 @@
 """Declared sizes, checked before a payload is buffered (bounds before memory).
 
 The frame decoder (pp1q.wire.framing) asks these with the header (``payload_cap``) and
-then with the decoded control part (``reply_sizes``, ``context_sizes``); an error from
-the latter two is frame-aligned: the payload is skipped unread, and only the proposal
-(REPLY) or the context (CONTEXT) it belongs to fails.
+then with the decoded control part (``reply_sizes``, ``proposal_sizes``,
+``context_sizes``); an error from these is frame-aligned: the payload is skipped unread,
+and only the proposal (REPLY, PROPOSAL) or the context (CONTEXT) it belongs to fails.
+``proposal_fits``: whether a step is answered by one PROPOSAL (both ends ask it alike).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pp1q.wire.messages import Form, MsgType
 
 _FORMS = {int(f): f for f in Form}
 # enum members as plain names (Python 3.11 takes ~0.1 us to look one up; this runs per frame)
-_REPLY, _CONTEXT = MsgType.REPLY, MsgType.CONTEXT
+_REPLY, _CONTEXT, _PROPOSAL = MsgType.REPLY, MsgType.CONTEXT, MsgType.PROPOSAL
 _TOKEN_ONLY, _DENSE = Form.TOKEN_ONLY, Form.DENSE
 
 
@@ -22,9 +23,40 @@ def payload_cap(mtype: int, limits: Limits) -> int:
     """The largest payload a frame of this type may declare (checked from the header)."""
     if mtype == _REPLY:
         return limits.max_payload
+    if mtype == _PROPOSAL:  # never more than one row's bound: no new memory to grant
+        return min(limits.max_depth * limits.sparse_row_bytes, limits.max_payload)
     if mtype == _CONTEXT:
         return limits.max_context_bytes
     return 0
+
+
+def proposal_fits(step, limits: Limits) -> bool:
+    """Whether ``step`` is answered by one PROPOSAL: a sampled sparse step whose rows,
+    each at most ``top_k`` entries, fit in one frame of at most a row's bound (the
+    PROPOSAL payload cap). Any other step is answered row by row (REPLY ... COMPLETION)."""
+    return (step.temperature > 0 and step.top_k > 0
+            and step.depth * step.top_k * ENTRY_BYTES_SPARSE <= limits.max_payload)
+
+
+def proposal_sizes(head, payload_len: int, limits: Limits) -> RemoteProtocolError | None:
+    """A PROPOSAL's declared sizes, before its payload is buffered: one token, entry
+    count and row checksum per position, 1..max_depth positions, each row 1..max_support
+    entries, the payload exactly their rows. Frame-aligned: the proposal fails."""
+    n = len(head.entries)
+    if not len(head.tokens) == len(head.row_checksums) == n:
+        return RemoteProtocolError(Reason.UNEXPECTED_SIZE, "proposal lists of unequal length")
+    if not 0 < n <= limits.max_depth:
+        return RemoteProtocolError(Reason.DEPTH_TOO_LARGE,
+                                   f"{n} positions not in 1..{limits.max_depth}")
+    if min(head.entries) == 0:
+        return RemoteProtocolError(Reason.MISSING_Q, "sparse row with no entries")
+    if max(head.entries) > limits.max_support:
+        return RemoteProtocolError(Reason.SUPPORT_TOO_LARGE,
+                                   f"{max(head.entries)} entries > {limits.max_support}")
+    if payload_len != sum(head.entries) * ENTRY_BYTES_SPARSE:
+        return RemoteProtocolError(
+            Reason.UNEXPECTED_SIZE, f"proposal payload {payload_len} for {sum(head.entries)} entries")
+    return None
 
 
 def context_sizes(head, payload_len: int, limits: Limits) -> RemoteProtocolError | None:

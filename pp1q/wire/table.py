@@ -25,7 +25,7 @@ from pp1q.wire.messages import MsgType
 
 class Role(enum.StrEnum):
     VERIFIER = "verifier"  # connects, says HELLO, sends CONTEXT/STEP/COMMIT/RESET
-    WORKER = "worker"  # answers, drafts: sends REPLY/COMPLETION
+    WORKER = "worker"  # answers, drafts: sends REPLY/COMPLETION, or PROPOSAL
 
 
 class Dir(enum.StrEnum):
@@ -72,10 +72,12 @@ CONN_TABLE: dict[tuple, Conn] = {
     (W, Conn.CLOSED, S, T.REFUSAL): Conn.CLOSED,
     **{(V, Conn.READY, S, t): Conn.READY
        for t in (T.CONTEXT, T.STEP, T.COMMIT, T.RESET, T.REFUSAL)},
-    **{(V, Conn.READY, R, t): Conn.READY for t in (T.REPLY, T.COMPLETION, T.REFUSAL)},
+    **{(V, Conn.READY, R, t): Conn.READY
+       for t in (T.REPLY, T.COMPLETION, T.PROPOSAL, T.REFUSAL)},
     **{(W, Conn.READY, R, t): Conn.READY for t in (T.CONTEXT, T.STEP, T.COMMIT, T.RESET)},
     (W, Conn.READY, R, T.REFUSAL): Conn.CLOSED,  # the verifier gave up on this connection
-    **{(W, Conn.READY, S, t): Conn.READY for t in (T.REPLY, T.COMPLETION, T.REFUSAL)},
+    **{(W, Conn.READY, S, t): Conn.READY
+       for t in (T.REPLY, T.COMPLETION, T.PROPOSAL, T.REFUSAL)},
     # pseudo events
     (W, Conn.IDLE, Pseudo.REFUSE): Conn.CLOSED,  # HELLO refused (the REFUSAL is sent next)
     # the worker's bounds close a connection (deadline, eviction; the REFUSAL is sent next)
@@ -95,6 +97,7 @@ SLOT_TABLE: dict[tuple, SlotState] = {
     (V, I, S, T.RESET): I,
     (V, ST, R, T.REPLY): ST,
     (V, ST, R, T.COMPLETION): RD,
+    (V, ST, R, T.PROPOSAL): RD,  # a sparse step's rows and totals at once (before any REPLY)
     (V, ST, R, T.REFUSAL): FA,
     (V, ST, Pseudo.FAIL): FA,
     (V, ST, Pseudo.TIMEOUT): FA,
@@ -109,6 +112,7 @@ SLOT_TABLE: dict[tuple, SlotState] = {
     (W, I, R, T.RESET): I,
     (W, DR, S, T.REPLY): DR,
     (W, DR, S, T.COMPLETION): CO,
+    (W, DR, S, T.PROPOSAL): CO,
     (W, DR, R, T.RESET): I,
     (W, CO, R, T.COMMIT): I,
     (W, CO, R, T.RESET): I,

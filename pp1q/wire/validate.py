@@ -26,9 +26,11 @@ from pp1q.wire.messages import (
     Context,
     Form,
     Identity,
+    Proposal,
     Reply,
     Status,
     Step,
+    row_checksum,
 )
 
 
@@ -166,6 +168,36 @@ def check_reply(
     return parse_sparse(reply.ids, reply.q, vocab, reply.token)  # and q(token) > 0
 
 
+def check_proposal(prop: Proposal, step: Step, vocab: int, err: type = RemoteProtocolError
+                   ) -> list[DyadicRow]:
+    """A PROPOSAL of ``step`` (already matched on slot/generation/round; its sizes were
+    checked against the limits by the decoder): the completion's matches, then every
+    position as ``check_reply`` checks a sparse REPLY, its row checksum included.
+    Returns the validated rows, in order."""
+    if prop.first_position != step.first_position:
+        raise err(Reason.BAD_POSITION, "proposal first_position differs")
+    if prop.context_version != step.context_version:
+        raise err(Reason.WRONG_IDENTITY, "proposal context_version differs")
+    want = step_form(step)
+    if want is not _SPARSE:
+        raise err(Reason.UNEXPECTED_SIZE, f"PROPOSAL for a {want.name} step")
+    if len(prop.tokens) != step.depth:
+        raise err(Reason.UNEXPECTED_SIZE, f"{len(prop.tokens)} positions, depth {step.depth}")
+    if prop.ids is None or prop.q is None:
+        raise err(Reason.MISSING_Q, "proposal without rows")
+    rows = []
+    for token, n, ids, q, declared in zip(prop.tokens, prop.entries, prop.ids, prop.q,
+                                          prop.row_checksums, strict=True):
+        if not 0 <= token < vocab:
+            raise err(Reason.ID_OUT_OF_RANGE, f"token {token} outside [0, {vocab})")
+        if n > step.top_k:
+            raise err(Reason.SUPPORT_TOO_LARGE, f"{n} entries > top_k {step.top_k}")
+        if row_checksum(ids, q) != declared:
+            raise err(Reason.CHECKSUM_MISMATCH, f"row {len(rows) + 1} checksum")
+        rows.append(parse_sparse(ids, q, vocab, token))  # and q(token) > 0
+    return rows
+
+
 class Rows(Sequence):
     """The q rows of a validated proposal. Sparse rows are parsed during validation;
     a dense row (already fully validated in place) becomes a ``DyadicRow`` on first
@@ -234,6 +266,7 @@ def check_commit(commit: Commit, step: Step, vocab: int, err: type = RemoteProto
 __all__ = [
     "check_abort_reason", "check_answer_limits", "check_commit", "check_context",
     "check_revision",
-    "check_completion", "check_identity", "check_reply", "check_step", "choose_version",
+    "check_completion", "check_identity", "check_proposal", "check_reply", "check_step",
+    "choose_version",
     "step_form", "Rows",
 ]

@@ -1,8 +1,9 @@
 """VerifierEndpoint: the sans-IO verifier side of one connection to a worker.
 
-Sends HELLO, CONTEXT, STEP, COMMIT, RESET; receives REPLY and COMPLETION. A proposal is
-handed out (``ProposalReady``) only after its COMPLETION matched every byte; any
-failure before that (``ProposalFailed``) invalidates the generation at once, so
+Sends HELLO, CONTEXT, STEP, COMMIT, RESET; receives REPLY and COMPLETION, or one
+PROPOSAL (a sparse step's rows and totals at once). A proposal is handed out
+(``ProposalReady``) only after its COMPLETION matched every byte, or its PROPOSAL every
+check; any failure before that (``ProposalFailed``) invalidates the generation at once, so
 late frames of it are discarded and counted, never consumed.
 """
 
@@ -29,6 +30,7 @@ from pp1q.wire.messages import (
     HelloAnswer,
     Message,
     MsgType,
+    Proposal,
     Reply,
     Step,
     type_of,
@@ -54,6 +56,7 @@ from pp1q.wire.validate import (
     check_completion,
     check_context,
     check_identity,
+    check_proposal,
     check_reply,
     check_revision,
     check_step,
@@ -65,6 +68,7 @@ _ROW_ERRORS = (RowValidationError, RemoteProtocolError)
 # look up an enum member, several times a frame
 _HELLO_SENT, _STEPPING, _RECV = Conn.HELLO_SENT, SlotState.STEPPING, Dir.RECV
 _REPLY, _COMPLETION, _REFUSAL = MsgType.REPLY, MsgType.COMPLETION, MsgType.REFUSAL
+_PROPOSAL, _SPARSE = MsgType.PROPOSAL, int(Form.SPARSE)  # int: as a decoded REPLY has it
 
 
 class VerifierEndpoint(Endpoint):
@@ -182,6 +186,8 @@ class VerifierEndpoint(Endpoint):
             self._on_reply(frame, s, events)
         elif t is _COMPLETION:
             self._on_completion(msg, s, events)
+        elif t is _PROPOSAL:
+            self._on_proposal(frame, s, events)
         else:  # the worker refused the step: the table fails the slot
             events.append(self._fail(msg.slot, s, t, Reason(msg.reason),
                                      f"peer: {msg.detail}", by_peer=True))
@@ -262,6 +268,32 @@ class VerifierEndpoint(Endpoint):
             () if greedy else Rows(s.frames, s.rows, self.vocab), tuple(s.frames), greedy,
         ))
         s.frames, s.rows = [], []
+
+    def _on_proposal(self, frame: Frame, s: SlotTrack, events: list) -> None:
+        prop: Proposal = frame.message
+        slot = prop.slot
+        if s.frames:  # the step is being answered row by row: a whole proposal now is not
+            self._fail_into(events, slot, s, Reason.OUT_OF_ORDER, "PROPOSAL after a REPLY")
+            return
+        if frame.error is not None:
+            self._fail_into(events, slot, s, frame.error.reason, frame.error.detail)
+            return
+        try:
+            rows = check_proposal(prop, s.step, self.vocab)
+        except _ROW_ERRORS as e:
+            self._fail_into(events, slot, s, e.reason, e.detail)
+            return
+        slot_event(self.role, s, _RECV, _PROPOSAL)  # READY: handed out next
+        s.deadline = None
+        first = prop.first_position
+        # each position as the REPLY that would have carried it (consumers read replies)
+        head = (prop.session, slot, prop.generation, prop.round_id)
+        replies = tuple([Reply(*head, i, first + i - 1, token, _SPARSE, n, ids, q)
+                         for i, (token, n, ids, q)
+                         in enumerate(zip(prop.tokens, prop.entries, prop.ids, prop.q), 1)])
+        events.append(ProposalReady(  # positional, in field order (see _on_completion)
+            slot, prop.generation, prop.round_id, first, tuple(prop.tokens),
+            Rows(replies, rows, self.vocab), replies, False))
 
     def _fail_into(self, events: list, slot: int, s: SlotTrack, reason: Reason, detail: str):
         events.append(self._fail(slot, s, Pseudo.FAIL, reason, detail))

@@ -1,7 +1,8 @@
 """WorkerEndpoint: the sans-IO worker (drafter) side of one connection.
 
 Answers HELLO, receives CONTEXT / STEP / COMMIT / RESET, sends REPLY per position and
-one COMPLETION per step. It keeps each slot's committed context (CONTEXT opens or
+one COMPLETION per step, or one PROPOSAL for a sparse step that fits one frame
+(``sizes.proposal_fits``). It keeps each slot's committed context (CONTEXT opens or
 appends, COMMIT appends the accepted drafts and the correction/bonus token) and drafts a
 STEP only when the STEP's last_committed and prefix_digest prove both ends agree on it.
 Answers and refusals the endpoint decides itself are queued: write ``data_to_send()``
@@ -46,11 +47,13 @@ from pp1q.wire.messages import (
     HelloAnswer,
     Message,
     MsgType,
+    Proposal,
     Refusal,
     Reply,
     Reset,
     Status,
     Step,
+    proposal_from_rows,
     reply_from_row,
     type_of,
 )
@@ -76,8 +79,10 @@ from pp1q.wire.validate import (
     choose_version,
 )
 from pp1q.wire.worker_sends import (
+    book_proposal,
     book_reply,
     check_completion,
+    check_own_proposal,
     check_order,
     check_own_reply,
 )
@@ -331,13 +336,17 @@ class WorkerEndpoint(Endpoint):
         self._check_session(msg, LocalProtocolError)
         if t is MsgType.REFUSAL:
             return encode_parts(msg)
-        if t not in (MsgType.REPLY, MsgType.COMPLETION):
+        if t not in (MsgType.REPLY, MsgType.COMPLETION, MsgType.PROPOSAL):
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"worker cannot send {t.name}")
         self._slot(msg.slot, LocalProtocolError)
         s = self._live_slot(msg.slot, msg.generation, msg.round_id)
         with slot_transition(self.role, s, Dir.SEND, t):  # applied once the checks pass
             if t is MsgType.REPLY:
                 parts = self._reply_frame(msg, s)
+            elif t is MsgType.PROPOSAL:
+                check_own_proposal(msg, s, self.limits, self.vocab, self.check_outgoing)
+                parts = encode_parts(msg)
+                book_proposal(s, msg.tokens, sum(map(len, parts)), msg.row_checksums)
             else:
                 self._check_own_completion(msg, s)
                 parts = encode_parts(msg)
@@ -378,6 +387,31 @@ class WorkerEndpoint(Endpoint):
         slot_event(self.role, s, Dir.SEND, MsgType.REPLY)  # once every check above passed
         book_reply(s, token, len(frame), payload_sum)
         return (frame,)
+
+    def send_proposal(self, step: Step, tokens, rows) -> bytes:
+        """The PROPOSAL of the outstanding sparse ``step``: ``rows[i]`` the q that sampled
+        ``tokens[i]``, every position drafted (``sizes.proposal_fits(step)`` must hold).
+        What ``send_parts(proposal_from_rows(...))`` returns, in one buffer."""
+        try:  # a drafter's numpy integer is no msgpack int; a float is never cut to one
+            tokens = [operator.index(t) for t in tokens]
+        except TypeError:
+            raise LocalProtocolError(Reason.MALFORMED_CONTROL, f"tokens {tokens!r}") from None
+        prop = proposal_from_rows(
+            session=self.session, slot=step.slot, generation=step.generation,
+            round_id=step.round_id, first_position=step.first_position,
+            context_version=step.context_version, tokens=tokens, rows=rows)
+        if self.check_outgoing:
+            return b"".join(self.send_parts(prop))
+        s = self._live_slot(step.slot, step.generation, step.round_id)
+        check_own_proposal(prop, s, self.limits, self.vocab, False)
+        parts = [a for pair in zip(prop.ids, prop.q) for a in pair]
+        frame, _ = encode_fields(MsgType.PROPOSAL, (
+            prop.session, prop.slot, prop.generation, prop.round_id, prop.first_position,
+            prop.context_version, prop.tokens, prop.entries, prop.row_checksums),
+            parts if _NATIVE_LE else [a.astype(a.dtype.newbyteorder("<")) for a in parts])
+        slot_event(self.role, s, Dir.SEND, MsgType.PROPOSAL)  # once every check above passed
+        book_proposal(s, prop.tokens, len(frame), prop.row_checksums)
+        return frame
 
     def send_completion(self, slot: int, status: Status = Status.OK,
                         reason: Reason | str = "") -> bytes:

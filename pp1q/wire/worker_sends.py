@@ -1,15 +1,17 @@
 """What the worker checks and books on each frame it sends (WorkerEndpoint's sending
 side): rows in order, each REPLY booked on its slot for the COMPLETION's totals, a
-COMPLETION only after every row (or aborted with a Reason), and, when the worker checks
-its own rows (``check_outgoing``), the verifier's row checks before a REPLY leaves."""
+COMPLETION only after every row (or aborted with a Reason), a PROPOSAL only whole and
+before any REPLY, and, when the worker checks its own rows (``check_outgoing``), the
+verifier's row checks before a REPLY or PROPOSAL leaves."""
 
 from __future__ import annotations
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.wire.endpoint import SlotTrack
 from pp1q.wire.limits import Limits
-from pp1q.wire.messages import Completion, Form, Reply, Status, Step
-from pp1q.wire.validate import check_reply
+from pp1q.wire.messages import Completion, Form, Proposal, Reply, Status, Step
+from pp1q.wire.sizes import proposal_fits
+from pp1q.wire.validate import check_proposal, check_reply
 
 
 def check_order(index: int, s: SlotTrack) -> None:
@@ -22,6 +24,33 @@ def book_reply(s: SlotTrack, token: int, nbytes: int, payload_sum: int) -> None:
     s.drafts.append(token)
     s.reply_bytes += nbytes
     s.checksums.append(payload_sum)
+
+
+def book_proposal(s: SlotTrack, tokens: list, nbytes: int, row_checksums: list) -> None:
+    """Book a PROPOSAL on its slot: every position at once (the COMMIT checks drafts)."""
+    s.drafts = list(tokens)
+    s.reply_bytes = nbytes
+    s.checksums = list(row_checksums)
+
+
+def check_own_proposal(p: Proposal, s: SlotTrack, limits: Limits, vocab: int,
+                       full: bool) -> None:
+    """Our PROPOSAL answers its step whole, before any REPLY, in one frame the verifier
+    accepts; ``full``: the verifier's row checks too (``check_outgoing``)."""
+    step = s.step
+    if s.checksums:
+        raise LocalProtocolError(Reason.OUT_OF_ORDER, "PROPOSAL after a REPLY")
+    if not proposal_fits(step, limits):
+        raise LocalProtocolError(Reason.FRAME_TOO_LARGE, "step answered row by row, not whole")
+    if len(p.tokens) != step.depth:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"{len(p.tokens)} of {step.depth} rows")
+    if max(p.entries) > step.top_k:
+        raise LocalProtocolError(Reason.SUPPORT_TOO_LARGE, f"{max(p.entries)} entries")
+    if full:
+        try:
+            check_proposal(p, step, vocab, LocalProtocolError)
+        except RemoteProtocolError as e:  # pp1q.core.q's parsers speak for received rows
+            raise LocalProtocolError(e.reason, e.detail) from None
 
 
 def check_completion(c: Completion, s: SlotTrack) -> None:

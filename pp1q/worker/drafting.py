@@ -1,4 +1,6 @@
-"""One STEP on the worker: draft rows in order, send each REPLY at once, COMPLETION last.
+"""One STEP on the worker: draft rows in order, send each REPLY at once, COMPLETION last;
+a sparse STEP that fits one frame (``sizes.proposal_fits``) leaves whole, as one
+PROPOSAL, once its last row is drafted.
 
 Runs as a task per STEP on the event loop. Between rows it yields once it has drafted
 for YIELD_AFTER_S since it last did (or a loop tick's unsent frames reach
@@ -34,6 +36,7 @@ from pp1q.models.toy import DraftModel
 from pp1q.runtime.metrics import Metrics
 from pp1q.wire import Form, Status, Step, WorkerEndpoint
 from pp1q.wire.pool import ZeroRows
+from pp1q.wire.sizes import proposal_fits
 from pp1q.wire.validate import step_form
 from pp1q.worker.proposer import ProposalSpec, propose, propose_greedy
 
@@ -134,6 +137,9 @@ class StepDrafter:
         # handing the STEP out; COMMIT (which extends it) cannot arrive while we draft
         prefix = ep.context(step.slot)
         form = step_form(step)  # one form for every REPLY of the step
+        whole = proposal_fits(step, ep.limits)  # one PROPOSAL at the end: rows kept till then
+        tokens: list[int] = []
+        rows: list[DyadicRow | None] = []
         resumed = t0
         # a RESET, a lost connection or a close reaches the endpoint only in another loop
         # callback, so the step can stop being live only across an await (or before we
@@ -144,9 +150,13 @@ class StepDrafter:
                 if awaited and not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # reset (or connection gone) while drafting: send nothing more
                 awaited = False
-                dense_row = (self._dense_rows.take(self._drained()) if form is Form.DENSE
-                             else None)
-                self._send(ep.send_row(step, index, token, row, form, dense_row))
+                if whole:
+                    tokens.append(token)
+                    rows.append(row)
+                else:
+                    dense_row = (self._dense_rows.take(self._drained())
+                                 if form is Form.DENSE else None)
+                    self._send(ep.send_row(step, index, token, row, form, dense_row))
                 waiter = self._writable()
                 if waiter is not None:
                     await waiter  # the peer reads slower than we draft: back-pressure
@@ -155,13 +165,14 @@ class StepDrafter:
                       or self._queued() >= YIELD_AT_BYTES):
                     await asyncio.sleep(0)  # let a RESET for this slot in before the next row
                     resumed, awaited = time.perf_counter(), True
-        except Pp1qError as e:
+            if not ep.is_live(step.slot, step.generation, step.round_id):
+                return
+            self._write(ep.send_proposal(step, tokens, rows) if whole
+                        else ep.send_completion(step.slot))
+        except Pp1qError as e:  # the drafter failed or the endpoint refused a row: abort
             log.warning("drafting slot %d failed: %s", step.slot, str(e))
             self._abort(step, e.reason)
             return
-        if not ep.is_live(step.slot, step.generation, step.round_id):
-            return
-        self._write(ep.send_completion(step.slot))
         # the whole proposal leaves now: the verifier checks it while we draft the next
         self._flush()
         self.metrics.round_latency.observe(time.perf_counter() - t0)

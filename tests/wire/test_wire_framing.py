@@ -46,7 +46,7 @@ def test_bad_version():
 
 
 def test_unknown_message_type():
-    refused(patched(V["step_dense"], 5, b"\x0a"), Reason.UNKNOWN_MESSAGE_TYPE)
+    refused(patched(V["step_dense"], 5, bytes([max(MsgType) + 1])), Reason.UNKNOWN_MESSAGE_TYPE)
 
 
 def test_reserved_flags_must_be_zero():
