@@ -22,6 +22,7 @@ from pp1q.core.q_parse import (  # noqa: F401 - re-exported
     dense_row_of_valid,
     parse_dense,
     parse_sparse,
+    parse_sparse_rows,
     validate_dense,
 )
 from pp1q.core.q_row import MASS, SEMANTIC_ID, DyadicRow  # noqa: F401 - re-exported

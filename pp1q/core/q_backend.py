@@ -73,6 +73,12 @@ def warm_up() -> tuple[str, str, float]:
             k.scan(arr, arr.view(np.uint32), 4)
             k.extract(arr, arr.view(np.uint32), 4)
             k.sparse(i, arr, 8, 0, np.empty(8, np.int64))
+        one = np.array([1], np.int64)  # a PROPOSAL of one single-entry row, both kinds
+        for words in (np.array([0, 0x3F800000], np.int32),
+                      np.frombuffer(np.array([0, 0x3F800000], np.int32).tobytes(), np.int32)):
+            k.sparse_rows(words, words.view(np.float32), one, one - 1, 8, np.empty(1, np.int64))
+        k.pack_sparse(ids, np.ones(8, np.int64), 0, np.empty(8, np.int32),
+                      np.empty(8, np.float32))  # the worker's PROPOSAL rows
         k.scatter(np.zeros(8, np.float32), ids, np.ones(8, np.int64))  # dense REPLYs
         k.dense_from_counts(np.zeros(8, np.float32), np.ones(4, np.int32))  # and from counts
         fed = bytes(1) + row.tobytes()  # a payload where a frame put it: any alignment,

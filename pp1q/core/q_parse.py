@@ -155,3 +155,30 @@ def parse_sparse(ids, q, vocab: int, token: int | None = None) -> DyadicRow:
     if token is not None and checked < 0:
         row.require_token(token)
     return row
+
+
+def parse_sparse_rows(words: np.ndarray, entries, tokens, vocab: int) -> list[DyadicRow]:
+    """A PROPOSAL's rows (pp1q.wire.proposal's payload: int32 ``words``, each row its
+    ids then its FP32 q, ``entries[i]`` each), each held to ``parse_sparse``'s checks
+    with ``tokens[i]`` (in range: the caller's check) holding q > 0; one kernel call for
+    every row on the numba path. The first failing row raises what ``parse_sparse``
+    raises for it."""
+    q_words = words.view(_F4)
+    k = q_backend.kernels_for(words)
+    counts = None
+    if k is not None:
+        counts = np.empty(len(words) // 2, np.int64)
+        code, failed, _ = k.sparse_rows(words, q_words, np.array(entries, np.int64),
+                                        np.array(tokens, np.int64), vocab, counts)
+        if code != k.OK:
+            counts = None  # the row that failed is parsed alone below, for its reason
+    rows, at, c = [], 0, 0
+    for n, token in zip(entries, tokens, strict=True):
+        ids, q = words[at:at + n], q_words[at + n:at + 2 * n]
+        if counts is None:  # numpy, or a refusal: every row as parse_sparse checks it
+            rows.append(parse_sparse(ids, q, vocab, token))
+        else:  # every invariant of DyadicRow is proven by the kernel
+            rows.append(DyadicRow._proven(vocab, ids, counts[c:c + n]))
+        at += 2 * n
+        c += n
+    return rows

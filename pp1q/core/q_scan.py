@@ -255,3 +255,46 @@ def dense_from_counts(row, counts):
         row[i] = np.float32(counts[i]) * _INV_MASS_F32
     for i in range(counts.size, row.size):
         row[i] = np.float32(0.0)
+
+
+@_jit
+def sparse_rows(words, qwords, entries, tokens, vocab, counts):
+    """(code, row, index) of a PROPOSAL's rows, each checked as ``sparse`` checks one, in
+    one call for the whole proposal: ``words`` the payload as int32 (each row its ids,
+    then its q), ``qwords`` the same memory as FP32, ``entries`` each row's length,
+    ``tokens`` each row's proposed token (in range: the caller's check), ``counts``
+    (int64, one per entry) receives every row's counts in order. ``row`` is the first
+    failing row (-1: none)."""
+    rows = entries.size
+    total = 0
+    for r in range(rows):
+        total += entries[r]
+    if words.size != 2 * total or qwords.size != words.size or counts.size != total \
+            or tokens.size != rows:
+        raise ValueError("sparse_rows: payload, counts and rows differ in size")
+    at = 0
+    c = 0
+    for r in range(rows):
+        n = entries[r]
+        code, i = sparse(words[at:at + n], qwords[at + n:at + 2 * n], vocab, tokens[r],
+                         counts[c:c + n])
+        if code != OK:
+            return code, r, i
+        at += 2 * n
+        c += n
+    return OK, -1, -1
+
+
+@_jit
+def pack_sparse(ids, counts, token, out_ids, out_q):
+    """A sparse row's payload written where its frame will carry it: ``out_ids`` its ids,
+    ``out_q`` count / 2^24 (exact in FP32, the bits ``DyadicRow.to_sparse`` gives).
+    False when ``token`` is not in the support (a token its own q could not draw)."""
+    n = ids.size
+    if counts.size != n or out_ids.size != n or out_q.size != n:
+        raise ValueError("pack_sparse: ids, counts and outputs differ in length")
+    for i in range(n):
+        out_ids[i] = ids[i]
+        out_q[i] = np.float32(counts[i]) / _MASS_F32
+    j = np.searchsorted(ids, token)  # ids ascending: a DyadicRow's invariant
+    return j < n and ids[j] == token

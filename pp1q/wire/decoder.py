@@ -33,6 +33,7 @@ from pp1q.wire.framing import (  # the layout's own structs and control decoders
 from pp1q.wire.limits import DEFAULT_LIMITS, MAX_CONTROL_BYTES, Limits
 from pp1q.wire.messages import Context, Form, Message, MsgType, Proposal, Reply
 from pp1q.wire.pool import POOL_MIN_BYTES, PayloadPool
+from pp1q.wire.proposal import row_views
 from pp1q.wire.sizes import context_sizes, payload_cap, proposal_sizes, reply_sizes
 
 _SCRATCH_BYTES = 64 * 1024  # BufferedProtocol receive size outside a payload (asyncio's default)
@@ -314,17 +315,12 @@ class FrameDecoder:
 def _proposal(head, payload) -> Proposal:
     """The decoded PROPOSAL: each position's ids and q viewed in ``payload`` (None: the
     frame failed, no rows)."""
-    ids = q = None
+    ids = q = words = None
     if payload is not None:
         _freeze(payload)
         words = np.frombuffer(payload, dtype=_I4)  # one frombuffer; each row two slices
-        ids, q, at = [], [], 0
-        for n in head.entries:
-            ids.append(words[at:at + n])
-            q.append(words[at + n:at + 2 * n].view(_F4))
-            at += 2 * n
-        ids, q = tuple(ids), tuple(q)
-    return Proposal(*msgspec.structs.astuple(head), ids, q)
+        ids, q = row_views(words, head.entries)
+    return Proposal(*msgspec.structs.astuple(head), ids, q, words)
 
 
 def _freeze(payload) -> None:

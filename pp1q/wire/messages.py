@@ -19,7 +19,6 @@ from typing import Annotated
 
 import msgspec
 import numpy as np
-import xxhash
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.q import MASS, DyadicRow
@@ -317,16 +316,20 @@ class Proposal(_ProposalHead, eq=False):
     checksum ``row_checksums[i]`` (the payload_xxh3 its REPLY would carry). The payload
     is the rows in order, each its ids then its q; the frame's own payload checksum
     and length are the completion's byte checksum and exact size (a proposal that
-    arrives whole needs no COMPLETION). Decoded arrays are read-only views of the
-    frame's buffer.
+    arrives whole needs no COMPLETION). ``words``: the payload as int32 words, which
+    ``ids`` and ``q`` view (set when decoded or built by pp1q.wire.proposal; read-only).
     """
 
     ids: object = None  # tuple of int32 arrays, one per position
     q: object = None  # tuple of FP32 arrays, one per position
+    words: object = None
 
     def payload_parts(self) -> tuple[memoryview, ...]:
-        """The payload as LE bytes: (ids_1, q_1, ids_2, q_2, ...), checked against the head."""
+        """The payload as LE bytes: (words,) or (ids_1, q_1, ids_2, q_2, ...), checked
+        against the head."""
         n = len(self.entries)
+        if self.words is not None:
+            return (_le_array(self.words, "<i4", 2 * sum(self.entries), "words"),)
         if self.ids is None or self.q is None:
             raise LocalProtocolError(Reason.MISSING_Q, "proposal without rows")
         if not len(self.tokens) == len(self.row_checksums) == len(self.ids) == len(self.q) == n:
@@ -335,31 +338,6 @@ class Proposal(_ProposalHead, eq=False):
         for ids, q, k in zip(self.ids, self.q, self.entries, strict=True):
             parts += (_le_array(ids, "<i4", k, "ids"), _le_array(q, "<f4", k, "q"))
         return tuple(parts)
-
-
-def proposal_from_rows(*, session: int, slot: int, generation: int, round_id: int,
-                       first_position: int, context_version: int, tokens, rows) -> Proposal:
-    """Build a PROPOSAL carrying each ``rows[i]`` exactly (sparse) for ``tokens[i]``."""
-    ids, q, sums = [], [], []
-    for token, row in zip(tokens, rows, strict=True):
-        if row is None:
-            raise LocalProtocolError(Reason.MISSING_Q, "sampled proposal without its q row")
-        row.require_token(token)  # never ship a token its own q could not have drawn
-        i, v = row.to_sparse()
-        i, v = i.astype("<i4", copy=False), v.astype("<f4", copy=False)  # LE hosts: no copy
-        ids.append(i)
-        q.append(v)
-        sums.append(row_checksum(i, v))
-    return Proposal(session=session, slot=slot, generation=generation, round_id=round_id,
-                    first_position=first_position, context_version=context_version,
-                    tokens=[int(t) for t in tokens], entries=[int(i.size) for i in ids],
-                    row_checksums=sums, ids=tuple(ids), q=tuple(q))
-
-
-def row_checksum(ids, q) -> int:
-    """A sparse row's probability checksum: xxh3_64 of its ids then its q, LE (what
-    the payload_xxh3 of a REPLY carrying that row is)."""
-    return xxhash.xxh3_64_intdigest(b"".join((ids, q)))
 
 
 class Commit(_Control):

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from pp1q.core.errors import Reason, RemoteProtocolError, RowValidationError
-from pp1q.core.q import DyadicRow, dense_row_of_valid, parse_sparse, validate_dense
+from pp1q.core.q import (
+    DyadicRow,
+    dense_row_of_valid,
+    parse_sparse,
+    parse_sparse_rows,
+    validate_dense,
+)
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import (
     KNOWN_VERSIONS,
@@ -30,8 +36,8 @@ from pp1q.wire.messages import (
     Reply,
     Status,
     Step,
-    row_checksum,
 )
+from pp1q.wire.proposal import row_checksum
 
 
 def choose_version(offered, ours) -> int:
@@ -185,17 +191,18 @@ def check_proposal(prop: Proposal, step: Step, vocab: int, err: type = RemotePro
         raise err(Reason.UNEXPECTED_SIZE, f"{len(prop.tokens)} positions, depth {step.depth}")
     if prop.ids is None or prop.q is None:
         raise err(Reason.MISSING_Q, "proposal without rows")
-    rows = []
-    for token, n, ids, q, declared in zip(prop.tokens, prop.entries, prop.ids, prop.q,
-                                          prop.row_checksums, strict=True):
+    for i, (token, n, ids, q, declared) in enumerate(zip(
+            prop.tokens, prop.entries, prop.ids, prop.q, prop.row_checksums, strict=True), 1):
         if not 0 <= token < vocab:
             raise err(Reason.ID_OUT_OF_RANGE, f"token {token} outside [0, {vocab})")
         if n > step.top_k:
             raise err(Reason.SUPPORT_TOO_LARGE, f"{n} entries > top_k {step.top_k}")
         if row_checksum(ids, q) != declared:
-            raise err(Reason.CHECKSUM_MISMATCH, f"row {len(rows) + 1} checksum")
-        rows.append(parse_sparse(ids, q, vocab, token))  # and q(token) > 0
-    return rows
+            raise err(Reason.CHECKSUM_MISMATCH, f"row {i} checksum")
+    words = prop.words
+    if words is None:  # built in memory from rows, not decoded: its payload as it leaves
+        words = np.frombuffer(b"".join(prop.payload_parts()), np.int32)
+    return parse_sparse_rows(words, prop.entries, prop.tokens, vocab)  # q(token) > 0 too
 
 
 class Rows(Sequence):

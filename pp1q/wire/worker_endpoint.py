@@ -53,11 +53,11 @@ from pp1q.wire.messages import (
     Reset,
     Status,
     Step,
-    proposal_from_rows,
     reply_from_row,
     type_of,
 )
 from pp1q.wire.pool import PayloadPool, ZeroRow
+from pp1q.wire.proposal import pack_rows, proposal_from_rows
 from pp1q.wire.sessions import SessionTable
 from pp1q.wire.table import (
     Conn,
@@ -396,21 +396,23 @@ class WorkerEndpoint(Endpoint):
             tokens = [operator.index(t) for t in tokens]
         except TypeError:
             raise LocalProtocolError(Reason.MALFORMED_CONTROL, f"tokens {tokens!r}") from None
-        prop = proposal_from_rows(
-            session=self.session, slot=step.slot, generation=step.generation,
-            round_id=step.round_id, first_position=step.first_position,
-            context_version=step.context_version, tokens=tokens, rows=rows)
+        head = dict(session=self.session, slot=step.slot, generation=step.generation,
+                    round_id=step.round_id, first_position=step.first_position,
+                    context_version=step.context_version)
         if self.check_outgoing:
-            return b"".join(self.send_parts(prop))
+            return b"".join(self.send_parts(proposal_from_rows(**head, tokens=tokens,
+                                                               rows=rows)))
         s = self._live_slot(step.slot, step.generation, step.round_id)
+        words, entries, sums = pack_rows(tokens, rows)
+        prop = Proposal(**head, tokens=tokens, entries=entries, row_checksums=sums,
+                        words=words)
         check_own_proposal(prop, s, self.limits, self.vocab, False)
-        parts = [a for pair in zip(prop.ids, prop.q) for a in pair]
         frame, _ = encode_fields(MsgType.PROPOSAL, (
-            prop.session, prop.slot, prop.generation, prop.round_id, prop.first_position,
-            prop.context_version, prop.tokens, prop.entries, prop.row_checksums),
-            parts if _NATIVE_LE else [a.astype(a.dtype.newbyteorder("<")) for a in parts])
+            self.session, step.slot, step.generation, step.round_id, step.first_position,
+            step.context_version, tokens, entries, sums),
+            (words,))
         slot_event(self.role, s, Dir.SEND, MsgType.PROPOSAL)  # once every check above passed
-        book_proposal(s, prop.tokens, len(frame), prop.row_checksums)
+        book_proposal(s, tokens, len(frame), sums)
         return frame
 
     def send_completion(self, slot: int, status: Status = Status.OK,

@@ -1,8 +1,10 @@
 """Per-round overhead of the daemons' transport, side by side with raw sockets and ZMQ.
 
-One round = 4 requests x depth 5 at vocabulary 129280: 4 STEPs out, 20 REPLY frames
-(dense FP32 q, or sparse top-32) and 4 COMPLETIONs back. Every column sends the same
-row bytes over loopback TCP to this process from a child process, in the same run:
+One round = 4 requests x depth 5 at vocabulary 129280: 4 STEPs out; back, dense: 20
+REPLY frames (FP32 q) and 4 COMPLETIONs; sparse (top-32): 4 PROPOSAL frames (wire v2
+revision 3: a step's rows and totals in one frame). Every column sends the same row
+bytes, grouped alike, over loopback TCP to this process from a child process, in the
+same run:
 
 - raw: blocking sockets, header and payload in one sendmsg per frame, recv_into one
   preallocated buffer (the physical floor for these bytes through the kernel);
@@ -38,6 +40,7 @@ from pp1q.tools.bench.round_peer import (
     STEP_BYTES_RAW,
     TOP_K,
     VOCAB,
+    RequestHeader,
     RowHeader,
     frames,
 )
@@ -70,12 +73,14 @@ def _median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
 
-def time_raw(form: str, rounds: int) -> float:
-    parts = frames(form)
+def time_raw(form: str, rounds: int, per_row: bool = False) -> float:
+    """Median ms a round of raw sockets sending ours' frames (``per_row``: a sparse
+    round framed as wire revision 2 did, a REPLY a row and a COMPLETION a request)."""
+    parts = frames(form, per_row)
     total = sum(len(h) + len(p) for h, p in parts)
     buf = memoryview(bytearray(total))
     step = bytes(STEP_BYTES_RAW)
-    peer = _Peer("raw", form)
+    peer = _Peer("raw-rows" if per_row else "raw", form)
     try:
         sock = socket.create_connection(("127.0.0.1", peer.port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -104,18 +109,21 @@ def time_zmq(form: str, rounds: int) -> float | None:
     try:
         sock = ctx.socket(zmq.PAIR)
         sock.connect(f"tcp://127.0.0.1:{peer.port}")
-        dec = msgspec.msgpack.Decoder(RowHeader)
+        sparse = form != "dense"
+        dec = msgspec.msgpack.Decoder(RequestHeader if sparse else RowHeader)
         times = []
         for _ in range(rounds):
             t0 = time.perf_counter()
             sock.send(bytes(STEP_BYTES_RAW))
-            for _ in range(REQUESTS * DEPTH):
+            for _ in range(REQUESTS if sparse else REQUESTS * DEPTH):
                 msg = sock.recv_multipart(copy=False)
                 head = dec.decode(msg[0].buffer)
-                q = np.frombuffer(msg[-1].buffer, dtype="<f4", count=head.entries)
-                if head.sparse:
-                    np.frombuffer(msg[1].buffer, dtype="<i4", count=head.entries)
-                del q
+                if sparse:  # a request's rows: each its ids, then its q
+                    for i, n in enumerate(head.entries):
+                        np.frombuffer(msg[1 + 2 * i].buffer, dtype="<i4", count=n)
+                        np.frombuffer(msg[2 + 2 * i].buffer, dtype="<f4", count=n)
+                else:
+                    np.frombuffer(msg[-1].buffer, dtype="<f4", count=head.entries)
             times.append(time.perf_counter() - t0)
         sock.close(linger=0)
     finally:
@@ -279,6 +287,10 @@ def run(quick: bool) -> list[str]:
         two = time_ours_two_batches(form, rounds)
         lines.append(f"{form:<7}two batches in flight (the design's link): +verify "
                      f"{two:.3f} ms per batch-round = {two / raw:.2f}x raw")
+        if form == "sparse":  # the floor before revision 3, for the history's ratios
+            rows = time_raw(form, rounds, per_row=True)
+            lines.append(f"{form:<7}raw sockets sending a frame a row (revision 2's framing, "
+                         f"24 frames): {rows:.3f} ms; ours / that = {ours / rows:.2f}x")
     if _zmq_missing():
         lines.append("zmq: pyzmq not installed (pip install pyzmq) -- column skipped")
     lines.append("medians per round; 'ours' = transport + validation, '+verify' adds "

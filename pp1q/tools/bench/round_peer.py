@@ -1,13 +1,15 @@
 """Worker-side peers of ``pp1q bench round``, each run as a child process:
 
-    python -m pp1q.tools.bench.round_peer {ours,ours-checked,raw,zmq} {dense,sparse}
+    python -m pp1q.tools.bench.round_peer {ours,ours-checked,raw,raw-rows,zmq} {dense,sparse}
 
 ``ours``: the real worker adapter (WorkerConnection, WorkerEndpoint) answering STEPs with
 canned q rows, so no model compute is timed; as the worker daemon runs by default,
 without its own outgoing row checks (``ours-checked``: with them). ``raw``: blocking
-sockets sending the very same frames (header and payload in one sendmsg per frame).
+sockets sending the very same frames ours sends (header and payload in one sendmsg per
+frame: a dense round's REPLYs and COMPLETIONs, a sparse round's four PROPOSALs).
 ``zmq``: pyzmq multipart messages of a msgspec header plus the same payload arrays (the
-vLLM engine-core style). Each prints ``port N`` once listening.
+vLLM engine-core style), grouped as ours groups them (a message per dense row, one per
+sparse request). Each prints ``port N`` once listening.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pp1q.core import q_backend
 from pp1q.core.q import build_row, sample
 from pp1q.models.toy import ToySpec
 from pp1q.runtime.metrics import Metrics
-from pp1q.wire import Completion, Form, Status, Step, encode, reply_from_row
+from pp1q.wire import Completion, Form, Status, Step, encode, proposal_from_rows, reply_from_row
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, worker_config
 from pp1q.wire.sessions import SessionTable
 from pp1q.worker.connection import WorkerConnection
@@ -51,9 +53,20 @@ def canned_rows(form: str) -> list[list[tuple[int, object]]]:
     return out
 
 
-def frames(form: str) -> list[tuple[bytes, bytes]]:
-    """The (header + control, payload) parts of every REPLY and COMPLETION of a round."""
+def frames(form: str, per_row: bool = False) -> list[tuple[bytes, bytes]]:
+    """The (header + control, payload) parts of every frame of a round as ours sends
+    them: dense, every REPLY and COMPLETION; sparse, one PROPOSAL a request (``per_row``:
+    a REPLY a row and a COMPLETION a request, as wire revision 2 sent sparse rows)."""
     out = []
+    if form != "dense" and not per_row:
+        for slot, chain in enumerate(canned_rows(form)):
+            msg = proposal_from_rows(session=1, slot=slot, generation=1, round_id=1,
+                                     first_position=11, context_version=0,
+                                     tokens=[t for t, _ in chain], rows=[r for _, r in chain])
+            data = encode(msg)
+            n = msg.words.nbytes
+            out.append((data[: len(data) - n], data[len(data) - n:]))
+        return out
     for slot, chain in enumerate(canned_rows(form)):
         for i, (token, row) in enumerate(chain, start=1):
             msg = reply_from_row(session=1, slot=slot, generation=1, round_id=1, index=i,
@@ -114,8 +127,8 @@ def _listen() -> socket.socket:
     return srv
 
 
-def serve_raw(form: str) -> None:
-    parts = frames(form)
+def serve_raw(form: str, per_row: bool = False) -> None:
+    parts = frames(form, per_row)
     srv = _listen()
     conn, _ = srv.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -142,6 +155,15 @@ class RowHeader(msgspec.Struct, array_like=True):
     sparse: bool
 
 
+class RequestHeader(msgspec.Struct, array_like=True):
+    """The zmq peer's header of one sparse request: its rows' tokens and entry counts
+    (the arrays follow, each row's ids then q)."""
+
+    slot: int
+    tokens: list[int]
+    entries: list[int]
+
+
 def serve_zmq(form: str) -> None:
     import zmq
 
@@ -154,12 +176,14 @@ def serve_zmq(form: str) -> None:
     sparse = form != "dense"
     msgs = []
     for slot, chain in enumerate(rows):
+        if sparse:  # one message a request, as ours sends one PROPOSAL
+            body = [a for _, row in chain
+                    for a in (row.ids.astype("<i4"), row.to_sparse()[1].astype("<f4"))]
+            msgs.append((RequestHeader(slot, [t for t, _ in chain],
+                                       [int(r.ids.size) for _, r in chain]), body))
+            continue
         for i, (token, row) in enumerate(chain, start=1):
-            if sparse:
-                ids, q = row.to_sparse()
-                body = [ids.astype("<i4"), q.astype("<f4")]
-            else:
-                body = [row.to_dense()]
+            body = [row.to_dense()]
             msgs.append((RowHeader(slot, i, token, int(body[-1].size), sparse), body))
     while True:
         sock.recv(copy=False)  # the STEP stand-in
@@ -171,6 +195,8 @@ def main(argv: list[str]) -> int:
     mode, form = argv[:2]
     if mode == "ours-checked":  # the worker's own outgoing row checks switched on
         serve_ours(form, check_outgoing=True)
+    elif mode == "raw-rows":  # sparse rows framed one a frame, as wire revision 2 did
+        serve_raw(form, per_row=True)
     else:
         {"ours": serve_ours, "raw": serve_raw, "zmq": serve_zmq}[mode](form)
     return 0
