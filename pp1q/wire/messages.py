@@ -302,7 +302,8 @@ class _ProposalHead(_Control):
     context_version: U32
     tokens: Annotated[list[I32], _PER_POSITION]  # sampled global id of each position, in order
     entries: Annotated[list[U32], _PER_POSITION]  # support size of each position's sparse row
-    row_checksums: Annotated[list[U64], _PER_POSITION]  # xxh3_64 of each row's payload bytes (ids, then q)
+    # xxh3_64 of each row's payload bytes (ids, then q): its REPLY's payload_xxh3
+    row_checksums: Annotated[list[U64], _PER_POSITION]
 
 
 PROPOSAL_HEAD_FIELDS = len(_ProposalHead.__struct_fields__)

@@ -53,9 +53,10 @@ def proposal_sizes(head, payload_len: int, limits: Limits) -> RemoteProtocolErro
     if max(head.entries) > limits.max_support:
         return RemoteProtocolError(Reason.SUPPORT_TOO_LARGE,
                                    f"{max(head.entries)} entries > {limits.max_support}")
-    if payload_len != sum(head.entries) * ENTRY_BYTES_SPARSE:
-        return RemoteProtocolError(
-            Reason.UNEXPECTED_SIZE, f"proposal payload {payload_len} for {sum(head.entries)} entries")
+    total = sum(head.entries)
+    if payload_len != total * ENTRY_BYTES_SPARSE:
+        return RemoteProtocolError(Reason.UNEXPECTED_SIZE,
+                                   f"proposal payload {payload_len} for {total} entries")
     return None
 
 

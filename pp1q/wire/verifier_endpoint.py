@@ -288,9 +288,9 @@ class VerifierEndpoint(Endpoint):
         first = prop.first_position
         # each position as the REPLY that would have carried it (consumers read replies)
         head = (prop.session, slot, prop.generation, prop.round_id)
+        rows_in = zip(prop.tokens, prop.entries, prop.ids, prop.q, strict=True)
         replies = tuple([Reply(*head, i, first + i - 1, token, _SPARSE, n, ids, q)
-                         for i, (token, n, ids, q)
-                         in enumerate(zip(prop.tokens, prop.entries, prop.ids, prop.q), 1)])
+                         for i, (token, n, ids, q) in enumerate(rows_in, 1)])
         events.append(ProposalReady(  # positional, in field order (see _on_completion)
             slot, prop.generation, prop.round_id, first, tuple(prop.tokens),
             Rows(replies, rows, self.vocab), replies, False))

@@ -82,8 +82,8 @@ from pp1q.wire.worker_sends import (
     book_proposal,
     book_reply,
     check_completion,
-    check_own_proposal,
     check_order,
+    check_own_proposal,
     check_own_reply,
 )
 
