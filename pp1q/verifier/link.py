@@ -133,6 +133,7 @@ class WorkerLink:
         self._queued: list[tuple[Step, asyncio.Future]] = []
         self._batches: list[set[int]] = []
         self._flush_scheduled = False
+        self._controls: list[bytes] = []  # frames sent this tick, written with its STEPs
         self._watchdog = Watchdog(self._on_timeouts)
         self.sessions_started = 0
         self.refused: Reason | None = None  # the worker's last refusal of a session
@@ -247,6 +248,7 @@ class WorkerLink:
                                         "connection lost before the STEP left"))
         self._queued.clear()
         self._batches.clear()
+        self._controls.clear()  # the dead session's frames: never written to a new one
         if was_ready and not quiet:
             log.warning("lost the worker session; reconnecting")
 
@@ -347,16 +349,26 @@ class WorkerLink:
         return fut
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled and self._queued:
+        if not self._flush_scheduled and (self._queued or self._controls):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
+        """Write what this tick sent, in the order it was sent: the control frames (each
+        encoded, so ordered, when sent), then the queued STEPs: one write, so the worker
+        reads a round's COMMITs and the next round's STEPs in one wake-up."""
         self._flush_scheduled = False
-        if not self._queued or len(self._batches) >= MAX_BATCHES_IN_FLIGHT or not self._writable():
+        frames, self._controls = self._controls, []
+        if not self._writable():
             return  # a closing transport: _go_down fails the queued STEPs
+        if self._queued and len(self._batches) < MAX_BATCHES_IN_FLIGHT:
+            self._encode_steps(frames)
+        if frames:
+            self._proto.transport.write(b"".join(frames))
+
+    def _encode_steps(self, frames: list) -> None:
         now = asyncio.get_running_loop().time()
-        frames, batch = [], set()
+        batch = set()
         for step, fut in self._queued:
             if fut.done():  # its request went away (cancelled) and was RESET: never send it
                 continue
@@ -371,7 +383,6 @@ class WorkerLink:
         self._queued.clear()
         if batch:
             self._batches.append(batch)
-            self._proto.transport.write(b"".join(frames))
         self._watchdog.arm()
 
     def commit(self, commit: Commit) -> bool:
@@ -399,5 +410,6 @@ class WorkerLink:
         except LocalProtocolError as e:
             log.error("%s not sent: %s", type(msg).__name__, e)
             return False
-        self._proto.transport.write(frame)
+        self._controls.append(frame)
+        self._schedule_flush()
         return True

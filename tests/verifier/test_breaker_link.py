@@ -47,6 +47,8 @@ async def test_k_watchdog_fallbacks_open_the_circuit_and_a_probe_closes_it():
         # each timed-out STEP was invalidated (RESET) and counted; the circuit's rounds
         # sent nothing, so nothing of theirs is
         assert metrics.value("pp1q_generation_invalidations_total") == K
+        # the last RESETs leave with the tick's one write: wait until the worker read them
+        await until(lambda: len(worker.resets) >= K + 1, "the RESETs reached the worker")
         assert [r.reason for r in worker.resets] == [Reason.STEP_TIMEOUT] * K + [
             Reason.CANCELLED]  # and the release's, which is not an invalidation
         assert metrics.value("pp1q_circuit_trips_total") == 1
