@@ -15,8 +15,8 @@ FOLLOW_POLL_S = 0.2  # --follow: how often to look for appended records
 def add_arguments(p) -> None:
     p.add_argument("file", metavar="FILE", help="a capture written by --capture (.pp1qcap)")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="a detail line per REPLY: support size, sampled id, its q, checksum, "
-                        "row validity")
+                   help="a detail line per REPLY and per PROPOSAL position: support size, "
+                        "sampled id, its q, checksum, row validity")
     p.add_argument("--verify", action="store_true",
                    help="replay the worker's frames through a fresh in-memory verifier "
                         "endpoint driven by the verifier's frames; print events and commits")
@@ -102,7 +102,8 @@ def _item_json(item) -> dict:
         fields = msgspec.structs.asdict(m)
         fields.pop("ids", None)  # payload arrays: the lengths are in the control fields
         fields.pop("q", None)
-        fields.pop("tokens", None)
+        if not isinstance(fields.get("tokens", []), list):  # CONTEXT's payload (a PROPOSAL's
+            del fields["tokens"]  # tokens are control fields, kept)
         out["type"] = type(m).__name__
         out["fields"] = msgspec.to_builtins(fields)
         if item.frame is not None and item.frame.error is not None:
