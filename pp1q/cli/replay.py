@@ -99,11 +99,13 @@ def _item_json(item) -> dict:
         out["reason"], out["detail"] = item.error.reason.value, item.error.detail
     m = item.message
     if m is not None:
-        fields = msgspec.structs.asdict(m)
-        fields.pop("ids", None)  # payload arrays: the lengths are in the control fields
-        fields.pop("q", None)
-        if not isinstance(fields.get("tokens", []), list):  # CONTEXT's payload (a PROPOSAL's
-            del fields["tokens"]  # tokens are control fields, kept)
+        from pp1q.wire.messages import HEAD_CLASSES, type_of
+
+        # the control part's fields only: a payload's arrays (REPLY and PROPOSAL rows,
+        # CONTEXT tokens) are not dumped, their lengths are control fields
+        head = HEAD_CLASSES.get(type_of(m))
+        fields = (msgspec.structs.asdict(m) if head is None
+                  else {f: getattr(m, f) for f in head.__struct_fields__})
         out["type"] = type(m).__name__
         out["fields"] = msgspec.to_builtins(fields)
         if item.frame is not None and item.frame.error is not None:

@@ -154,6 +154,13 @@ def test_analysis_json_lines(capsys):
     steps = [o for o in objs if o.get("type") == "Step"]
     assert steps[0]["fields"]["seed"] == 2026 and steps[0]["dir"] == "V>W"
     assert all("q" not in o.get("fields", {}) for o in objs)  # arrays are not dumped
+    props = [o for o in objs if o.get("type") == "Proposal"]
+    assert props and all(set(o["fields"]) == {
+        "session", "slot", "generation", "round_id", "first_position", "context_version",
+        "tokens", "entries", "row_checksums"} for o in props)  # its control part, whole
+    assert all(len(o["fields"]["tokens"]) == 5 for o in props)
+    contexts = [o for o in objs if o.get("type") == "Context"]
+    assert contexts and all("tokens" not in o["fields"] for o in contexts)  # a payload
 
 
 def test_divergence_exit_status(capsys, tmp_path):
