@@ -186,3 +186,15 @@ def test_damaged_file_exit_status_and_message(capsys, tmp_path):
     assert code == 0 and "warning" in err and "commits" in out
     code, _, err = _run(capsys, tmp_path / "missing")
     assert code == 2 and "No such file" in err
+
+
+def test_the_analyser_describes_every_message_type():
+    """A new message type without a line here would stop `pp1q replay` at its first frame
+    (as PROPOSAL did before its formatter)."""
+    from pp1q.tools.replay.analyse import DESCRIBE
+    from pp1q.wire import MsgType
+    from pp1q.wire.messages import TYPE_OF
+
+    assert {TYPE_OF[cls] for cls in DESCRIBE} == set(MsgType)
+    assert len({label for label, _ in DESCRIBE.values()}) == len(DESCRIBE)
+    assert all(label == TYPE_OF[cls].name for cls, (label, _) in DESCRIBE.items())
