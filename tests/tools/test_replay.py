@@ -71,7 +71,7 @@ def test_the_vectors_cover_what_they_claim():
     assert fb["discarded"] > 0  # late frames of invalidated generations
     late = {h.event.msg_type for h in replay_verifier(_cap("fallback_v2")).events
             if isinstance(h.event, Discarded)}
-    assert MsgType.PROPOSAL in late and MsgType.REPLY in late
+    assert late == {MsgType.PROPOSAL, MsgType.REPLY, MsgType.COMPLETION}
     assert _expected("greedy_v1")["wire_version"] == 1
     assert _expected("clean_v2")["wire_version"] == 2
     ready = replay_verifier(_cap("greedy_v1")).ready
