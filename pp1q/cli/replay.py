@@ -15,8 +15,8 @@ FOLLOW_POLL_S = 0.2  # --follow: how often to look for appended records
 def add_arguments(p) -> None:
     p.add_argument("file", metavar="FILE", help="a capture written by --capture (.pp1qcap)")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="a detail line per REPLY: support size, sampled id, its q, checksum, "
-                        "row validity")
+                   help="a detail line per REPLY and per PROPOSAL position: support size, "
+                        "sampled id, its q, checksum, row validity")
     p.add_argument("--verify", action="store_true",
                    help="replay the worker's frames through a fresh in-memory verifier "
                         "endpoint driven by the verifier's frames; print events and commits")
@@ -99,10 +99,13 @@ def _item_json(item) -> dict:
         out["reason"], out["detail"] = item.error.reason.value, item.error.detail
     m = item.message
     if m is not None:
-        fields = msgspec.structs.asdict(m)
-        fields.pop("ids", None)  # payload arrays: the lengths are in the control fields
-        fields.pop("q", None)
-        fields.pop("tokens", None)
+        from pp1q.wire.messages import HEAD_CLASSES, type_of
+
+        # the control part's fields only: a payload's arrays (REPLY and PROPOSAL rows,
+        # CONTEXT tokens) are not dumped, their lengths are control fields
+        head = HEAD_CLASSES.get(type_of(m))
+        fields = (msgspec.structs.asdict(m) if head is None
+                  else {f: getattr(m, f) for f in head.__struct_fields__})
         out["type"] = type(m).__name__
         out["fields"] = msgspec.to_builtins(fields)
         if item.frame is not None and item.frame.error is not None:

@@ -31,7 +31,8 @@ def add_arguments(p) -> None:
     add_setting(p, v, "slots", "N", "concurrent requests")
     add_setting(p, v, "depth", "D", "fixed draft depth")
     add_setting(p, v, "top_k", "K", "default proposal support: sparse top-k, 0 = dense")
-    add_setting(p, v, "watchdog_ms", "MS", "deadline for a STEP's validated COMPLETION")
+    add_setting(p, v, "watchdog_ms", "MS",
+                "deadline for a STEP's validated COMPLETION (or PROPOSAL)")
     add_setting(p, v, "reconnect_max_s", "S", "longest backoff between reconnection attempts")
     add_setting(p, v, "breaker_after_timeouts", "K",
                 "consecutive watchdog fallbacks that open the circuit: target-only, no STEP "

@@ -31,9 +31,10 @@ def add_arguments(p) -> None:
     add_setting(p, "worker", "max_support", "K",
                 "largest sparse top-k support offered at HELLO")
     add_setting(p, "worker", "check_outgoing", help=(
-        "validate every REPLY row before it leaves, as the verifier does again on arrival "
-        "(off by default: a worker bug then fails on the verifier, counted there; on, it "
-        "fails here, named in drafting_aborts; costs one row validation per REPLY)"))
+        "validate every REPLY row and PROPOSAL before it leaves, as the verifier does "
+        "again on arrival (off by default: a worker bug then fails on the verifier, "
+        "counted there; on, it fails here, named in drafting_aborts; costs one row "
+        "validation per row)"))
     add_setting(p, "worker", "max_connections", "N",
                 "connections held at once; a new one replaces the oldest without HELLO")
     add_setting(p, "worker", "max_sessions", "N",

@@ -89,7 +89,8 @@ class Metrics:
             registry=reg("accepted_length"))
         self.round_latency = Histogram(
             f"{PREFIX}_round_latency_seconds",
-            "STEP sent to decision made (verifier) or STEP received to COMPLETION sent (worker)",
+            "STEP sent to decision made (verifier) or STEP received to COMPLETION or "
+            "PROPOSAL sent (worker)",
             buckets=ROUND_LATENCY_BUCKETS, registry=reg("round_latency_seconds"))
         self.fallbacks = counter("fallbacks", "Proposals discarded for a target-only step",
                                  ("cause",))
@@ -107,8 +108,8 @@ class Metrics:
             "peers_refused", "Peers this daemon refused before a session (TLS handshake or "
             "HELLO), by reason", ("reason",))
         self.reply_bytes = counter(
-            "reply_bytes", "Wire bytes from worker to verifier (REPLY, COMPLETION, HELLO answer,"
-            " refusals): sent (worker) or received (verifier)")
+            "reply_bytes", "Wire bytes from worker to verifier (REPLY, COMPLETION, PROPOSAL,"
+            " HELLO answer, refusals): sent (worker) or received (verifier)")
         self.context_tokens = counter(
             "context_tokens", "Committed-context token ids in CONTEXT frames: sent (verifier)."
             " A fallback sends its one token, a digest mismatch the whole prefix again")

@@ -122,8 +122,9 @@ class WorkerSettings(DaemonSettings, frozen=True, kw_only=True):
     draft_preset: DraftPreset = DEFAULT_DRAFT_PRESET
     draft_distance: Annotated[float, Meta(ge=0, le=1)] | None = None  # None: the preset's
     max_support: Annotated[int, Meta(ge=1, le=MAX_VOCAB)] = DEFAULT_MAX_SUPPORT
-    # the verifier makes every row check again (pp1q.wire.validate.check_reply): on, a
-    # worker bug is named on the worker (drafting_aborts) at one more check per REPLY
+    # the verifier makes every row check again (pp1q.wire.validate: check_reply,
+    # check_proposal): on, a worker bug is named on the worker (drafting_aborts) at one
+    # more check per REPLY or PROPOSAL
     check_outgoing: bool = False
     # bounds on what any peer may hold (pp1q.wire.sessions; docs/operations.md, "Bounds
     # on the worker"): max_pending_sessions <= max_sessions < max_connections

@@ -7,9 +7,12 @@ together in memory, the worker drafting with the worker daemon's proposal chain
 (pp1q.worker.proposer: build_row, sample, proposal_u24) and the verifier deciding like
 its scheduler (pp1q.verifier.rounds: verify_round, greedy argmax, target-only draws).
 The capture is taken on the verifier's side, as ``pp1q verifier --capture`` records:
-one wire v2 (revision 2) connection, the request context in its CONTEXT frames. A fixed
-clock and the BLAS-free vector models (pp1q.tools.replay.vector_models) make every byte
-reproducible.
+one wire v2 (revision 3) connection, the request context in its CONTEXT frames. The
+worker answers as its daemon does (pp1q.worker.drafting): a sparse step that fits one
+frame (``sizes.proposal_fits``: here top_k <= 6, as dense rows of vocabulary 64 bound a
+payload to 256 bytes) with one PROPOSAL, any other step with a REPLY per position and a
+COMPLETION. A fixed clock and the BLAS-free vector models
+(pp1q.tools.replay.vector_models) make every byte reproducible.
 
 These files are the project's compatibility vectors: a change that makes them fail to
 replay, or regenerate differently, is a wire change and needs a version bump.
@@ -21,6 +24,8 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from pp1q.core.errors import Reason
 from pp1q.core.prefix import Prefix
@@ -44,11 +49,13 @@ from pp1q.wire import (
     WireConfig,
     WorkerEndpoint,
     context_of,
+    proposal_from_rows,
     reply_from_row,
 )
 from pp1q.wire.events import ProposalFailed, ProposalReady, StepRequested
 from pp1q.wire.framing import HEADER_BYTES, read_header
 from pp1q.wire.session_config import PRECISION, VERIFIER_ID
+from pp1q.wire.sizes import proposal_fits
 from pp1q.wire.validate import step_form
 from pp1q.worker.proposer import ProposalSpec, propose, propose_greedy
 
@@ -57,6 +64,7 @@ VOCAB = 64  # dense rows of 256 bytes keep the files small
 MODEL_SEED = 11
 DEPTH = 5  # the design's fixed depth
 SUPPORT = 16  # sparse top-k cap offered by both ends
+SLOTS = 3  # the verifier's slots: fallback_v2 runs three requests side by side
 STEP_TIMEOUT_S = 0.5  # the verifier's watchdog (stated in the capture's INFO record)
 TICK_NS = 40_000  # the fixed clock advances this much per delivered chunk
 WALL_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z: capture header start time
@@ -90,8 +98,8 @@ class Session:
                          id_map_hash=vocab_map_id(VOCAB), draft_id=self.drafter.identity,
                          draft_adapted=False, target_id=self.target.identity,
                          rng_abi=RNG_ABI_ID, precision=PRECISION)
-        v_limits = Limits.make(vocab=VOCAB, max_slots=2, max_depth=DEPTH, max_support=SUPPORT,
-                               max_inflight=2)
+        v_limits = Limits.make(vocab=VOCAB, max_slots=SLOTS, max_depth=DEPTH,
+                               max_support=SUPPORT, max_inflight=SLOTS)
         w_limits = Limits.make(vocab=VOCAB, max_slots=8, max_depth=16, max_support=SUPPORT,
                                max_inflight=8)
         self.v = VerifierEndpoint(WireConfig(ident, v_limits, verifier_versions),
@@ -107,6 +115,7 @@ class Session:
         self.events: list = []
         self.commits: list[dict] = []
         self.reply_hook = None  # (step, reply) -> reply: a worker bug, for fault sessions
+        self.proposal_hook = None  # (step, proposal) -> proposal: likewise, for PROPOSALs
         self.send_to_worker(self.v.hello())
 
     @property
@@ -118,14 +127,15 @@ class Session:
 
     # -- transport ---------------------------------------------------------------
 
-    def send_to_worker(self, data: bytes) -> list[bytes]:
-        """Verifier -> worker (recorded OUT); returns the worker's frames in answer."""
+    def send_to_worker(self, data: bytes) -> list[list[bytes]]:
+        """Verifier -> worker (recorded OUT); returns the worker's frames in answer, a
+        list per STEP in ``data``."""
         self.tick()
         self.cap.record(Direction.OUT, self.wire, self.now, data)
         answers = []
         for ev in self.w.receive_data(data, self.now):
             if isinstance(ev, StepRequested):
-                answers.extend(self._draft(ev.step))
+                answers.append(self._draft(ev.step))
         out = self.w.data_to_send()
         if out:
             self.deliver(out)
@@ -151,6 +161,8 @@ class Session:
     # -- the worker ----------------------------------------------------------------
 
     def _draft(self, step: Step) -> list[bytes]:
+        """The worker's frames for ``step``: one PROPOSAL when it fits one frame (what the
+        worker daemon sends), else a REPLY per position and the COMPLETION."""
         prefix = Prefix(self.w.context(step.slot))
         assert prefix.digest == step.prefix_digest, "worker and verifier prefixes differ"
         form = step_form(step)
@@ -162,6 +174,15 @@ class Session:
                                 depth=step.depth, temperature=step.temperature,
                                 top_k=step.top_k or None)
             rows = list(propose(self.drafter, prefix.tokens, spec))
+        if proposal_fits(step, self.w.limits):
+            tokens, q_rows = [t for t, _ in rows], [r for _, r in rows]
+            if self.proposal_hook is None:
+                return [self.w.send_proposal(step, tokens, q_rows)]
+            prop = proposal_from_rows(
+                session=step.session, slot=step.slot, generation=step.generation,
+                round_id=step.round_id, first_position=step.first_position,
+                context_version=step.context_version, tokens=tokens, rows=q_rows)
+            return [self.w.send(self.proposal_hook(step, prop))]
         frames = []
         for index, (token, row) in enumerate(rows, start=1):
             reply = reply_from_row(
@@ -190,11 +211,8 @@ class Session:
     def send_steps(self, steps: list[Step]) -> list[list[bytes]]:
         """One write with every STEP (a batch); the worker's frames per step."""
         data = b"".join(self.v.send(s, self.now) for s in steps)
-        frames = self.send_to_worker(data)
-        per_step, i = [], 0
-        for _ in steps:
-            per_step.append(frames[i:i + DEPTH + 1])
-            i += DEPTH + 1
+        per_step = self.send_to_worker(data)
+        assert len(per_step) == len(steps), "the worker drafts every STEP of the batch"
         return per_step
 
     def decide(self, req: Request, ready: ProposalReady) -> None:
@@ -281,7 +299,9 @@ def _run_round(s: Session, reqs: list[Request], fault=None) -> None:
 
 
 def _flip_payload_byte(frame: bytes, at: int) -> bytes:
-    i = HEADER_BYTES + read_header(frame).control_len + at
+    """``frame`` with payload byte ``at`` flipped (negative: from the payload's end)."""
+    h = read_header(frame)
+    i = HEADER_BYTES + h.control_len + (at % h.payload_len)
     return frame[:i] + bytes([frame[i] ^ 0x40]) + frame[i + 1:]
 
 
@@ -289,7 +309,7 @@ def clean_v2(path: Path) -> Session:
     s = Session(path, session=0x0C1EA0000000002, verifier_versions=(WIRE_V2, WIRE_V1),
                 worker_versions=(WIRE_V2, WIRE_V1))
     reqs = [Request(0, [3, 14, 15, 9], seed=2026, temperature=1.0),
-            Request(1, [2, 7, 18], seed=77, temperature=0.8, top_k=8)]
+            Request(1, [2, 7, 18], seed=77, temperature=0.8, top_k=6)]  # a PROPOSAL a step
     for _ in range(3):
         _run_round(s, reqs)
     s.finish(reqs)
@@ -297,27 +317,32 @@ def clean_v2(path: Path) -> Session:
 
 
 def fallback_v2(path: Path) -> Session:
-    """Slot 0 meets three faults (corrupt q bytes, a reply without q, lost replies);
-    slot 1 runs clean beside it."""
+    """Slot 0 (dense, row by row) and slot 2 (sparse top-k 4, one PROPOSAL a step) meet
+    three faults each: corrupt q bytes, a row without q (slot 0) or a token its row
+    cannot have drawn (slot 2), lost frames; slot 1 (sparse top-k 12: too wide for one
+    frame, row by row) runs clean beside them."""
     s = Session(path, session=0xFA11BAC000000002, verifier_versions=(WIRE_V2,),
                 worker_versions=(WIRE_V2, WIRE_V1), check_outgoing=False)
     reqs = [Request(0, [5, 6, 7], seed=4242, temperature=1.0),
-            Request(1, [8, 9], seed=99, temperature=0.7, top_k=12)]
+            Request(1, [8, 9], seed=99, temperature=0.7, top_k=12),
+            Request(2, [30, 31, 32], seed=31337, temperature=0.9, top_k=4)]
 
     def corrupt(r, frames):
-        if r.slot != 0:
-            return frames, []
-        return frames[:1] + [_flip_payload_byte(frames[1], 9)] + frames[2:], []
+        if r.slot == 0:
+            return frames[:1] + [_flip_payload_byte(frames[1], 9)] + frames[2:], []
+        if r.slot == 2:  # the last q byte of the PROPOSAL's last row
+            return [_flip_payload_byte(frames[0], -1)], []
+        return frames, []
 
     def lose(r, frames):
-        return ([], frames) if r.slot == 0 else (frames, [])
+        return ([], frames) if r.slot in (0, 2) else (frames, [])
 
     _run_round(s, reqs)
     _run_round(s, reqs, corrupt)
     _run_round(s, reqs)
-    s.reply_hook = _strip_q_of_row_3
+    s.reply_hook, s.proposal_hook = _strip_q_of_row_3, _token_outside_row_3
     _run_round(s, reqs)
-    s.reply_hook = None
+    s.reply_hook = s.proposal_hook = None
     _run_round(s, reqs, lose)
     _run_round(s, reqs)
     s.finish(reqs)
@@ -331,6 +356,16 @@ def _strip_q_of_row_3(step: Step, reply):
     return reply_from_row(session=reply.session, slot=reply.slot, generation=reply.generation,
                           round_id=reply.round_id, index=3, position=reply.position,
                           token=reply.token, row=None, form=Form.TOKEN_ONLY)
+
+
+def _token_outside_row_3(step: Step, prop):
+    """A buggy worker: position 3 of slot 2 names a token its row gives q = 0 (the row
+    and its checksum intact: only the row check against the token can see it)."""
+    if step.slot != 2:
+        return prop
+    tokens = list(prop.tokens)
+    tokens[2] = min(set(range(VOCAB)) - set(prop.ids[2].tolist()))
+    return msgspec.structs.replace(prop, tokens=tokens)
 
 
 def greedy_v1(path: Path) -> Session:

@@ -3,9 +3,11 @@
     python tests/support/wire_vectors.py        # regenerate after a deliberate wire change
     python tests/support/wire_vectors.py --doc  # the hex blocks of docs/wire.md
 
-Small shapes (vocabulary 16, dense rows padded to 20 entries, sparse support <= 4) keep
-every vector short enough to print in docs/wire.md. A change to any of these bytes is a
-wire change: bump the version and say so.
+Small shapes (vocabulary 16, dense rows padded to 20 entries, sparse support <= 4, the
+sparse step's top_k 2) keep every vector short enough to print in docs/wire.md. The sparse
+step is one a PROPOSAL answers (``sizes.proposal_fits``: depth 5 x top_k 2 x 8 bytes = 80,
+the largest payload these limits allow); its first row is the sparse REPLY's. A change to
+any of these bytes is a wire change: bump the version and say so.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pp1q.wire import (
     Step,
     context_of,
     encode,
+    proposal_from_rows,
     reply_from_row,
 )
 
@@ -53,7 +56,15 @@ SESSION = 0x0123456789ABCDEF
 LOGITS = np.array([0.5, -1.0, 2.0, 0.0, -np.inf, 1.5, -2.0, 0.25,
                    -0.5, 1.0, -3.0, 0.75, -np.inf, 0.1, -1.5, 0.3])
 DENSE_ROW = build_row(LOGITS, temperature=0.75)
-SPARSE_ROW = build_row(LOGITS, temperature=0.75, top_k=3)
+SPARSE_TOP_K = 2
+SPARSE_ROW = build_row(LOGITS, temperature=0.75, top_k=SPARSE_TOP_K)
+# the sparse step's 5 positions, each row its own ids and q: row 1 is SPARSE_ROW, row i > 1
+# from the logits plus themselves rotated by 3(i-1); each token one of its row's support
+# (the first and second id in turn)
+PROPOSAL_ROWS = [SPARSE_ROW] + [
+    build_row(LOGITS + np.roll(LOGITS, 3 * i), temperature=0.75, top_k=SPARSE_TOP_K)
+    for i in range(1, 5)]
+PROPOSAL_TOKENS = [int(row.ids[i % 2]) for i, row in enumerate(PROPOSAL_ROWS)]
 CONTEXT_TOKENS = [3, 1, 4, 1, 5, 9, 2, 6]  # a prompt of 8 tokens, then a fallback's 5
 STEP = dict(session=SESSION, slot=2, generation=7, round_id=3, last_committed=41, first_position=42,
             prefix_digest=0x5EED5EED5EED5EED, depth=5, context_version=1, seed=2024)
@@ -73,12 +84,15 @@ def messages() -> dict[str, object]:
                                      start=len(CONTEXT_TOKENS),
                                      digest=digest_of(CONTEXT_TOKENS + [5])),
         "step_dense": Step(**STEP, temperature=0.75, top_k=0),
-        "step_sparse": Step(**STEP, temperature=0.75, top_k=3),
+        "step_sparse": Step(**STEP, temperature=0.75, top_k=SPARSE_TOP_K),
         "step_greedy": Step(**STEP, temperature=0.0, top_k=0),
         "reply_dense": reply_from_row(**reply, token=2, row=DENSE_ROW, form=Form.DENSE,
                                       dense_len=LIMITS.dense_len),
         "reply_sparse": reply_from_row(**reply, token=2, row=SPARSE_ROW, form=Form.SPARSE),
         "reply_token_only": reply_from_row(**reply, token=2, row=None, form=Form.TOKEN_ONLY),
+        "proposal": proposal_from_rows(session=SESSION, slot=2, generation=7, round_id=3,
+                                       first_position=42, context_version=1,
+                                       tokens=PROPOSAL_TOKENS, rows=PROPOSAL_ROWS),
         "completion": Completion(session=SESSION, slot=2, generation=7, round_id=3,
                                  first_position=42, context_version=1, rows=5,
                                  reply_bytes=1234, reply_checksum=0x0DDBA11CAFEF00D5,

@@ -281,6 +281,27 @@ def test_a_revision_one_answer_is_refused_by_name():
     assert e.value.reason is Reason.BAD_REVISION
 
 
+def test_a_revision_two_hello_is_refused_by_name():
+    """Revision 2 (no PROPOSAL) laid HELLO out as revision 3 does: it decodes, and its
+    revision is refused by name, never served as if it could read a PROPOSAL."""
+    w = WorkerEndpoint(config())
+    hello = msgspec.structs.replace(wire_vectors.messages()["hello"], revision=2)
+    [ev] = w.receive_data(encode(hello), 0.0)
+    assert ev == SessionRefused(Reason.BAD_REVISION, ev.detail, by_peer=False)
+    assert "revision 2" in ev.detail
+    [refusal] = _decode(w.data_to_send())
+    assert refusal.reason == Reason.BAD_REVISION
+
+
+def test_a_revision_two_answer_is_refused_by_name():
+    v = VerifierEndpoint(config(), session=wire_vectors.SESSION)
+    v.hello()
+    ans = msgspec.structs.replace(wire_vectors.messages()["hello_answer"], revision=2)
+    with pytest.raises(RemoteProtocolError) as e:
+        v.receive_data(encode(ans), 0.0)
+    assert e.value.reason is Reason.BAD_REVISION
+
+
 def test_both_ends_say_their_revision():
     v = VerifierEndpoint(config(), session=SESSION)
     hello = v.hello()

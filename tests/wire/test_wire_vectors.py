@@ -4,10 +4,12 @@ import msgspec
 import numpy as np
 import pytest
 import wire_vectors
-from wire_helpers import feed_all, splits
+from wire_helpers import control_of, feed_all, splits
 
-from pp1q.wire import Context, FrameDecoder, Reply, encode
+from pp1q.wire import Context, FrameDecoder, MsgType, Proposal, Reply, encode, read_header
 from pp1q.wire.messages import TYPE_OF
+from pp1q.wire.sizes import payload_cap, proposal_fits
+from pp1q.wire.validate import check_proposal
 
 VECTORS = wire_vectors.load()
 NAMES = sorted(VECTORS)
@@ -28,11 +30,18 @@ def test_every_message_type_and_row_form_has_a_vector():
     assert forms == {0, 1, 2}
 
 
+def _same_field(x, y) -> bool:
+    if isinstance(x, tuple):  # a PROPOSAL's rows: one array per position
+        return len(x) == len(y) and all(map(_same_field, x, y))
+    if isinstance(x, np.ndarray):
+        return x.dtype == y.dtype and np.array_equal(x, y)
+    return x == y
+
+
 def _same(a, b):
-    if isinstance(a, (Reply, Context)):
+    if isinstance(a, (Reply, Context, Proposal)):
         fa, fb = msgspec.structs.astuple(a), msgspec.structs.astuple(b)
-        return all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
-                   for x, y in zip(fa, fb, strict=True))
+        return type(a) is type(b) and all(map(_same_field, fa, fb))
     return a == b
 
 
@@ -99,6 +108,29 @@ def test_decoded_rows_are_read_only_views_of_one_payload_buffer():
     assert np.shares_memory(r.ids, r.q) or r.ids.base is r.q.base
 
 
+def test_the_proposal_vector_answers_the_sparse_step_vector_whole():
+    """What docs/wire.md says of it: the step is one our worker answers with one PROPOSAL
+    (its payload exactly the cap), row 1 is the sparse REPLY's row, and each row checksum
+    is the payload_xxh3 a REPLY carrying that row has."""
+    msgs = wire_vectors.messages()
+    step, data = msgs["step_sparse"], VECTORS["proposal"]
+    assert proposal_fits(step, wire_vectors.LIMITS)
+    h = read_header(data)
+    assert h.mtype == MsgType.PROPOSAL
+    assert h.payload_len == step.depth * step.top_k * 8 == payload_cap(MsgType.PROPOSAL,
+                                                                       wire_vectors.LIMITS)
+    [p] = decoder().feed(data)
+    assert len(p.tokens) == step.depth and p.first_position == step.first_position
+    assert p.row_checksums[0] == read_header(VECTORS["reply_sparse"]).payload_xxh3
+    reply = msgs["reply_sparse"]
+    assert (np.array_equal(p.ids[0], reply.ids) and np.array_equal(p.q[0], reply.q)
+            and p.tokens[0] == reply.token)
+    assert all(not a.flags.writeable for a in (*p.ids, *p.q))
+    rows = check_proposal(p, step, wire_vectors.VOCAB)  # what the verifier accepts
+    assert [(r.ids.tolist(), r.counts.tolist()) for r in rows] == [
+        (r.ids.tolist(), r.counts.tolist()) for r in wire_vectors.PROPOSAL_ROWS]
+
+
 def test_docs_show_every_vector_byte_for_byte():
     from pathlib import Path
 
@@ -107,3 +139,8 @@ def test_docs_show_every_vector_byte_for_byte():
         assert wire_vectors.hexdump(data) in doc, f"docs/wire.md is stale for {name}"
     commit = VECTORS["commit"]
     assert commit[:8].hex(" ") in doc and commit[24:32].hex(" ") in doc
+    # the worked examples: reply_sparse's control part, the proposal's lists and checksum
+    assert control_of(VECTORS["reply_sparse"]).hex(" ") in doc
+    proposal = control_of(VECTORS["proposal"]).hex(" ")
+    for field in ("95 02 05 05 0b 05", "95 02 02 02 02 02", "95 cf 93 cc 8c 71 f5 19 26 77"):
+        assert field in proposal and field in doc

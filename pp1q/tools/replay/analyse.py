@@ -4,6 +4,11 @@
     0.000100   c1   V>W  STEP          s0 g1 r1 last_committed=2 depth=5 T=1 dense seed=7
     0.000200   c1   W>V  REPLY         s0 g1 r1 #1 pos=3 token=17 dense n=64
                           row: support=40 token=17 q=123456/2^24 (0.00736) checksum=ok valid
+    0.000280   c1   W>V  PROPOSAL      s1 g1 r1 pos=3..7 tokens=16,57,29,29,29 entries=6,6,6,...
+                          row #1 pos=3: support=6 token=16 q=11353264/2^24 (0.676707) ...
+
+A PROPOSAL (revision 3) gets a detail line per position, as its REPLY would (``row #i
+pos=P:``, then what ``row:`` says of a REPLY); its row checksum is compared with the row.
 
 Rows are checked here only to describe them (support size, q of the sampled id, the
 frame checksum, the row validator's verdict); ``pp1q replay --verify`` is what replays
@@ -24,6 +29,7 @@ from pp1q.wire import (
     Form,
     Hello,
     HelloAnswer,
+    Proposal,
     Refusal,
     Reply,
     Reset,
@@ -37,6 +43,7 @@ from pp1q.wire.events import (
     SessionRefused,
     SessionStarted,
 )
+from pp1q.wire.proposal import row_checksum
 
 TYPE_WIDTH = 13  # longest type name (HELLO_ANSWER) plus a space
 
@@ -67,6 +74,13 @@ def _reply(m: Reply) -> str:
             f"{Form(m.form).name.lower()} n={m.entries}")
 
 
+def _proposal(m: Proposal) -> str:
+    n = len(m.tokens)
+    last = m.first_position + n - 1
+    return (f"{_key(m)} pos={m.first_position}..{last} "
+            f"tokens={','.join(map(str, m.tokens))} entries={','.join(map(str, m.entries))}")
+
+
 def _completion(m: Completion) -> str:
     status = "ok" if m.status == Status.OK else f"aborted({m.reason})"
     return f"{_key(m)} rows={m.rows} bytes={m.reply_bytes} status={status}"
@@ -80,6 +94,7 @@ DESCRIBE = {  # message class -> (type label, key fields)
                              f"T={m.temperature:g} {_step_form(m)} seed={m.seed}"),
     Reply: ("REPLY", _reply),
     Completion: ("COMPLETION", _completion),
+    Proposal: ("PROPOSAL", _proposal),
     Commit: ("COMMIT", lambda m: f"{_key(m)} accepted={m.accepted} token={m.token} "
                                  f"committed={m.committed}"),
     Reset: ("RESET", lambda m: f"s{m.slot} g{m.generation} reason={m.reason}"),
@@ -122,47 +137,72 @@ class Analyser:
         if item.frame is not None and item.frame.error is not None:
             line += f"  [{item.frame.error.reason.value}]"
         out = [line]
+        pad = " " * len(head) + "     "
         if self.verbose and isinstance(m, Reply):
-            out.append(" " * len(head) + "     row: " + self.row(item))
+            out.append(pad + "row: " + self.row(item))
+        elif self.verbose and isinstance(m, Proposal):
+            out += [pad + line for line in self.proposal_rows(item)]
         return out
 
     def row(self, item: Item) -> str:
         """support size, sampled id, q of the sampled id, checksum, validator verdict."""
         m: Reply = item.message
-        err = item.frame.error if item.frame is not None else None
-        checksum = "ok" if err is None else f"BAD ({err.reason.value})"
+        checksum = _frame_checksum(item)
         if m.form == Form.TOKEN_ONLY:
             if self._sampled.get((item.conn, m.slot, m.generation, m.round_id)):
                 return f"token={m.token} checksum={checksum} INVALID (missing_q: sampled step)"
             return f"no q (greedy) token={m.token} checksum={checksum}"
         if m.q is None:
             return f"token={m.token} checksum={checksum}, payload dropped"
-        q = np.asarray(m.q)
-        if m.form == Form.DENSE:
-            support = int(np.count_nonzero(q))
-            q_tok = float(q[m.token]) if 0 <= m.token < q.size else 0.0
-        else:
-            ids = np.asarray(m.ids)
-            support = int(ids.size)
-            hit = np.flatnonzero(ids == m.token)
-            q_tok = float(q[hit[0]]) if hit.size else 0.0
-        return (f"support={support} token={m.token} q={q_tok * MASS:.0f}/2^24 ({q_tok:.6g}) "
-                f"checksum={checksum} {self._verdict(item.conn, m)}")
+        return self._row_text(item.conn, m.form, m.token, m.ids, m.q, checksum)
 
-    def _verdict(self, conn: int, m: Reply) -> str:
+    def proposal_rows(self, item: Item) -> list[str]:
+        """A PROPOSAL's positions, each as ``row`` describes a REPLY; its row checksum is
+        checked against the row (the frame's own checksum covers the whole payload)."""
+        m: Proposal = item.message
+        checksum = _frame_checksum(item)
+        if m.ids is None or m.q is None:
+            return [f"rows: checksum={checksum}, payload dropped"]
+        out = []
+        for i, (token, ids, q, declared) in enumerate(
+                zip(m.tokens, m.ids, m.q, m.row_checksums, strict=True), start=1):
+            ok = checksum == "ok" and row_checksum(ids, q) == declared
+            out.append(f"row #{i} pos={m.first_position + i - 1}: " + self._row_text(
+                item.conn, Form.SPARSE, token, ids, q, "ok" if ok else "BAD (row checksum)"))
+        return out
+
+    def _row_text(self, conn: int, form: int, token: int, ids, q, checksum: str) -> str:
+        q = np.asarray(q)
+        if form == Form.DENSE:
+            support = int(np.count_nonzero(q))
+            q_tok = float(q[token]) if 0 <= token < q.size else 0.0
+        else:
+            ids = np.asarray(ids)
+            support = int(ids.size)
+            hit = np.flatnonzero(ids == token)
+            q_tok = float(q[hit[0]]) if hit.size else 0.0
+        return (f"support={support} token={token} q={q_tok * MASS:.0f}/2^24 ({q_tok:.6g}) "
+                f"checksum={checksum} {self._verdict(conn, form, token, ids, q)}")
+
+    def _verdict(self, conn: int, form: int, token: int, ids, q) -> str:
         vocab = self._vocab.get(conn)
         if vocab is None:
             return "validity unknown (no HELLO)"
         try:
-            if m.form == Form.DENSE:
-                q = validate_dense(m.q, vocab)
-                if not q[m.token] > 0:
+            if form == Form.DENSE:
+                q = validate_dense(q, vocab)
+                if not q[token] > 0:
                     return "INVALID (zero_q_at_token)"
             else:
-                parse_sparse(m.ids, m.q, vocab).require_token(m.token)
+                parse_sparse(ids, q, vocab).require_token(token)
         except RemoteProtocolError as e:
             return f"INVALID ({e.reason.value})"
         return "valid"
+
+
+def _frame_checksum(item: Item) -> str:
+    err = item.frame.error if item.frame is not None else None
+    return "ok" if err is None else f"BAD ({err.reason.value})"
 
 
 def describe_event(ev) -> str:

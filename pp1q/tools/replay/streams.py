@@ -110,7 +110,7 @@ class StreamSet:
         return items
 
     def _tighten(self, conn: int, msg) -> None:
-        # payload bounds (REPLY, CONTEXT) come from the session's limits, as on the
+        # payload bounds (REPLY, PROPOSAL, CONTEXT) come from the session's limits, as on the
         # endpoints: the HELLO's offer, then the answer's negotiated minimum
         if isinstance(msg, (Hello, HelloAnswer)) and msg.limits.max_context:
             for flow in Flow:
