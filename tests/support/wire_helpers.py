@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 from wire_vectors import IDENTITY, LIMITS, VOCAB
 
@@ -10,11 +11,13 @@ from pp1q.core.q import build_row, sample
 from pp1q.core.rng import proposal_u24
 from pp1q.wire import (
     Form,
+    Proposal,
     Step,
     VerifierEndpoint,
     WireConfig,
     WorkerEndpoint,
     context_of,
+    proposal_from_rows,
     reply_from_row,
 )
 from pp1q.wire.framing import (
@@ -25,6 +28,7 @@ from pp1q.wire.framing import (
     head_checksum,
     read_header,
 )
+from pp1q.wire.messages import PROPOSAL_HEAD_FIELDS, MsgType
 
 SESSION = 77
 PREFIX = list(range(10))  # the committed context pair() opens on every slot: last position 9
@@ -94,6 +98,44 @@ def worker_frames(w: WorkerEndpoint, st: Step, seed=0) -> bytes:
     return data + w.send(w.completion(st.slot))
 
 
+def stepped(st: Step, check_outgoing: bool = True):
+    """``pair()`` whose worker holds ``st`` (the verifier sent it at time 0)."""
+    v, w = pair()
+    w.check_outgoing = check_outgoing
+    w.receive_data(v.send(st, now=0.0), 0.0)
+    return v, w
+
+
+def drafted(st: Step, seed=0) -> tuple[list, list]:
+    """``rows_for``'s (tokens, rows), as ``send_proposal`` takes them."""
+    out = rows_for(st, seed)
+    return [t for t, _, _ in out], [r for _, r, _ in out]
+
+
+def proposal_for(st: Step, seed=0) -> Proposal:
+    """The PROPOSAL answering the sparse ``st`` whole (``rows_for``'s rows)."""
+    tokens, rows = drafted(st, seed)
+    return proposal_from_rows(session=st.session, slot=st.slot, generation=st.generation,
+                              round_id=st.round_id, first_position=st.first_position,
+                              context_version=st.context_version, tokens=tokens, rows=rows)
+
+
+def worker_proposal(w: WorkerEndpoint, st: Step, seed=0) -> bytes:
+    """The worker's one frame for the sparse ``st``: its PROPOSAL (``send_proposal``)."""
+    return w.send_proposal(st, *drafted(st, seed))
+
+
+def forge_proposal(prop: Proposal, payload: bytes | None = None, **head) -> bytes:
+    """``prop``'s frame with control fields replaced (``head``: field -> value) and its
+    payload replaced, every frame checksum valid (a row checksum is what ``head`` says)."""
+    fields = dict(zip(Proposal.__struct_fields__[:PROPOSAL_HEAD_FIELDS],
+                      msgspec.structs.astuple(prop), strict=False))
+    fields.update(head)
+    if payload is None:
+        payload = b"".join(bytes(p) for p in prop.payload_parts())
+    return forge(MsgType.PROPOSAL, msgspec.msgpack.encode(list(fields.values())), payload)
+
+
 def splits(data: bytes, rng: np.random.Generator):
     """``data`` cut at random points (some empty chunks included)."""
     cuts = np.sort(rng.integers(0, len(data) + 1, size=rng.integers(0, 12)))
@@ -101,15 +143,21 @@ def splits(data: bytes, rng: np.random.Generator):
     return [data[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
-def feed_buffered(protocol, data: bytes) -> None:
+def feed_buffered(protocol, data: bytes, now: float | None = None, read: int | None = None
+                  ) -> list:
     """``data`` into an asyncio BufferedProtocol as the loop does: recv_into its
-    get_buffer(), then buffer_updated(n), as many times as the buffers take."""
+    get_buffer(), then buffer_updated(n), as many times as the buffers take. ``now``: a
+    sans-IO endpoint's hooks take the clock (their events are returned, joined);
+    ``read``: at most this many bytes a read (a payload then lands in its own buffer)."""
+    events = []
     while data:
         buf = protocol.get_buffer(len(data))
-        n = min(len(buf), len(data))
+        n = min(len(buf), len(data), read or len(data))
         buf[:n] = data[:n]
-        protocol.buffer_updated(n)
+        events += (protocol.buffer_updated(n) if now is None
+                   else protocol.buffer_updated(n, now)) or ()
         data = data[n:]
+    return events
 
 
 class HoldingTransport:
