@@ -17,6 +17,7 @@ from pp1q.wire import (
     WireConfig,
     WorkerEndpoint,
     context_of,
+    encode,
     proposal_from_rows,
     reply_from_row,
 )
@@ -118,6 +119,17 @@ def proposal_for(st: Step, seed=0) -> Proposal:
     return proposal_from_rows(session=st.session, slot=st.slot, generation=st.generation,
                               round_id=st.round_id, first_position=st.first_position,
                               context_version=st.context_version, tokens=tokens, rows=rows)
+
+
+# (depth, top_k) of sparse steps one PROPOSAL answers under LIMITS (payload cap 80 bytes):
+# one row of one entry, three rows of three, five rows of two (the cap exactly)
+PROPOSAL_SHAPES = ((1, 1), (3, 3), (5, 2))
+
+
+def proposal_frames() -> list[bytes]:
+    """Honest PROPOSAL frames, one per shape (for step(depth=d, top_k=k, seed=d))."""
+    return [encode(proposal_for(step(depth=d, top_k=k, seed=d), seed=d))
+            for d, k in PROPOSAL_SHAPES]
 
 
 def worker_proposal(w: WorkerEndpoint, st: Step, seed=0) -> bytes:

@@ -59,7 +59,8 @@ from pp1q.wire.sizes import payload_cap, proposal_fits
 
 SPARSE = step(top_k=3, depth=3)  # 3 rows of <= 3 entries: 72 payload bytes, fits in 80
 OTHER = step(slot=1, top_k=3, depth=3, seed=5)  # read after a bad proposal of slot 0
-CAP = payload_cap(MsgType.PROPOSAL, LIMITS)
+# the PROPOSAL cap: its rows' bound, never more than a REPLY's (no new memory granted)
+CAP = min(LIMITS.max_depth * LIMITS.sparse_row_bytes, LIMITS.max_payload)
 
 
 def _bytewise(v, data: bytes) -> list:
@@ -93,6 +94,19 @@ def assert_ready(ready, st, tokens, rows) -> None:
             token, Form.SPARSE, ids.size)
         assert r.ids.tobytes() == ids.astype("<i4").tobytes()
         assert r.q.tobytes() == q.astype("<f4").tobytes()
+
+
+# -- which steps a PROPOSAL answers -----------------------------------------------------
+
+
+@pytest.mark.parametrize("depth,top_k,temperature,fits", [
+    (1, 1, 0.8, True), (3, 3, 0.8, True), (5, 2, 0.8, True),  # 80 bytes: the cap exactly
+    (2, 4, 1e-6, True), (3, 4, 0.8, False), (5, 3, 0.8, False),  # 96, 120 bytes
+    (1, 0, 0.8, False), (1, 0, 0.0, False),  # dense, greedy: always row by row
+])
+def test_proposal_fits_a_sampled_sparse_step_within_a_rows_bound(depth, top_k, temperature,
+                                                                  fits):
+    assert proposal_fits(step(depth=depth, top_k=top_k, temperature=temperature), LIMITS) is fits
 
 
 # -- round trips -------------------------------------------------------------------
@@ -352,7 +366,7 @@ def _header(payload_len: int) -> bytes:
 def test_a_proposal_above_its_cap_is_refused_at_its_header(feed, n):
     """The cap is one row's bound (no new memory granted): a header declaring more is
     refused before its control part, let alone its payload, is buffered."""
-    assert LIMITS.max_payload >= CAP  # never more than a REPLY may declare
+    assert payload_cap(MsgType.PROPOSAL, LIMITS) == CAP == 80
     v, _ = stepped(SPARSE)
     allocated = v.decoder.pool.allocations
     with pytest.raises(RemoteProtocolError) as e:
