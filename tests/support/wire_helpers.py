@@ -12,6 +12,7 @@ from pp1q.core.rng import proposal_u24
 from pp1q.wire import (
     Form,
     Proposal,
+    ProposalReady,
     Step,
     VerifierEndpoint,
     WireConfig,
@@ -29,7 +30,7 @@ from pp1q.wire.framing import (
     head_checksum,
     read_header,
 )
-from pp1q.wire.messages import PROPOSAL_HEAD_FIELDS, MsgType
+from pp1q.wire.messages import PROPOSAL_HEAD_FIELDS, REPLY_HEAD_FIELDS, MsgType
 
 SESSION = 77
 PREFIX = list(range(10))  # the committed context pair() opens on every slot: last position 9
@@ -146,6 +147,25 @@ def forge_proposal(prop: Proposal, payload: bytes | None = None, **head) -> byte
     if payload is None:
         payload = b"".join(bytes(p) for p in prop.payload_parts())
     return forge(MsgType.PROPOSAL, msgspec.msgpack.encode(list(fields.values())), payload)
+
+
+def assert_ready(ready, st, tokens, rows) -> None:
+    """``ready`` hands out exactly ``tokens`` and ``rows`` for ``st``, each position as
+    the REPLY that would have carried it."""
+    assert isinstance(ready, ProposalReady) and not ready.greedy
+    assert (ready.slot, ready.generation, ready.round_id, ready.first_position) == (
+        st.slot, st.generation, st.round_id, st.first_position)
+    assert ready.draft_ids == tuple(tokens) and all(type(t) is int for t in ready.draft_ids)
+    assert len(ready.q_rows) == len(rows) and all(
+        a == b for a, b in zip(ready.q_rows, rows, strict=True))
+    for i, (r, token, row) in enumerate(zip(ready.replies, tokens, rows, strict=True), 1):
+        ids, q = row.to_sparse()
+        assert msgspec.structs.astuple(r)[:REPLY_HEAD_FIELDS] == (
+            SESSION, st.slot, st.generation, st.round_id, i, st.first_position + i - 1,
+            token, Form.SPARSE, ids.size)
+        assert r.ids.tobytes() == ids.astype("<i4").tobytes()
+        assert r.q.tobytes() == q.astype("<f4").tobytes()
+        assert not (r.ids.flags.writeable or r.q.flags.writeable)  # views of the frame
 
 
 def splits(data: bytes, rng: np.random.Generator):

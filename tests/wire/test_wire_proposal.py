@@ -1,12 +1,11 @@
 """Wire v2 revision 3: PROPOSAL, a sparse step's whole proposal in one frame.
 
 A proposal fed whole, a byte at a time, or through the BufferedProtocol hooks hands out
-exactly what was sent (the tokens, the DyadicRows, per-position Reply objects); the
-worker's frame is the message's frame on both of its send paths. Every refusal names
-its closed-set Reason: a frame-aligned one fails that proposal only (ProposalFailed,
-counted) and the next frame on the connection is read as usual; a stream-level one
-raises. A PROPOSAL declaring more than its cap is refused at its header, before any
-buffer. The worker refuses to send what the verifier would refuse.
+exactly what was sent (the tokens, the DyadicRows, per-position Reply objects). Every
+refusal names its closed-set Reason: a frame-aligned one fails that proposal only
+(ProposalFailed, counted) and the next frame on the connection is read as usual; a
+stream-level one raises. A PROPOSAL declaring more than its cap is refused at its
+header, before any buffer. The worker's side: test_worker_send_proposal.py.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ import numpy as np
 import pytest
 from wire_helpers import (
     SESSION,
+    assert_ready,
     config,
-    context_frame,
     control_of,
     drafted,
     feed_buffered,
@@ -36,21 +35,19 @@ from wire_helpers import (
 )
 from wire_vectors import LIMITS
 
-from pp1q.core.errors import LocalProtocolError, Pp1qError, Reason, RemoteProtocolError
-from pp1q.core.q import build_row
+from pp1q.core.errors import Reason, RemoteProtocolError
 from pp1q.wire import (
     Commit,
     Conn,
     Discarded,
-    Form,
     MsgType,
     ProposalFailed,
     ProposalReady,
     Reset,
     SlotState,
+    VerifierEndpoint,
     WorkerEndpoint,
     encode,
-    proposal_from_rows,
 )
 from pp1q.wire.framing import HEADER_BYTES, read_header
 from pp1q.wire.limits import MAX_DEPTH_CAP
@@ -77,23 +74,6 @@ FEEDS = {  # every way received bytes reach the decoder
     "buffered bytewise": lambda v, data: feed_buffered(v, data, 0.0, read=1),
 }
 
-
-def assert_ready(ready, st, tokens, rows) -> None:
-    """``ready`` hands out exactly ``tokens`` and ``rows`` for ``st``, each position as
-    the REPLY that would have carried it."""
-    assert isinstance(ready, ProposalReady) and not ready.greedy
-    assert (ready.slot, ready.generation, ready.round_id, ready.first_position) == (
-        st.slot, st.generation, st.round_id, st.first_position)
-    assert ready.draft_ids == tuple(tokens) and all(type(t) is int for t in ready.draft_ids)
-    assert len(ready.q_rows) == len(rows) and all(
-        a == b for a, b in zip(ready.q_rows, rows, strict=True))
-    for i, (r, token, row) in enumerate(zip(ready.replies, tokens, rows, strict=True), 1):
-        ids, q = row.to_sparse()
-        assert msgspec.structs.astuple(r)[:REPLY_HEAD_FIELDS] == (
-            SESSION, st.slot, st.generation, st.round_id, i, st.first_position + i - 1,
-            token, Form.SPARSE, ids.size)
-        assert r.ids.tobytes() == ids.astype("<i4").tobytes()
-        assert r.q.tobytes() == q.astype("<f4").tobytes()
 
 
 # -- which steps a PROPOSAL answers -----------------------------------------------------
@@ -147,23 +127,6 @@ def test_a_proposal_hands_out_what_its_replies_would():
                     [(msgspec.structs.astuple(r)[:REPLY_HEAD_FIELDS], r.ids.tobytes(),
                       r.q.tobytes()) for r in ready.replies]))
     assert out[0] == out[1]
-
-
-@pytest.mark.parametrize("check_outgoing", [True, False])
-@pytest.mark.parametrize("seed", range(8))
-def test_send_proposal_is_the_message_frame_byte_for_byte(check_outgoing, seed):
-    st = step(slot=seed % 4, round_id=1 + seed, depth=1 + seed % 3, top_k=1 + seed % 3,
-              seed=seed)
-    _, w = stepped(st, check_outgoing)
-    _, w2 = stepped(st, check_outgoing)
-    tokens, rows = drafted(st, seed)
-    prop = proposal_for(st, seed)
-    numpy_ints = [np.int64(t) for t in tokens] if seed % 2 else tokens  # a drafter's ints
-    got = w.send_proposal(st, numpy_ints, rows)
-    assert got == b"".join(w2.send_parts(prop)) == encode(prop)
-    a, b = w.slots[st.slot], w2.slots[st.slot]  # both booked what the COMMIT will check
-    assert a.drafts == b.drafts == tokens and a.reply_bytes == b.reply_bytes == len(got)
-    assert a.checksums == b.checksums == prop.row_checksums
 
 
 # -- refusals by the verifier: frame-aligned ---------------------------------------------
@@ -326,14 +289,20 @@ def test_a_stream_level_fault_in_a_proposal_raises(name, bad, reason):
 # -- late and replayed proposals ---------------------------------------------------------
 
 
-def test_a_late_proposal_after_reset_is_discarded_as_stale():
+@pytest.mark.parametrize("late_after", ["reset", "timeout"])
+def test_a_late_proposal_is_discarded_as_stale(late_after):
     v, w = stepped(SPARSE)
     data = worker_proposal(w, SPARSE)  # left before the worker read the RESET
-    w.receive_data(v.send(Reset(session=SESSION, slot=0, generation=1,
-                                reason=Reason.CANCELLED)), 0.0)
+    if late_after == "reset":
+        w.receive_data(v.send(Reset(session=SESSION, slot=0, generation=1,
+                                    reason=Reason.CANCELLED)), 0.0)
+    else:  # the watchdog failed the step first (counted as such, once)
+        [failed] = v.check_timeouts(100.0)
+        assert failed.reason is Reason.STEP_TIMEOUT
     events = v.receive_data(data, 0.0)
     assert events == [Discarded(0, 1, 1, MsgType.PROPOSAL, Reason.STALE_GENERATION, len(data))]
-    assert v.discarded == collections.Counter({Reason.STALE_GENERATION: 1}) and not v.failures
+    assert v.discarded == collections.Counter({Reason.STALE_GENERATION: 1})
+    assert set(v.failures) <= {Reason.STEP_TIMEOUT}
 
 
 def test_a_replayed_proposal_is_discarded_as_a_duplicate_round():
@@ -382,6 +351,14 @@ def test_a_proposal_at_its_cap_passes_its_header():
     assert v.decoder.buffered == HEADER_BYTES and v.state is Conn.READY
 
 
+def test_a_verifier_awaiting_its_hello_answer_refuses_a_proposal_at_its_header():
+    v = VerifierEndpoint(config(), session=SESSION)
+    v.hello()
+    with pytest.raises(RemoteProtocolError) as e:
+        v.receive_data(_header(CAP), 0.0)
+    assert e.value.reason is Reason.STATE_NOT_ALLOWED and v.decoder.buffered == 0
+
+
 @pytest.mark.parametrize("ready", [False, True])
 def test_a_worker_refuses_a_proposal_at_its_header(ready):
     """A worker never receives PROPOSAL: before HELLO or after, the header alone is
@@ -391,90 +368,3 @@ def test_a_worker_refuses_a_proposal_at_its_header(ready):
         w.receive_data(_header(CAP), 0.0)
     assert e.value.reason is Reason.STATE_NOT_ALLOWED
     assert w.decoder.buffered <= HEADER_BYTES
-
-
-# -- refusals by the worker ---------------------------------------------------------------
-
-
-def _refused(send, reason: Reason, cls: type = LocalProtocolError) -> None:
-    with pytest.raises(cls) as e:
-        send()
-    assert e.value.reason is reason, e.value
-
-
-@pytest.mark.parametrize("check_outgoing", [True, False])
-def test_the_worker_refuses_to_send_what_the_verifier_would_refuse(check_outgoing):
-    v, w = stepped(SPARSE, check_outgoing)
-    tokens, rows = drafted(SPARSE)
-    deeper_tokens, deeper_rows = drafted(step(top_k=3, depth=4))
-    _refused(lambda: w.send_proposal(SPARSE, tokens[:2], rows[:2]), Reason.UNEXPECTED_SIZE)
-    _refused(lambda: w.send_proposal(SPARSE, deeper_tokens, deeper_rows), Reason.UNEXPECTED_SIZE)
-    zero = next(t for t in range(16) if rows[1].count_of(t) == 0)
-    # never a token its own q could not draw (the row says, in its own error class)
-    _refused(lambda: w.send_proposal(SPARSE, [tokens[0], zero, tokens[2]], rows),
-             Reason.ZERO_Q_AT_TOKEN, Pp1qError)
-    wide = build_row(np.arange(16.0), top_k=4)  # 4 entries: within max_support, above top_k
-    _refused(lambda: w.send_proposal(SPARSE, [int(wide.ids[-1]), *tokens[1:]], [wide, *rows[1:]]),
-             Reason.SUPPORT_TOO_LARGE)
-    _refused(lambda: w.send_proposal(SPARSE, [tokens[0] + 0.5, *tokens[1:]], rows),
-             Reason.MALFORMED_CONTROL)  # a token id is an integer, never cut to one
-    # the refusals changed nothing: the proposal still goes, once
-    [ready] = v.receive_data(w.send_proposal(SPARSE, tokens, rows), 0.0)
-    assert_ready(ready, SPARSE, tokens, rows)
-    _refused(lambda: w.send_proposal(SPARSE, tokens, rows), Reason.STALE_GENERATION)
-
-
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="proposal_from_rows zips tokens and rows strict=True: a count "
-                          "mismatch raises ValueError, outside the closed error set")
-def test_the_worker_refuses_tokens_and_rows_of_unequal_count():
-    _, w = stepped(SPARSE)
-    tokens, rows = drafted(SPARSE)
-    _refused(lambda: w.send_proposal(SPARSE, tokens, rows[:2]), Reason.UNEXPECTED_SIZE)
-
-
-@pytest.mark.parametrize("check_outgoing", [True, False])
-@pytest.mark.parametrize("st,reason", [
-    (step(top_k=3, depth=5), Reason.FRAME_TOO_LARGE),  # 120 bytes > 80: answered row by row
-    (step(top_k=0, depth=3), Reason.FRAME_TOO_LARGE),  # dense: row by row
-    (step(temperature=0.0, depth=3), Reason.MISSING_Q),  # greedy: no rows to carry
-], ids=["sparse, not fitting", "dense", "greedy"])
-def test_the_worker_refuses_a_proposal_for_a_step_answered_row_by_row(check_outgoing, st,
-                                                                      reason):
-    assert not proposal_fits(st, LIMITS)
-    _, w = stepped(st, check_outgoing)
-    tokens, rows = drafted(st)
-    _refused(lambda: w.send_proposal(st, tokens, rows), reason)
-    assert w.slots[0].state is SlotState.DRAFTING and not w.slots[0].checksums
-
-
-@pytest.mark.parametrize("check_outgoing", [True, False])
-def test_the_worker_refuses_a_proposal_after_a_reply_or_a_reset(check_outgoing):
-    v, w = stepped(SPARSE, check_outgoing)
-    tokens, rows = drafted(SPARSE)
-    w.send_row(SPARSE, 1, tokens[0], rows[0], Form.SPARSE)
-    _refused(lambda: w.send_proposal(SPARSE, tokens, rows), Reason.OUT_OF_ORDER)
-    w.receive_data(v.send(Reset(session=SESSION, slot=0, generation=1,
-                                reason=Reason.STEP_TIMEOUT)), 0.0)
-    w.receive_data(v.send(context_frame(0, generation=2)), 0.0)
-    again = step(generation=2, top_k=3, depth=3)
-    _refused(lambda: w.send_proposal(again, tokens, rows), Reason.STALE_GENERATION)  # no STEP
-    w.receive_data(v.send(again, now=0.0), 0.0)
-    _refused(lambda: w.send_proposal(SPARSE, tokens, rows), Reason.STALE_GENERATION)  # reset
-    tokens, rows = drafted(again)
-    [ready] = v.receive_data(w.send_proposal(again, tokens, rows), 0.0)
-    assert_ready(ready, again, tokens, rows)
-
-
-def test_a_proposal_built_elsewhere_is_checked_like_one_built_here():
-    """``send(Proposal)`` (a third party's message) gets the same checks as send_proposal."""
-    v, w = stepped(SPARSE)
-    prop = proposal_for(SPARSE)
-    bad = msgspec.structs.replace(prop, row_checksums=[*prop.row_checksums[:2], 1])
-    _refused(lambda: w.send(bad), Reason.CHECKSUM_MISMATCH)
-    short = proposal_from_rows(session=SESSION, slot=0, generation=1, round_id=1,
-                               first_position=SPARSE.first_position, context_version=0,
-                               tokens=prop.tokens[:2], rows=drafted(SPARSE)[1][:2])
-    _refused(lambda: w.send(short), Reason.UNEXPECTED_SIZE)
-    [ready] = v.receive_data(w.send(prop), 0.0)
-    assert_ready(ready, SPARSE, *drafted(SPARSE))
