@@ -40,11 +40,13 @@ def config(versions=(1, 2), identity=IDENTITY, limits=LIMITS) -> WireConfig:
     return WireConfig(identity=identity, limits=limits, versions=versions)
 
 
-def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0, contexts=True):
+def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0, contexts=True,
+         identity=IDENTITY, limits=LIMITS):
     """A verifier and a worker that completed HELLO, wired in memory; ``contexts``: every
     slot holds ``PREFIX`` (so ``step()``'s defaults pass the worker's context checks)."""
-    v = VerifierEndpoint(config(versions), session=SESSION, step_timeout=step_timeout)
-    w = WorkerEndpoint(config(worker_versions or versions))
+    v = VerifierEndpoint(config(versions, identity, limits), session=SESSION,
+                         step_timeout=step_timeout)
+    w = WorkerEndpoint(config(worker_versions or versions, identity, limits))
     w.receive_data(v.hello(), 0.0)
     v.receive_data(w.data_to_send(), 0.0)
     if contexts and v.limits is not None and w.state.value == "ready":

@@ -33,13 +33,16 @@ from wire_helpers import (
     worker_frames,
     worker_proposal,
 )
-from wire_vectors import LIMITS
+from wire_vectors import IDENTITY, LIMITS
 
 from pp1q.core.errors import Reason, RemoteProtocolError
+from pp1q.core.q import build_row, sample
+from pp1q.core.rng import proposal_u24
 from pp1q.wire import (
     Commit,
     Conn,
     Discarded,
+    Limits,
     MsgType,
     ProposalFailed,
     ProposalReady,
@@ -50,7 +53,7 @@ from pp1q.wire import (
     encode,
 )
 from pp1q.wire.framing import HEADER_BYTES, read_header
-from pp1q.wire.limits import MAX_DEPTH_CAP
+from pp1q.wire.limits import DEFAULT_VOCAB, MAX_DEPTH_CAP
 from pp1q.wire.messages import REPLY_HEAD_FIELDS, row_checksum
 from pp1q.wire.sizes import payload_cap, proposal_fits
 
@@ -106,6 +109,28 @@ def test_a_proposal_round_trips_exactly(feed, depth, top_k):
     assert_ready(ready, st, tokens, rows)
     assert v.slots[0].state is SlotState.READY and w.slots[0].state is SlotState.COMPLETED
     assert not v.failures and not v.discarded and v.decoder.buffered == 0
+
+
+@pytest.mark.parametrize("top_k", [32, 256])  # the issue's k=32 round, the seed's widest screen
+def test_a_proposal_at_the_deployments_shape_round_trips(top_k):
+    """Vocabulary 129280, depth 5, the default limits: the rows (1,280 or 10,240 bytes)
+    fit one frame far below a dense row's bound, and arrive exactly, whole or split."""
+    limits = Limits.make(vocab=DEFAULT_VOCAB)
+    identity = msgspec.structs.replace(IDENTITY, vocab=DEFAULT_VOCAB)
+    st = step(depth=5, top_k=top_k)
+    assert proposal_fits(st, limits)
+    rng = np.random.default_rng(top_k)
+    rows = [build_row(rng.normal(size=DEFAULT_VOCAB), temperature=st.temperature, top_k=top_k)
+            for _ in range(st.depth)]
+    tokens = [sample(row, proposal_u24(st.seed, st.generation, st.round_id,
+                                       st.first_position + i)) for i, row in enumerate(rows)]
+    for feed in ("whole", "buffered bytewise"):
+        v, w = pair(identity=identity, limits=limits)
+        w.receive_data(v.send(st, now=0.0), 0.0)
+        data = w.send_proposal(st, tokens, rows)
+        assert len(data) - len(payload_of(data)) < 256 and len(payload_of(data)) == 40 * top_k
+        [ready] = FEEDS[feed](v, data)
+        assert_ready(ready, st, tokens, rows)
 
 
 def test_nothing_is_handed_out_before_the_last_byte():
