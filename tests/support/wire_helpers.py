@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 from wire_vectors import IDENTITY, LIMITS, VOCAB
 
@@ -10,11 +11,15 @@ from pp1q.core.q import build_row, sample
 from pp1q.core.rng import proposal_u24
 from pp1q.wire import (
     Form,
+    Proposal,
+    ProposalReady,
     Step,
     VerifierEndpoint,
     WireConfig,
     WorkerEndpoint,
     context_of,
+    encode,
+    proposal_from_rows,
     reply_from_row,
 )
 from pp1q.wire.framing import (
@@ -25,6 +30,7 @@ from pp1q.wire.framing import (
     head_checksum,
     read_header,
 )
+from pp1q.wire.messages import PROPOSAL_HEAD_FIELDS, REPLY_HEAD_FIELDS, MsgType
 
 SESSION = 77
 PREFIX = list(range(10))  # the committed context pair() opens on every slot: last position 9
@@ -34,11 +40,13 @@ def config(versions=(1, 2), identity=IDENTITY, limits=LIMITS) -> WireConfig:
     return WireConfig(identity=identity, limits=limits, versions=versions)
 
 
-def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0, contexts=True):
+def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0, contexts=True,
+         identity=IDENTITY, limits=LIMITS):
     """A verifier and a worker that completed HELLO, wired in memory; ``contexts``: every
     slot holds ``PREFIX`` (so ``step()``'s defaults pass the worker's context checks)."""
-    v = VerifierEndpoint(config(versions), session=SESSION, step_timeout=step_timeout)
-    w = WorkerEndpoint(config(worker_versions or versions))
+    v = VerifierEndpoint(config(versions, identity, limits), session=SESSION,
+                         step_timeout=step_timeout)
+    w = WorkerEndpoint(config(worker_versions or versions, identity, limits))
     w.receive_data(v.hello(), 0.0)
     v.receive_data(w.data_to_send(), 0.0)
     if contexts and v.limits is not None and w.state.value == "ready":
@@ -94,6 +102,74 @@ def worker_frames(w: WorkerEndpoint, st: Step, seed=0) -> bytes:
     return data + w.send(w.completion(st.slot))
 
 
+def stepped(st: Step, check_outgoing: bool = True):
+    """``pair()`` whose worker holds ``st`` (the verifier sent it at time 0)."""
+    v, w = pair()
+    w.check_outgoing = check_outgoing
+    w.receive_data(v.send(st, now=0.0), 0.0)
+    return v, w
+
+
+def drafted(st: Step, seed=0) -> tuple[list, list]:
+    """``rows_for``'s (tokens, rows), as ``send_proposal`` takes them."""
+    out = rows_for(st, seed)
+    return [t for t, _, _ in out], [r for _, r, _ in out]
+
+
+def proposal_for(st: Step, seed=0) -> Proposal:
+    """The PROPOSAL answering the sparse ``st`` whole (``rows_for``'s rows)."""
+    tokens, rows = drafted(st, seed)
+    return proposal_from_rows(session=st.session, slot=st.slot, generation=st.generation,
+                              round_id=st.round_id, first_position=st.first_position,
+                              context_version=st.context_version, tokens=tokens, rows=rows)
+
+
+# (depth, top_k) of sparse steps one PROPOSAL answers under LIMITS (payload cap 80 bytes):
+# one row of one entry, three rows of three, five rows of two (the cap exactly)
+PROPOSAL_SHAPES = ((1, 1), (3, 3), (5, 2))
+
+
+def proposal_frames() -> list[bytes]:
+    """Honest PROPOSAL frames, one per shape (for step(depth=d, top_k=k, seed=d))."""
+    return [encode(proposal_for(step(depth=d, top_k=k, seed=d), seed=d))
+            for d, k in PROPOSAL_SHAPES]
+
+
+def worker_proposal(w: WorkerEndpoint, st: Step, seed=0) -> bytes:
+    """The worker's one frame for the sparse ``st``: its PROPOSAL (``send_proposal``)."""
+    return w.send_proposal(st, *drafted(st, seed))
+
+
+def forge_proposal(prop: Proposal, payload: bytes | None = None, **head) -> bytes:
+    """``prop``'s frame with control fields replaced (``head``: field -> value) and its
+    payload replaced, every frame checksum valid (a row checksum is what ``head`` says)."""
+    fields = dict(zip(Proposal.__struct_fields__[:PROPOSAL_HEAD_FIELDS],
+                      msgspec.structs.astuple(prop), strict=False))
+    fields.update(head)
+    if payload is None:
+        payload = b"".join(bytes(p) for p in prop.payload_parts())
+    return forge(MsgType.PROPOSAL, msgspec.msgpack.encode(list(fields.values())), payload)
+
+
+def assert_ready(ready, st, tokens, rows) -> None:
+    """``ready`` hands out exactly ``tokens`` and ``rows`` for ``st``, each position as
+    the REPLY that would have carried it."""
+    assert isinstance(ready, ProposalReady) and not ready.greedy
+    assert (ready.slot, ready.generation, ready.round_id, ready.first_position) == (
+        st.slot, st.generation, st.round_id, st.first_position)
+    assert ready.draft_ids == tuple(tokens) and all(type(t) is int for t in ready.draft_ids)
+    assert len(ready.q_rows) == len(rows) and all(
+        a == b for a, b in zip(ready.q_rows, rows, strict=True))
+    for i, (r, token, row) in enumerate(zip(ready.replies, tokens, rows, strict=True), 1):
+        ids, q = row.to_sparse()
+        assert msgspec.structs.astuple(r)[:REPLY_HEAD_FIELDS] == (
+            SESSION, st.slot, st.generation, st.round_id, i, st.first_position + i - 1,
+            token, Form.SPARSE, ids.size)
+        assert r.ids.tobytes() == ids.astype("<i4").tobytes()
+        assert r.q.tobytes() == q.astype("<f4").tobytes()
+        assert not (r.ids.flags.writeable or r.q.flags.writeable)  # views of the frame
+
+
 def splits(data: bytes, rng: np.random.Generator):
     """``data`` cut at random points (some empty chunks included)."""
     cuts = np.sort(rng.integers(0, len(data) + 1, size=rng.integers(0, 12)))
@@ -101,15 +177,21 @@ def splits(data: bytes, rng: np.random.Generator):
     return [data[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
-def feed_buffered(protocol, data: bytes) -> None:
+def feed_buffered(protocol, data: bytes, now: float | None = None, read: int | None = None
+                  ) -> list:
     """``data`` into an asyncio BufferedProtocol as the loop does: recv_into its
-    get_buffer(), then buffer_updated(n), as many times as the buffers take."""
+    get_buffer(), then buffer_updated(n), as many times as the buffers take. ``now``: a
+    sans-IO endpoint's hooks take the clock (their events are returned, joined);
+    ``read``: at most this many bytes a read (a payload then lands in its own buffer)."""
+    events = []
     while data:
         buf = protocol.get_buffer(len(data))
-        n = min(len(buf), len(data))
+        n = min(len(buf), len(data), read or len(data))
         buf[:n] = data[:n]
-        protocol.buffer_updated(n)
+        events += (protocol.buffer_updated(n) if now is None
+                   else protocol.buffer_updated(n, now)) or ()
         data = data[n:]
+    return events
 
 
 class HoldingTransport:

@@ -1,7 +1,7 @@
 """Bounds before memory: a declared length beyond the negotiated size is refused from
 the header alone, before anything is allocated for it, on every path a peer's bytes take
-(frame decoder, both endpoints, the BufferedProtocol hooks, CONTEXT frames, the HTTP
-head, and live daemons). tracemalloc bounds what each refusal allocated."""
+(frame decoder, both endpoints, the BufferedProtocol hooks, REPLY, PROPOSAL and CONTEXT
+frames, the HTTP head, and live daemons). tracemalloc bounds what each refusal allocated."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import tracemalloc
 import pytest
 import wire_vectors
 from daemon_harness import scrape, value
-from wire_helpers import config, control_of, forge, pair, step
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from wire_helpers import config, control_of, forge, pair, proposal_frames, step
 
 from pp1q.core.errors import Reason, RemoteProtocolError
 from pp1q.models.toy import ToySpec
@@ -22,6 +24,7 @@ from pp1q.wire.framing import HEADER_BYTES
 from pp1q.wire.limits import MAX_CONTROL_BYTES
 from pp1q.wire.messages import MsgType
 from pp1q.wire.session_config import verifier_config, worker_config
+from pp1q.wire.sizes import payload_cap
 from pp1q.worker.daemon import serve
 
 V = wire_vectors.build()
@@ -31,8 +34,18 @@ ALLOCATED_MAX = 64 * 1024  # bytes a refusal may allocate (messages, tracebacks)
 TIMEOUT_S = 10.0
 
 
+# each frame type's payload cap, as docs/wire.md states it: a REPLY's the largest row; a
+# PROPOSAL's its rows' bound, never more than a REPLY's (no new memory granted); a
+# CONTEXT's every context token
+CAPS = {MsgType.REPLY: LIM.max_payload,
+        MsgType.PROPOSAL: min(LIM.max_depth * LIM.sparse_row_bytes, LIM.max_payload),
+        MsgType.CONTEXT: LIM.max_context_bytes}
+CONTROLS = {MsgType.REPLY: control_of(V["reply_dense"]), MsgType.CONTEXT: control_of(V["context"]),
+            MsgType.PROPOSAL: control_of(proposal_frames()[-1])}
+
+
 def _header(field: str, n: int, mtype: MsgType = MsgType.REPLY) -> bytes:
-    control = control_of(V["reply_dense"] if mtype is MsgType.REPLY else V["step_dense"])
+    control = CONTROLS.get(mtype, control_of(V["step_dense"]))
     kw = {"payload_len": n} if field == "payload_len" else {"control_len": n}
     return forge(mtype, control, **kw)[:HEADER_BYTES]  # the header only: nothing else ever arrives
 
@@ -97,28 +110,65 @@ def _refused_without_allocating(receive, data: bytes) -> RemoteProtocolError:
     return e.value
 
 
+# the frames with a payload each receiver takes: a worker never receives REPLY or PROPOSAL
+# (refused by type at the header: test_wire_hostile, test_wire_proposal), so its declared
+# lengths are tested on the large frame it does receive, CONTEXT
+RECEIVED = {"decoder": (MsgType.REPLY, MsgType.PROPOSAL, MsgType.CONTEXT),
+            "verifier": (MsgType.REPLY, MsgType.PROPOSAL), "worker": (MsgType.CONTEXT,)}
+PATH_TYPES = [(path, t) for path in sorted(PATHS) for t in RECEIVED[path.split(".")[0]]]
+
+
 @pytest.mark.parametrize("n", DECLARED)
 @pytest.mark.parametrize("field", ["payload_len", "control_len"])
-@pytest.mark.parametrize("path", sorted(PATHS))
-def test_declared_length_refused_from_the_header_before_allocation(path, field, n):
+@pytest.mark.parametrize("path,mtype", PATH_TYPES, ids=[f"{p}-{t.name}" for p, t in PATH_TYPES])
+def test_declared_length_refused_from_the_header_before_allocation(path, mtype, field, n):
     make, feed = PATHS[path]
     receiver = make()
-    # a worker never receives REPLY (refused by type at the header, test_wire_hostile):
-    # its declared lengths are tested on the large frame it does receive, CONTEXT
-    mtype = MsgType.CONTEXT if path.startswith("worker") else MsgType.REPLY
     e = _refused_without_allocating(lambda d: feed(receiver, d), _header(field, n, mtype))
     assert e.reason is Reason.FRAME_TOO_LARGE and str(n) in e.detail
 
 
-def test_one_byte_over_the_negotiated_row_is_refused_too():
-    # the cap is the negotiated row size, not some large constant
-    assert _header("payload_len", LIM.max_payload)  # (a frame that large is legal)
-    e = _refused_without_allocating(FrameDecoder(LIM).feed,
-                                    _header("payload_len", LIM.max_payload + 1))
+@pytest.mark.parametrize("mtype", [MsgType.REPLY, MsgType.PROPOSAL])
+def test_one_byte_over_the_negotiated_row_is_refused_too(mtype):
+    # the cap is the negotiated row size (a PROPOSAL's: its rows' bound, never more than a
+    # row's), not some large constant
+    cap = CAPS[mtype]
+    assert payload_cap(mtype, LIM) == cap
+    assert FrameDecoder(LIM).feed(_header("payload_len", cap, mtype)) == []  # that large is legal
+    e = _refused_without_allocating(FrameDecoder(LIM).feed, _header("payload_len", cap + 1, mtype))
     assert e.reason is Reason.FRAME_TOO_LARGE
     e = _refused_without_allocating(FrameDecoder(LIM).feed,
                                     _header("control_len", MAX_CONTROL_BYTES + 1))
     assert e.reason is Reason.FRAME_TOO_LARGE
+
+
+NEAR = [0, 1, 79, 80, 81, 256, 257, 4095, 4096, 4097, (1 << 31) - 1, 1 << 31, (1 << 32) - 1]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([MsgType.REPLY, MsgType.PROPOSAL, MsgType.CONTEXT]),
+       st.sampled_from(NEAR) | st.integers(0, (1 << 32) - 1),
+       st.sampled_from(NEAR) | st.integers(0, (1 << 32) - 1), st.integers(1, HEADER_BYTES))
+def test_any_declared_lengths_are_judged_at_the_header_alone(mtype, control_len, payload_len,
+                                                              read):
+    """Any declared lengths, the header fed in reads of ``read`` bytes: refused at the
+    header exactly when past a cap (nothing held but the header), else awaited with
+    nothing but the header held."""
+    d = FrameDecoder(LIM)
+    header = forge(mtype, CONTROLS[mtype], control_len=control_len,
+                   payload_len=payload_len)[:HEADER_BYTES]
+    try:
+        for at in range(0, HEADER_BYTES, read):
+            assert d.feed(header[at:at + read]) == []
+    except RemoteProtocolError as e:
+        if control_len == 0:
+            assert e.reason is Reason.MALFORMED_CONTROL
+        else:
+            assert e.reason is Reason.FRAME_TOO_LARGE
+            assert control_len > MAX_CONTROL_BYTES or payload_len > CAPS[mtype]
+    else:
+        assert 0 < control_len <= MAX_CONTROL_BYTES and payload_len <= CAPS[mtype]
+    assert d.buffered <= HEADER_BYTES
 
 
 @pytest.mark.parametrize("n", [*DECLARED, LIM.max_context_bytes + 1])

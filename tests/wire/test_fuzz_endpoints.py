@@ -21,20 +21,31 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from wire_helpers import (
     PREFIX,
+    PROPOSAL_SHAPES,
     config,
     context_frame,
     control_of,
     forge,
     pair,
+    proposal_for,
     step,
+    stepped,
     worker_frames,
+    worker_proposal,
 )
 
 from pp1q.core.errors import Reason, RemoteProtocolError
 from pp1q.core.prefix import digest_of
 from pp1q.wire import FrameDecoder, Limits, VerifierEndpoint, WorkerEndpoint, encode
-from pp1q.wire.events import ProposalReady, SessionRefused, SessionStarted
+from pp1q.wire.events import (
+    Discarded,
+    ProposalFailed,
+    ProposalReady,
+    SessionRefused,
+    SessionStarted,
+)
 from pp1q.wire.framing import HEADER_BYTES
+from pp1q.wire.limits import MAX_CONTROL_BYTES
 from pp1q.wire.messages import MsgType
 
 V = wire_vectors.build()
@@ -148,9 +159,12 @@ def test_verifier_takes_any_hello_answer_safely_and_never_accepts_wider_limits(n
 # -- the BufferedProtocol path ------------------------------------------------------------
 
 
-def _buffered(endpoint, data: bytes, sizes: list[int]) -> list:
+def _buffered(endpoint, data: bytes, sizes: list[int], held: int | None = None) -> list:
+    """``held``: the most bytes of an incomplete frame the decoder may hold after a read."""
     events, pos, k = [], 0, 0
     while pos < len(data):
+        if held is not None:
+            assert endpoint.decoder.buffered <= held
         buf = endpoint.get_buffer(-1)
         assert len(buf) > 0
         n = min(len(buf), len(data) - pos, sizes[k % len(sizes)])
@@ -167,17 +181,30 @@ def _summary(events) -> list:
             for e in events]
 
 
+KINDS = ["dense", "sparse", "greedy", "proposal"]  # proposal: a sparse step answered whole
+
+
+def _step(kind: str, depth: int):
+    """A step of ``kind``; a proposal's top_k 2 fits one frame at every depth (1..5)."""
+    return step(depth=depth, top_k={"sparse": 3, "proposal": 2}.get(kind, 0),
+                temperature=0.0 if kind == "greedy" else 0.8)
+
+
+def _answer(kind: str, w, stp, seed=0) -> bytes:
+    """The worker's frames for ``stp``: its PROPOSAL, or REPLY 1..depth then COMPLETION."""
+    return (worker_proposal if kind == "proposal" else worker_frames)(w, stp, seed)
+
+
 @FUZZ
-@given(st.sampled_from(["dense", "sparse", "greedy"]), st.integers(1, 5),
+@given(st.sampled_from(KINDS), st.integers(1, 5),
        st.lists(st.integers(1, 300), min_size=1, max_size=8))
 def test_buffered_path_equals_receive_data_at_any_chunking(kind, depth, sizes):
-    stp = step(depth=depth, top_k=3 if kind == "sparse" else 0,
-               temperature=0.0 if kind == "greedy" else 0.8)
+    stp = _step(kind, depth)
     results = []
     for how in ("receive_data", "buffered"):
         v, w = pair()
         w.receive_data(v.send(stp, now=0.0), 0.0)
-        data = worker_frames(w, stp, seed=depth)
+        data = _answer(kind, w, stp, seed=depth)
         results.append(_summary(v.receive_data(data, 0.0) if how == "receive_data"
                                 else _buffered(v, data, sizes)))
     assert results[0] == results[1]
@@ -185,12 +212,12 @@ def test_buffered_path_equals_receive_data_at_any_chunking(kind, depth, sizes):
 
 
 @FUZZ
-@given(st.sampled_from(["dense", "sparse"]), st.data())
+@given(st.sampled_from(["dense", "sparse", "proposal"]), st.data())
 def test_buffered_path_with_mutated_traffic_raises_only_remote_errors(kind, data):
-    stp = step(depth=3, top_k=3 if kind == "sparse" else 0, temperature=0.8)
+    stp = _step(kind, 3)
     v, w = pair()
     w.receive_data(v.send(stp, now=0.0), 0.0)
-    buf = bytearray(worker_frames(w, stp))
+    buf = bytearray(_answer(kind, w, stp))
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, len(buf) - 1))
         buf[i] = data.draw(st.integers(0, 255))
@@ -200,6 +227,34 @@ def test_buffered_path_with_mutated_traffic_raises_only_remote_errors(kind, data
     for e in _events_or_remote_error(_buffered, v, bytes(buf), sizes) or ():
         if isinstance(e, ProposalReady):  # no sampled id without its q
             assert len(e.q_rows) == len(e.draft_ids) == stp.depth
+
+
+@FUZZ
+@given(st.sampled_from(PROPOSAL_SHAPES), st.data())
+def test_proposals_with_any_control_fields_fail_alone_or_are_handed_out_whole(shape, data):
+    """A PROPOSAL with any control fields (checksums valid), fed through the buffered
+    path at any chunking: a stream error, a failed proposal, a discarded frame, or a
+    proposal of exactly the step's depth, each row drawing its token; never more held
+    than a header, the largest control part and the PROPOSAL cap, nothing once read."""
+    depth, top_k = shape
+    stp = step(depth=depth, top_k=top_k, seed=depth)
+    v, _ = stepped(stp)
+    base = encode(proposal_for(stp, seed=depth))
+    control = data.draw(mutated_tree(control_of(base)))
+    frame = forge(MsgType.PROPOSAL, control, base[HEADER_BYTES + len(control_of(base)):])
+    sizes = data.draw(st.lists(st.integers(1, 200), min_size=1, max_size=6))
+    lim = v.limits  # the PROPOSAL cap: its rows' bound, never more than a REPLY's
+    held = HEADER_BYTES + MAX_CONTROL_BYTES + min(lim.max_depth * lim.sparse_row_bytes,
+                                                  lim.max_payload)
+    events = _events_or_remote_error(_buffered, v, frame, sizes, held)
+    if events is None:
+        return
+    assert v.decoder.buffered == 0 and len(events) == 1
+    [ev] = events
+    assert isinstance(ev, ProposalFailed | ProposalReady | Discarded)
+    if isinstance(ev, ProposalReady):
+        assert len(ev.draft_ids) == len(ev.q_rows) == stp.depth
+        assert all(row.count_of(t) > 0 for t, row in zip(ev.draft_ids, ev.q_rows, strict=True))
 
 
 # -- the context channel --------------------------------------------------------------------

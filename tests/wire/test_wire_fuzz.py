@@ -5,19 +5,24 @@ state machine drives both endpoints through their tables with clean traffic."""
 import msgspec
 import numpy as np
 import wire_vectors
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from wire_helpers import (
     PREFIX,
+    PROPOSAL_SHAPES,
     SESSION,
     context_frame,
     control_of,
     forge,
+    forge_proposal,
     pair,
     payload_of,
+    proposal_for,
+    proposal_frames,
     replies_for,
     step,
+    stepped,
 )
 
 from pp1q.core.prefix import digest_of
@@ -25,18 +30,21 @@ from pp1q.wire import (
     Commit,
     Discarded,
     FrameDecoder,
+    Proposal,
     ProposalFailed,
     ProposalReady,
     Reason,
     RemoteProtocolError,
     Reset,
     SlotState,
+    encode,
 )
 from pp1q.wire.framing import HEADER, HEADER_BYTES
-from pp1q.wire.messages import MsgType
+from pp1q.wire.messages import MsgType, row_checksum
+from pp1q.wire.sizes import proposal_fits
 
 V = wire_vectors.load()
-FRAMES = [V[n] for n in sorted(V)]
+FRAMES = [V[n] for n in sorted(V)] + proposal_frames()  # revision 3's PROPOSAL too
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
@@ -128,6 +136,76 @@ def test_well_checksummed_mutated_rows_reach_the_endpoint_safely(name, data):
     assert control_of(frame)  # the vector itself stays intact
 
 
+def _rows_of(payload: bytes, entries) -> list[tuple[bytes, bytes]]:
+    """(ids bytes, q bytes) of each row of a PROPOSAL payload laid out by ``entries``."""
+    rows, at = [], 0
+    for n in entries:
+        rows.append((payload[at:at + 4 * n], payload[at + 4 * n:at + 8 * n]))
+        at += 8 * n
+    return rows
+
+
+@FUZZ
+@given(st.sampled_from(PROPOSAL_SHAPES), st.data())
+def test_well_checksummed_mutated_proposals_reach_the_endpoint_safely(shape, data):
+    """A PROPOSAL with its lists and row bytes mutated, frame checksums valid and (when
+    the sizes still agree) row checksums recomputed, so that mutations reach the row
+    checks; fed whole or split: a RemoteProtocolError, a failed proposal, or one handed
+    out with exactly the rows on the wire, each able to draw its token."""
+    depth, top_k = shape
+    stp = step(depth=depth, top_k=top_k, seed=depth)
+    prop = proposal_for(stp, seed=depth)
+    head = {}
+    for name, values in (("tokens", st.integers(-2, 20)), ("entries", st.integers(0, 6)),
+                         ("row_checksums", st.integers(0, (1 << 64) - 1))):
+        roll = data.draw(st.integers(0, 7))  # mostly kept or one position changed: the
+        new = list(getattr(prop, name))  # sizes then agree and the rows are checked
+        if roll == 7:  # lists of another length
+            new = data.draw(st.lists(values, max_size=7))
+        elif roll >= 5:
+            new[data.draw(st.integers(0, depth - 1))] = data.draw(values)
+        head[name] = new
+    payload = bytearray(payload_of(encode(prop)))
+    for _ in range(data.draw(st.integers(0, 4))):
+        i = data.draw(st.integers(0, len(payload)))
+        how = data.draw(st.sampled_from(["set"] * 6 + ["cut", "grow"]))
+        if how == "set" and i < len(payload):
+            payload[i] = data.draw(st.integers(0, 255))
+        elif how == "cut":
+            del payload[i:i + data.draw(st.sampled_from([1, 4, 8]))]
+        elif how == "grow":
+            payload[i:i] = data.draw(st.binary(min_size=1, max_size=8))
+    entries = head["entries"]
+    if head["row_checksums"] == prop.row_checksums and len(payload) == 8 * sum(entries):
+        head["row_checksums"] = [row_checksum(a, b) for a, b in _rows_of(payload, entries)]
+    frame = forge_proposal(prop, bytes(payload), **head)
+    v, _ = stepped(stp)
+    edges = [0, *sorted(data.draw(st.lists(st.integers(0, len(frame)), max_size=4))),
+             len(frame)]
+    events = []
+    try:
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            events += v.receive_data(frame[a:b], 0.0)
+    except RemoteProtocolError as e:
+        assert isinstance(e.reason, Reason)
+        event(f"raised {e.reason.value}")  # --hypothesis-show-statistics
+        return
+    assert len(events) == 1 and v.decoder.buffered == 0
+    [ev] = events
+    if isinstance(ev, ProposalFailed):
+        assert v.failures[ev.reason] == 1
+        event(f"failed {ev.reason.value}")
+        return
+    event("handed out")
+    assert isinstance(ev, ProposalReady) and len(ev.draft_ids) == len(ev.q_rows) == depth
+    assert list(ev.draft_ids) == head["tokens"]
+    sent = _rows_of(bytes(payload), entries)
+    for r, row, (ids, q), declared in zip(ev.replies, ev.q_rows, sent, head["row_checksums"],
+                                          strict=True):
+        assert (r.ids.tobytes(), r.q.tobytes()) == (ids, q) and row.count_of(r.token) > 0
+        assert row_checksum(ids, q) == declared
+
+
 # -- both endpoints under a state machine -----------------------------------------------
 
 class Pair(RuleBasedStateMachine):
@@ -184,8 +262,10 @@ class Pair(RuleBasedStateMachine):
 
     @precondition(lambda self: self._idle() and self.v.inflight < self.v.limits.max_inflight)
     @rule(data=st.data(), depth=st.integers(1, 5),
-          kind=st.sampled_from(["dense", "sparse", "greedy"]))
-    def send_step(self, data, depth, kind):
+          kind=st.sampled_from(["dense", "sparse", "greedy"]), whole=st.booleans())
+    def send_step(self, data, depth, kind, whole):
+        """``whole``: a sparse step that fits one frame is answered by its PROPOSAL (the
+        verifier takes either answer for it)."""
         slot = data.draw(st.sampled_from(self._idle()))
         if len(self.prefix[slot]) + depth + 1 > self.v.limits.max_context:
             self._new_generation(slot)  # a new request on the slot: a short prompt again
@@ -201,8 +281,13 @@ class Pair(RuleBasedStateMachine):
                    top_k=3 if kind == "sparse" else 0,
                    temperature=0.0 if kind == "greedy" else 0.9)
         self.to_w += self.v.send(stp, now=self.now)
-        reps = replies_for(stp, seed=self.round[slot])
-        self.sent_tokens[(slot, stp.generation, stp.round_id)] = tuple(r.token for r in reps)
+        if whole and proposal_fits(stp, self.v.limits):
+            reps = [proposal_for(stp, seed=self.round[slot])]
+            tokens = tuple(reps[0].tokens)
+        else:
+            reps = replies_for(stp, seed=self.round[slot])
+            tokens = tuple(r.token for r in reps)
+        self.sent_tokens[(slot, stp.generation, stp.round_id)] = tokens
         self.pending[slot] = (stp, reps)
 
     @precondition(lambda self: self._sendable())
@@ -215,7 +300,12 @@ class Pair(RuleBasedStateMachine):
                 del self.pending[slot]  # reset under us: stop, as the daemon would
                 return
             if reps:
-                self.to_v += self.w.send(reps.pop(0))
+                msg = reps.pop(0)
+                self.to_v += self.w.send(msg)
+                if isinstance(msg, Proposal):  # answered whole: no COMPLETION follows
+                    event("a step answered by its PROPOSAL")
+                    del self.pending[slot]
+                    return
             else:
                 self.to_v += self.w.send(self.w.completion(slot))
                 del self.pending[slot]

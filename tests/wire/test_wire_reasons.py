@@ -7,7 +7,7 @@ the stream usable; faults that break the stream raise RemoteProtocolError.
 import msgspec
 import numpy as np
 import pytest
-from wire_helpers import SESSION, pair, replies_for, step, worker_frames
+from wire_helpers import SESSION, pair, replies_for, step, stepped, worker_frames
 from wire_vectors import LIMITS
 
 from pp1q.wire import (
@@ -100,12 +100,6 @@ ROW_FAULTS = [
      dict(index=3, ids=[2, 5], q=[0.5, 0.5], position=SPARSE.last_committed + 3),
      Reason.DEPTH_TOO_LARGE),
 ]
-
-
-def stepped(st):
-    v, w = pair()
-    w.receive_data(v.send(st, now=0.0), 0.0)
-    return v, w
 
 
 @pytest.mark.parametrize("name,st,change,reason", ROW_FAULTS, ids=[f[0] for f in ROW_FAULTS])

@@ -14,8 +14,12 @@ from pp1q.models.toy import ToySpec, toy_pair
 from pp1q.runtime.settings import WorkerSettings
 from pp1q.wire import (
     Commit,
+    Completion,
     FrameDecoder,
+    HelloAnswer,
+    Proposal,
     Refusal,
+    Reply,
     Reset,
     Step,
     VerifierEndpoint,
@@ -36,7 +40,7 @@ TIMEOUT_S = 10.0  # every exchange below takes milliseconds
 class ScriptedVerifier:
     def __init__(self, reader, writer, endpoint: VerifierEndpoint) -> None:
         self.reader, self.writer, self.ep = reader, writer, endpoint
-        self.frames: list = []
+        self.received = b""  # every byte the worker sent, in order
 
     async def events_until(self, kind) -> list:
         """Read until an event of ``kind`` arrives; all events so far."""
@@ -44,6 +48,7 @@ class ScriptedVerifier:
         while not any(isinstance(e, kind) for e in events):
             data = await asyncio.wait_for(self.reader.read(65536), TIMEOUT_S)
             assert data, "worker closed the connection"
+            self.received += data
             events += self.ep.receive_data(data, 0.0)
         return events
 
@@ -80,28 +85,34 @@ def _set_context(v: ScriptedVerifier, slot: int, generation: int, prefix: Prefix
                       digest=prefix.digest))
 
 
-def _step(prefix: Prefix, generation: int, round_id: int, seed: int = 5) -> Step:
+def _step(prefix: Prefix, generation: int, round_id: int, seed: int = 5, top_k: int = 8
+          ) -> Step:
     last_committed = prefix.last_position
     return Step(session=99, slot=0, generation=generation, round_id=round_id,
                 last_committed=last_committed,
                 first_position=last_committed + 1, prefix_digest=prefix.digest, depth=5,
-                temperature=0.9, top_k=8, context_version=0, seed=seed)
+                temperature=0.9, top_k=top_k, context_version=0, seed=seed)
 
 
-async def test_rows_are_the_proposers_and_a_retry_is_refused_not_redrawn(worker):
+# the negotiated row bound is 256 bytes (32 ids x 8, or a dense row of 32 x 4): 5 rows of
+# 8 entries (320 bytes) are sent row by row, 5 rows of 4 (160 bytes) as one PROPOSAL
+@pytest.mark.parametrize("top_k,frames", [(8, [Reply] * 5 + [Completion]), (4, [Proposal])],
+                         ids=["row by row", "one PROPOSAL"])
+async def test_rows_are_the_proposers_and_a_retry_is_refused_not_redrawn(worker, top_k, frames):
     v = await _session(worker)
     prefix = Prefix([3, 4, 5])
     _set_context(v, 0, 1, prefix)
-    step = _step(prefix, 1, 1)
+    step = _step(prefix, 1, 1, top_k=top_k)
     v.send(step)
     ready = [e for e in await v.events_until(ProposalReady) if isinstance(e, ProposalReady)][0]
+    assert [type(m) for m in FrameDecoder(v.ep.limits).feed(v.received)] == [HelloAnswer, *frames]
     # exactly the chain the proposer draws under these keys, q rows included
     drafter, _ = toy_pair(VOCAB, 0, "far")
-    expect = list(propose(drafter, prefix.tokens, ProposalSpec(5, 1, 1, 3, 5, 0.9, 8)))
+    expect = list(propose(drafter, prefix.tokens, ProposalSpec(5, 1, 1, 3, 5, 0.9, top_k)))
     assert list(ready.draft_ids) == [t for t, _ in expect]
     assert list(ready.q_rows) == [row for _, row in expect]
     # the STEP's temperature is honoured, not silently 1 (transformers #40949)
-    at_one = list(propose(drafter, prefix.tokens, ProposalSpec(5, 1, 1, 3, 5, 1.0, 8)))
+    at_one = list(propose(drafter, prefix.tokens, ProposalSpec(5, 1, 1, 3, 5, 1.0, top_k)))
     assert [row for _, row in at_one] != [row for _, row in expect]
     # the same STEP again, bytes as sent: refused, and no REPLY drawn under the used key
     v.writer.write(encode(step))
