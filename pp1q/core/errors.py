@@ -64,6 +64,9 @@ class Reason(enum.StrEnum):
     TOO_MANY_INFLIGHT = "too_many_inflight"
     STEP_TIMEOUT = "step_timeout"
     WORKER_ABORTED = "worker_aborted"
+    # the worker's drafter raised outside this set (a model's runtime error, say): the
+    # step is aborted (an ABORTED COMPLETION names this), never left to the watchdog
+    DRAFTER_FAILED = "drafter_failed"
     CONNECTION_LOST = "connection_lost"
     NO_CONTEXT = "no_context"  # a STEP for a slot whose committed context the worker lacks
     CONTEXT_TOO_LONG = "context_too_long"  # a context past the negotiated max_context tokens

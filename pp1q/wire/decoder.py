@@ -294,8 +294,11 @@ class FrameDecoder:
             return Frame(Context(**msgspec.structs.asdict(control), tokens=tokens), nbytes,
                          declared, error)
         if mtype is _PROPOSAL:
-            return Frame(_proposal(control, payload if error is None else None), nbytes,
-                         declared, error)
+            words = None
+            if error is None and payload is not None:
+                _freeze(payload)
+                words = np.frombuffer(payload, dtype=_I4)  # one frombuffer; rows slice it
+            return Frame(_proposal(control, words), nbytes, declared, error, False, words)
         if mtype is not _REPLY:
             return Frame(control, nbytes, declared, error)
         ids = q = None
@@ -312,15 +315,13 @@ class FrameDecoder:
                      q_checked and error is None)
 
 
-def _proposal(head, payload) -> Proposal:
-    """The decoded PROPOSAL: each position's ids and q viewed in ``payload`` (None: the
+def _proposal(head, words) -> Proposal:
+    """The decoded PROPOSAL: each position's ids and q viewed in ``words`` (None: the
     frame failed, no rows)."""
-    ids = q = words = None
-    if payload is not None:
-        _freeze(payload)
-        words = np.frombuffer(payload, dtype=_I4)  # one frombuffer; each row two slices
+    ids = q = None
+    if words is not None:
         ids, q = row_views(words, head.entries)
-    return Proposal(*msgspec.structs.astuple(head), ids, q, words)
+    return Proposal(*msgspec.structs.astuple(head), ids, q)
 
 
 def _freeze(payload) -> None:

@@ -199,3 +199,6 @@ class Frame(NamedTuple):
     # a dense REPLY's q passed q_backend.copy_scanned's checks as it was copied in (the
     # checksum is still the decoder's to verify, the padding the validator's)
     q_checked: bool = False
+    # a PROPOSAL's whole payload as int32 words, which its rows' ids and q view (checked
+    # in one kernel call, pp1q.core.q_parse.parse_sparse_rows); None for other frames
+    words: object = None

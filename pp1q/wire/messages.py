@@ -317,20 +317,16 @@ class Proposal(_ProposalHead, eq=False):
     checksum ``row_checksums[i]`` (the payload_xxh3 its REPLY would carry). The payload
     is the rows in order, each its ids then its q; the frame's own payload checksum
     and length are the completion's byte checksum and exact size (a proposal that
-    arrives whole needs no COMPLETION). ``words``: the payload as int32 words, which
-    ``ids`` and ``q`` view (set when decoded or built by pp1q.wire.proposal; read-only).
+    arrives whole needs no COMPLETION). Decoded, ``ids`` and ``q`` are read-only views
+    of the frame's payload (``Frame.words``: all of it as int32 words).
     """
 
     ids: object = None  # tuple of int32 arrays, one per position
     q: object = None  # tuple of FP32 arrays, one per position
-    words: object = None
 
     def payload_parts(self) -> tuple[memoryview, ...]:
-        """The payload as LE bytes: (words,) or (ids_1, q_1, ids_2, q_2, ...), checked
-        against the head."""
+        """The payload as LE bytes: (ids_1, q_1, ids_2, q_2, ...), checked against the head."""
         n = len(self.entries)
-        if self.words is not None:
-            return (_le_array(self.words, "<i4", 2 * sum(self.entries), "words"),)
         if self.ids is None or self.q is None:
             raise LocalProtocolError(Reason.MISSING_Q, "proposal without rows")
         if not len(self.tokens) == len(self.row_checksums) == len(self.ids) == len(self.q) == n:

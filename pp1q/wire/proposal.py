@@ -78,5 +78,4 @@ def proposal_from_rows(*, session: int, slot: int, generation: int, round_id: in
     ids, q = row_views(words, entries)
     return Proposal(session=session, slot=slot, generation=generation, round_id=round_id,
                     first_position=first_position, context_version=context_version,
-                    tokens=tokens, entries=entries, row_checksums=sums, ids=ids, q=q,
-                    words=words)
+                    tokens=tokens, entries=entries, row_checksums=sums, ids=ids, q=q)

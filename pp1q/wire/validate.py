@@ -174,12 +174,13 @@ def check_reply(
     return parse_sparse(reply.ids, reply.q, vocab, reply.token)  # and q(token) > 0
 
 
-def check_proposal(prop: Proposal, step: Step, vocab: int, err: type = RemoteProtocolError
-                   ) -> list[DyadicRow]:
+def check_proposal(prop: Proposal, step: Step, vocab: int, err: type = RemoteProtocolError,
+                   words=None) -> list[DyadicRow]:
     """A PROPOSAL of ``step`` (already matched on slot/generation/round; its sizes were
     checked against the limits by the decoder): the completion's matches, then every
     position as ``check_reply`` checks a sparse REPLY, its row checksum included.
-    Returns the validated rows, in order."""
+    ``words``: the payload its rows view, as int32 (``Frame.words``; None: built from
+    the rows). Returns the validated rows, in order."""
     if prop.first_position != step.first_position:
         raise err(Reason.BAD_POSITION, "proposal first_position differs")
     if prop.context_version != step.context_version:
@@ -199,8 +200,7 @@ def check_proposal(prop: Proposal, step: Step, vocab: int, err: type = RemotePro
             raise err(Reason.SUPPORT_TOO_LARGE, f"{n} entries > top_k {step.top_k}")
         if row_checksum(ids, q) != declared:
             raise err(Reason.CHECKSUM_MISMATCH, f"row {i} checksum")
-    words = prop.words
-    if words is None:  # built in memory from rows, not decoded: its payload as it leaves
+    if words is None:  # not decoded (our own, say): its payload as it would leave
         words = np.frombuffer(b"".join(prop.payload_parts()), np.int32)
     return parse_sparse_rows(words, prop.entries, prop.tokens, vocab)  # q(token) > 0 too
 

@@ -279,7 +279,7 @@ class VerifierEndpoint(Endpoint):
             self._fail_into(events, slot, s, frame.error.reason, frame.error.detail)
             return
         try:
-            rows = check_proposal(prop, s.step, self.vocab)
+            rows = check_proposal(prop, s.step, self.vocab, words=frame.words)
         except _ROW_ERRORS as e:
             self._fail_into(events, slot, s, e.reason, e.detail)
             return

@@ -404,8 +404,7 @@ class WorkerEndpoint(Endpoint):
                                                                rows=rows)))
         s = self._live_slot(step.slot, step.generation, step.round_id)
         words, entries, sums = pack_rows(tokens, rows)
-        prop = Proposal(**head, tokens=tokens, entries=entries, row_checksums=sums,
-                        words=words)
+        prop = Proposal(**head, tokens=tokens, entries=entries, row_checksums=sums)
         check_own_proposal(prop, s, self.limits, self.vocab, False)
         frame, _ = encode_fields(MsgType.PROPOSAL, (
             self.session, step.slot, step.generation, step.round_id, step.first_position,

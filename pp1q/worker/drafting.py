@@ -173,6 +173,10 @@ class StepDrafter:
             log.warning("drafting slot %d failed: %s", step.slot, str(e))
             self._abort(step, e.reason)
             return
+        except Exception:  # the drafter's own failure (a model's runtime error): fail closed
+            log.exception("drafter failed on slot %d", step.slot)
+            self._abort(step, Reason.DRAFTER_FAILED)
+            return
         # the whole proposal leaves now: the verifier checks it while we draft the next
         self._flush()
         self.metrics.round_latency.observe(time.perf_counter() - t0)

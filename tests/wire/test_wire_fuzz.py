@@ -40,7 +40,8 @@ from pp1q.wire import (
     encode,
 )
 from pp1q.wire.framing import HEADER, HEADER_BYTES
-from pp1q.wire.messages import MsgType, row_checksum
+from pp1q.wire.messages import MsgType
+from pp1q.wire.proposal import row_checksum
 from pp1q.wire.sizes import proposal_fits
 
 V = wire_vectors.load()

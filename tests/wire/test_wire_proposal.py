@@ -54,7 +54,8 @@ from pp1q.wire import (
 )
 from pp1q.wire.framing import HEADER_BYTES, read_header
 from pp1q.wire.limits import DEFAULT_VOCAB, MAX_DEPTH_CAP
-from pp1q.wire.messages import REPLY_HEAD_FIELDS, row_checksum
+from pp1q.wire.messages import REPLY_HEAD_FIELDS
+from pp1q.wire.proposal import row_checksum
 from pp1q.wire.sizes import payload_cap, proposal_fits
 
 SPARSE = step(top_k=3, depth=3)  # 3 rows of <= 3 entries: 72 payload bytes, fits in 80

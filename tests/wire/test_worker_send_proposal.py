@@ -68,9 +68,6 @@ def test_the_worker_refuses_to_send_what_the_verifier_would_refuse(check_outgoin
     _refused(lambda: w.send_proposal(SPARSE, tokens, rows), Reason.STALE_GENERATION)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="proposal_from_rows zips tokens and rows strict=True: a count "
-                          "mismatch raises ValueError, outside the closed error set")
 def test_the_worker_refuses_tokens_and_rows_of_unequal_count():
     _, w = stepped(SPARSE)
     tokens, rows = drafted(SPARSE)

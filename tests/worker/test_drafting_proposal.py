@@ -81,11 +81,7 @@ class _Failing(Canned):
 
 @pytest.mark.parametrize("error", [
     DistributionError(Reason.ZERO_MASS, "planted: the drafter's row has no mass"),
-    pytest.param(RuntimeError("planted: a real model's failure (CUDA out of memory)"),
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-                     "drafting.StepDrafter._run catches Pp1qError only: any other drafter "
-                     "exception ends the task with a log line, sends nothing, counts nothing "
-                     "and leaves the slot DRAFTING until the verifier's step_timeout"))),
+    RuntimeError("planted: a real model's failure (CUDA out of memory)"),
 ], ids=["closed-set error", "any other exception"])
 async def test_a_drafter_failing_mid_proposal_sends_one_aborted_completion(error):
     data, v, conn = await _drafted(_Failing(error), FITS)

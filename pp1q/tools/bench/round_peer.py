@@ -64,7 +64,7 @@ def frames(form: str, per_row: bool = False) -> list[tuple[bytes, bytes]]:
                                      first_position=11, context_version=0,
                                      tokens=[t for t, _ in chain], rows=[r for _, r in chain])
             data = encode(msg)
-            n = msg.words.nbytes
+            n = 8 * sum(msg.entries)  # the payload: each row's ids and q
             out.append((data[: len(data) - n], data[len(data) - n:]))
         return out
     for slot, chain in enumerate(canned_rows(form)):
