@@ -23,7 +23,7 @@ from pp1q.wire import MsgType
 
 class Direction(enum.StrEnum):
     TO_WORKER = "to_worker"  # verifier -> worker: HELLO, STEP, COMMIT, RESET
-    TO_VERIFIER = "to_verifier"  # worker -> verifier: HELLO_ANSWER, REPLY, COMPLETION
+    TO_VERIFIER = "to_verifier"  # worker -> verifier: HELLO_ANSWER, REPLY, COMPLETION, PROPOSAL
 
 
 class FaultKind(enum.StrEnum):
@@ -98,7 +98,12 @@ FRAME_FAULTS = (Delay, Drop, BitFlip, Truncate, Duplicate, Replay, Reorder, Disc
 def poisons(fault: Fault, mtype: int) -> bool:
     """Whether a proposal whose frame took this fault must never be committed. A delay is
     counted as poisoning: the rules here always delay past the STEP watchdog. A
-    duplicated COMPLETION or a replayed copy leaves the original delivery intact."""
+    replayed copy leaves the original delivery intact. A duplicated REPLY row arrives
+    while its step is still open and fails it (duplicate_round). A duplicated COMPLETION
+    or PROPOSAL (the PROPOSAL plays the COMPLETION: its arrival is the step's end) reaches
+    the verifier after the original made the slot READY, or after the COMMIT: the copy is
+    discarded unread as duplicate_round (counted in late_replies_discarded, no fallback)
+    and the original proposal stands, so it may be committed."""
     if isinstance(fault, Replay):
         return False
     if isinstance(fault, Duplicate):
