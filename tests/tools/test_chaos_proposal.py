@@ -3,9 +3,12 @@ audit records a PROPOSAL's positions and treats it as the step's totals; each fr
 fault on a PROPOSAL ends, at a real VerifierEndpoint, in the verdict the chaos matrix's
 sparse rows count (pp1q.tools.chaos.sparse_rows); and ``poisons`` says which faulted
 PROPOSALs may still be committed (a duplicate or a stale replay: the copy is discarded,
-the original stands)."""
+the original stands); the sparse distribution row's accounting flags what it must."""
 
 from __future__ import annotations
+
+import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -13,17 +16,21 @@ from wire_helpers import SESSION, pair, rows_for, step
 
 from pp1q.core.errors import Reason
 from pp1q.tools.chaos.audit import WireAudit, proposal_rows
+from pp1q.tools.chaos.distribution import proposal_accounting
 from pp1q.tools.chaos.faults import (
     BitFlip,
     Delay,
     Drop,
     Duplicate,
+    FaultKind,
     Reorder,
     Replay,
     Truncate,
     poisons,
 )
 from pp1q.tools.chaos.frames import FrameCutter, Piece, flip_bit, truncate_reframed
+from pp1q.tools.chaos.matrix import Deltas
+from pp1q.tools.chaos.spec import parse_rule
 from pp1q.wire import (
     Commit,
     Discarded,
@@ -209,3 +216,34 @@ def test_which_faults_on_a_proposal_poison_it(fault, poisoning):
     assert poisons(fault, MsgType.PROPOSAL) is poisoning
     # a PROPOSAL is judged like the COMPLETION it plays, not like a REPLY row
     assert poisons(fault, MsgType.PROPOSAL) is poisons(fault, MsgType.COMPLETION)
+
+
+# -- the sparse distribution row's accounting -------------------------------------------
+
+def _deltas(invalid=5, watchdog=3, late=4) -> Deltas:
+    after = {("pp1q_fallbacks_total", (("cause", "invalid_reply"),)): invalid,
+             ("pp1q_fallbacks_total", (("cause", "watchdog_timeout"),)): watchdog,
+             ("pp1q_watchdog_timeouts_total", ()): watchdog,
+             ("pp1q_late_replies_discarded_total", ()): late}
+    return Deltas({}, after)
+
+
+INJECTED = {"bit_flip": 2, "truncate": 3, "duplicate": 2, "replay": 1, "delay": 1}
+FIRED = Counter({FaultKind.DROP: 2, FaultKind.DELAY: 1})
+
+
+@pytest.mark.parametrize("deltas, why", [
+    (_deltas(), None),
+    (_deltas(late=3), None),  # the delayed frame had not landed: 3 copies, 4 at most
+    (_deltas(invalid=6), "invalid_reply"),  # a copy failed a step (as a REPLY row's does)
+    (_deltas(watchdog=4), "watchdog_timeouts"),  # a stall the faults do not explain
+    (_deltas(late=2), "late frames"),  # a copy not discarded
+])
+def test_proposal_accounting_each_fault_ends_one_way(deltas, why):
+    problems = proposal_accounting(deltas, INJECTED, FIRED)
+    assert (problems == []) if why is None else why in " ".join(problems), problems
+
+
+def test_a_fault_spec_can_name_the_proposal():
+    rule = parse_rule("duplicate:proposal:every=4:times=0", random.Random(0))
+    assert rule.msg_type is MsgType.PROPOSAL and isinstance(rule.fault, Duplicate)

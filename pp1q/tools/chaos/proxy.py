@@ -125,6 +125,11 @@ class FaultProxy:
         """Every chunk of this direction waits ``seconds`` (order kept)."""
         self._latency[direction] = max(0.0, seconds)
 
+    def delayed(self) -> int:
+        """Frames a delay holds that are not written yet (a run waits for them to land
+        before it reads counters, so none lands in the next run's)."""
+        return sum(len(c.delayed) for c in self._conns if not c.closed)
+
     def reset_all(self) -> int:
         """RST every wire connection between frames; returns how many."""
         conns = [c for c in self._conns if not c.closed]
@@ -339,6 +344,7 @@ class ThreadedProxy:
         return attr
 
 
-_LOOP_METHODS = {"pause", "unpause", "blackhole", "unblackhole", "set_latency", "reset_all"}
+_LOOP_METHODS = {"pause", "unpause", "blackhole", "unblackhole", "set_latency", "reset_all",
+                 "delayed"}
 
 __all__ = ["FaultProxy", "ThreadedProxy", "MsgType"]
