@@ -41,7 +41,7 @@ from pp1q.tools.chaos.faults import (
     Rule,
     Truncate,
 )
-from pp1q.tools.chaos.rig import Rig, Samples, delta
+from pp1q.tools.chaos.rig import Rig, Samples, delta, value
 from pp1q.wire import MsgType
 
 DEPTH = 5  # the verifier's default fixed depth
@@ -186,8 +186,14 @@ def generate(rig: Rig, bodies: list[dict], concurrency: int = 4) -> list[dict]:
 
 
 def _crash_soon(rig: Rig, crashes: list[int]) -> None:
-    """Kill the worker while a wave of requests runs, restart it on the same port."""
-    time.sleep(0.05)
+    """Kill the worker while a wave of requests runs, restart it on the same port. The
+    kill waits until a request of the wave holds a slot (bounded): after a fixed sleep,
+    on a loaded box, it could come before any request had started, costing none of them
+    a fallback (the row then failed: fewer connection fallbacks than crashes)."""
+    deadline = time.monotonic() + SETTLE_S
+    while value(rig.metrics("verifier"), "pp1q_slots_in_use") < 1 and \
+            time.monotonic() < deadline:
+        time.sleep(POLL_S / 5)
     rig.crash_worker()
     crashes[0] += 1
     time.sleep(0.2)
