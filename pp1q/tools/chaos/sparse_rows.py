@@ -57,7 +57,8 @@ from pp1q.tools.chaos.matrix import (
 from pp1q.tools.chaos.rig import Rig
 from pp1q.wire import MsgType
 
-SPARSE_VOCAB = 256  # the smallest round vocabulary whose sessions carry a top-32 PROPOSAL
+SPARSE_VOCAB = 256  # a top-32 depth-5 PROPOSAL (1280 bytes) needs V >= 160: a session's
+# frame bound is max(4 V, 8 min(V, 256)) bytes (sizes.proposal_fits)
 SPARSE_TOP_K = 32
 PROPOSAL = MsgType.PROPOSAL
 
