@@ -123,6 +123,12 @@ def test_audit_flags_a_commit_of_a_broken_or_missing_proposal(deliveries, why):
     assert why in " ".join(a.violations), a.violations
 
 
+def test_audit_flags_a_proposal_frame_committed_for_a_dense_step():
+    a = _round((encode(proposal()), True), step_msg=_step(top_k=0))
+    assert a.violations == ["COMMIT slot 0 gen 1 round 1: a PROPOSAL answered a dense or "
+                            "greedy step"]
+
+
 def test_audit_ignores_a_copy_of_a_complete_proposal():
     """A duplicated PROPOSAL reaches the verifier after the original made the slot READY:
     it is discarded unread (test below), so the audit must not count its rows twice

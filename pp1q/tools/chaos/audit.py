@@ -10,7 +10,8 @@ daemon's own counters:
   followed by a COMPLETION (the totals), or all at once in one PROPOSAL (revision 3: a
   sparse step; the frame carries every position and plays the COMPLETION).
 - zero sampled ids without q: every row of a committed sampled proposal (STEP
-  temperature > 0) carried a q row (dense or sparse) with q(token) > 0.
+  temperature > 0) carried a q row (dense or sparse) with q(token) > 0; and a proposal
+  that came as a PROPOSAL answered a sampled sparse step (the only kind it may answer).
 
 A PROPOSAL for a step whose proposal is already complete is not recorded: the verifier
 discards it unread (``duplicate_round``), so it neither adds rows nor needs to be intact.
@@ -130,7 +131,10 @@ class WireAudit:
             self.violations.append(f"{where}: rows delivered {[(i, ok) for i, ok, _ in rows]}")
         if key not in self._completed:
             self.violations.append(f"{where}: no intact COMPLETION or PROPOSAL delivered")
-        self.proposal_commits += key in self._by_proposal
+        if key in self._by_proposal:
+            self.proposal_commits += 1
+            if not (step.temperature > 0 and step.top_k > 0):  # validate.check_proposal
+                self.violations.append(f"{where}: a PROPOSAL answered a dense or greedy step")
         if not 0 <= commit.accepted <= step.depth or \
                 commit.committed != step.last_committed + commit.accepted + 1:
             self.violations.append(f"{where}: accepted {commit.accepted}, committed "

@@ -215,7 +215,7 @@ def _run_load(rig: Rig, case: Case, bodies: list[dict]) -> tuple[list[dict], int
         answers += generate(rig, bodies[i:i + WAVE])
         if crasher is not None:
             crasher.join(SETTLE_S)
-        rig.wait_connected()
+        rig.wait_session()
     return answers, crashes[0]
 
 
