@@ -19,7 +19,8 @@ def add_arguments(p) -> None:
     mx.add_argument("--requests", type=int, default=None,
                     help="requests per fault row (default: the bounded CI size)")
     mx.add_argument("--distribution", type=int, default=None, metavar="N",
-                    help="requests of the mixed-fault distribution check (default: CI size)")
+                    help="requests of each mixed-fault distribution check, dense q and "
+                         "top-3 q (default: CI size; 0: none)")
     mx.add_argument("--log-dir", default=None, help="daemon logs here (default: a temp dir)")
 
 

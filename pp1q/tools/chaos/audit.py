@@ -3,13 +3,18 @@
 The proxy sits on the wire, so it can prove two promises without trusting either
 daemon's own counters:
 
-- zero partial commits: every COMMIT (verifier -> worker) names a proposal whose REPLY
-  rows 1..depth reached the verifier exactly once each, in order and byte-identical to
-  what the worker sent, followed by an intact COMPLETION, and no frame of which took a
-  poisoning fault; ``committed`` = last_committed + accepted + 1.
+- zero partial commits: every COMMIT (verifier -> worker) names a proposal whose rows
+  1..depth reached the verifier exactly once each, in order and byte-identical to what
+  the worker sent, with its totals intact, and no frame of which took a poisoning
+  fault; ``committed`` = last_committed + accepted + 1. The rows come as REPLY frames
+  followed by a COMPLETION (the totals), or all at once in one PROPOSAL (revision 3: a
+  sparse step; the frame carries every position and plays the COMPLETION).
 - zero sampled ids without q: every row of a committed sampled proposal (STEP
-  temperature > 0) carried a q row (dense or sparse) with q(token) > 0.
+  temperature > 0) carried a q row (dense or sparse) with q(token) > 0; and a proposal
+  that came as a PROPOSAL answered a sampled sparse step (the only kind it may answer).
 
+A PROPOSAL for a step whose proposal is already complete is not recorded: the verifier
+discards it unread (``duplicate_round``), so it neither adds rows nor needs to be intact.
 Anything else is appended to ``violations``. State is dropped per slot at RESET and
 per connection at close, so a long soak keeps it bounded.
 """
@@ -39,15 +44,35 @@ def q_at_token(piece: Piece, reply) -> float:
     return 0.0
 
 
+def proposal_rows(piece: Piece, prop) -> list[tuple[int, float]]:
+    """(index, q(token)) of every position of a PROPOSAL, its rows read from the payload
+    as ``entries`` says (q 0.0 for every position when the payload does not have exactly
+    those rows: a cut or padded frame)."""
+    n = sum(prop.entries)
+    if len(piece.payload) != 8 * n or len(prop.tokens) != len(prop.entries):
+        return [(i, 0.0) for i in range(1, len(prop.tokens) + 1)]
+    words = np.frombuffer(piece.payload, "<i4", 2 * n)
+    out, at = [], 0
+    for i, (token, k) in enumerate(zip(prop.tokens, prop.entries, strict=True), 1):
+        ids = words[at:at + k]
+        hit = np.flatnonzero(ids == token)
+        q = float(words[at + k:at + 2 * k].view("<f4")[hit[0]]) if hit.size == 1 else 0.0
+        out.append((i, q))
+        at += 2 * k
+    return out
+
+
 class WireAudit:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._steps: dict[Key, object] = {}
         self._rows: dict[Key, list[tuple[int, bool, float]]] = {}  # index, intact, q(token)
         self._completed: set[Key] = set()
+        self._by_proposal: set[Key] = set()  # steps answered (in part) by a PROPOSAL
         self._poisoned: set[Key] = set()
         self.violations: list[str] = []
         self.commits = 0  # proposals committed
+        self.proposal_commits = 0  # of them, proposals that came as one PROPOSAL frame
         self.committed_drafts = 0  # draft tokens accepted in them
         self.sampled_rows = 0  # rows of committed sampled proposals, each checked for q
 
@@ -74,6 +99,17 @@ class WireAudit:
                     (message.index, intact, q))
             elif not to_worker and t == MsgType.COMPLETION and intact:
                 self._completed.add(_key(conn, message))
+            elif not to_worker and t == MsgType.PROPOSAL:
+                self._proposal(_key(conn, message), piece, message, intact)
+
+    def _proposal(self, key: Key, piece: Piece, prop, intact: bool) -> None:
+        if key in self._completed:
+            return  # a copy of a complete proposal: the verifier discards it (duplicate_round)
+        self._rows.setdefault(key, []).extend(
+            (i, intact, q) for i, q in proposal_rows(piece, prop))
+        self._by_proposal.add(key)
+        if intact:
+            self._completed.add(key)
 
     def connection_closed(self, conn: int) -> None:
         with self._lock:
@@ -94,7 +130,11 @@ class WireAudit:
         if [i for i, _, _ in rows] != want or not all(ok for _, ok, _ in rows):
             self.violations.append(f"{where}: rows delivered {[(i, ok) for i, ok, _ in rows]}")
         if key not in self._completed:
-            self.violations.append(f"{where}: no intact COMPLETION delivered")
+            self.violations.append(f"{where}: no intact COMPLETION or PROPOSAL delivered")
+        if key in self._by_proposal:
+            self.proposal_commits += 1
+            if not (step.temperature > 0 and step.top_k > 0):  # validate.check_proposal
+                self.violations.append(f"{where}: a PROPOSAL answered a dense or greedy step")
         if not 0 <= commit.accepted <= step.depth or \
                 commit.committed != step.last_committed + commit.accepted + 1:
             self.violations.append(f"{where}: accepted {commit.accepted}, committed "
@@ -111,6 +151,7 @@ class WireAudit:
             for k in [k for k in d if gone(k)]:
                 del d[k]
         self._completed = {k for k in self._completed if not gone(k)}
+        self._by_proposal = {k for k in self._by_proposal if not gone(k)}
         self._poisoned = {k for k in self._poisoned if not gone(k)}
 
     def pending(self) -> int:

@@ -98,44 +98,54 @@ def checkout_judge():
 
 
 def run_matrix(args) -> int:
-    from pp1q.tools.chaos.matrix import (
-        ROW_REQUESTS,
-        WATCHDOG_MS,
-        cases,
+    from pp1q.tools.chaos.distribution import (
+        SPARSE_DIST_TOP_K,
         format_distribution,
-        format_table,
-        run_case,
         run_distribution,
     )
+    from pp1q.tools.chaos.matrix import ROW_REQUESTS, WATCHDOG_MS, cases, format_table, run_case
     from pp1q.tools.chaos.rank_row import run_rank_crash
     from pp1q.tools.chaos.rig import Rig
+    from pp1q.tools.chaos.sparse_rows import SPARSE_TOP_K, SPARSE_VOCAB, sparse_cases, sparse_rig
 
     watchdog_ms = WATCHDOG_MS
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="pp1q-chaos-")
     judge = checkout_judge()
     n_dist = args.distribution if args.distribution is not None else 2000
+    requests = args.requests or ROW_REQUESTS
     print(f"pp1q chaos matrix: vocab 16, far drafter, watchdog {watchdog_ms} ms, "
-          f"{args.requests or ROW_REQUESTS} requests per row, {n_dist} in the distribution "
-          f"row; logs in {log_dir}", flush=True)
+          f"{requests} requests per row (sparse rows: vocab {SPARSE_VOCAB}, top-{SPARSE_TOP_K} "
+          f"PROPOSALs), {n_dist} in each distribution row (dense q, top-{SPARSE_DIST_TOP_K} q); "
+          f"logs in {log_dir}", flush=True)
+    rows, dists = [], []
+
+    def run_rows(rig, row_cases) -> None:
+        for case in row_cases:
+            rows.append(run_case(rig, case, requests=requests))
+            print(f"  {rows[-1].name}: {'ok' if rows[-1].ok else 'FAIL'}", flush=True)
+
     rig = Rig(log_dir, vocab=16, preset="far", watchdog_ms=watchdog_ms)
-    rows, dist = [], None
     try:
-        for case in cases(watchdog_ms / 1000):
-            row = run_case(rig, case, requests=args.requests or ROW_REQUESTS)
-            rows.append(row)
-            print(f"  {row.name}: {'ok' if row.ok else 'FAIL'}", flush=True)
+        run_rows(rig, cases(watchdog_ms / 1000))
+        sparse = sparse_rig(Path(log_dir) / "sparse")
+        try:
+            run_rows(sparse, sparse_cases(watchdog_ms / 1000))
+        finally:
+            with contextlib.suppress(Exception):
+                sparse.close()
         rows.append(run_rank_crash(Path(log_dir) / "ranks"))
         print(f"  {rows[-1].name}: {'ok' if rows[-1].ok else 'FAIL'}", flush=True)
         if n_dist:
-            dist = run_distribution(rig, n_dist, judge, watchdog_s=watchdog_ms / 1000)
+            for top_k in (None, SPARSE_DIST_TOP_K):
+                dists.append(run_distribution(rig, n_dist, judge, top_k=top_k,
+                                              watchdog_s=watchdog_ms / 1000))
     finally:
         with contextlib.suppress(Exception):
             rig.close()
     print(format_table(rows))
-    if dist is not None:
+    for dist in dists:
         print(format_distribution(dist))
-        if judge is None:
-            print("(distribution not judged: tests/support/stats.py not found; "
-                  "run from a checkout)")
-    failed = [r for r in rows if r.problems] or (dist is not None and not dist.ok)
+    if dists and judge is None:
+        print("(distribution not judged: tests/support/stats.py not found; run from a checkout)")
+    failed = [r for r in rows if r.problems] or any(not d.ok for d in dists)
     return 1 if failed else 0

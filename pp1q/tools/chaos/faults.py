@@ -23,7 +23,7 @@ from pp1q.wire import MsgType
 
 class Direction(enum.StrEnum):
     TO_WORKER = "to_worker"  # verifier -> worker: HELLO, STEP, COMMIT, RESET
-    TO_VERIFIER = "to_verifier"  # worker -> verifier: HELLO_ANSWER, REPLY, COMPLETION
+    TO_VERIFIER = "to_verifier"  # worker -> verifier: HELLO_ANSWER, REPLY, COMPLETION, PROPOSAL
 
 
 class FaultKind(enum.StrEnum):
@@ -98,7 +98,12 @@ FRAME_FAULTS = (Delay, Drop, BitFlip, Truncate, Duplicate, Replay, Reorder, Disc
 def poisons(fault: Fault, mtype: int) -> bool:
     """Whether a proposal whose frame took this fault must never be committed. A delay is
     counted as poisoning: the rules here always delay past the STEP watchdog. A
-    duplicated COMPLETION or a replayed copy leaves the original delivery intact."""
+    replayed copy leaves the original delivery intact. A duplicated REPLY row arrives
+    while its step is still open and fails it (duplicate_round). A duplicated COMPLETION
+    or PROPOSAL (the PROPOSAL plays the COMPLETION: its arrival is the step's end) reaches
+    the verifier after the original made the slot READY, or after the COMMIT: the copy is
+    discarded unread as duplicate_round (counted in late_replies_discarded, no fallback)
+    and the original proposal stands, so it may be committed."""
     if isinstance(fault, Replay):
         return False
     if isinstance(fault, Duplicate):
@@ -150,3 +155,39 @@ class Rule:
             return False
         self.fired += 1
         return True
+
+
+def random_frame_rules(rng: random.Random, watchdog_s: float, *, row_p: float,
+                       stall_p: float, proposal_p: float, disconnect_p: float = 0.0,
+                       bit_offset: int = 7) -> list[Rule]:
+    """Seeded, content-blind frame faults on every frame a proposal travels in, each
+    kind with its own chance per matching frame:
+
+    - REPLY rows (dense steps, greedy ones, and sparse ones a worker streams): drop, bit
+      flip, truncate, duplicate, reorder, stale replay, each ``row_p``;
+    - their COMPLETION: a delay past the watchdog, ``stall_p``;
+    - a PROPOSAL (a sparse step's every row in one frame, revision 3): bit flip,
+      truncate, duplicate, stale replay, each ``proposal_p`` (one frame carries what
+      ``depth`` REPLY rows do, so callers give it ``depth`` x ``row_p`` for the same
+      chance per proposal); drop, reorder and a delay past the watchdog, each
+      ``stall_p``: each of those leaves the step to its STEP watchdog (a reordered
+      PROPOSAL waits for the next frame of its slot, which comes only after it);
+    - ``disconnect_p``: half a REPLY or PROPOSAL written, then RST (0: none; it ends the
+      session, so rows that check the output leave it to its own row).
+
+    The rules never look at what a frame carries (see matrix.py on why)."""
+    def rule(fault, mtype, p) -> Rule:
+        return Rule(fault, msg_type=mtype, every=1, times=0, probability=p, rng=rng)
+    late = Delay(2 * watchdog_s)
+    out = [rule(f, MsgType.REPLY, row_p) for f in (Drop(), BitFlip(offset=bit_offset),
+                                                   Truncate(), Duplicate(), Reorder(),
+                                                   Replay())]
+    out.append(rule(late, MsgType.COMPLETION, stall_p))
+    if disconnect_p:
+        out.append(rule(Disconnect(), MsgType.REPLY, disconnect_p))
+    out += [rule(f, MsgType.PROPOSAL, proposal_p)
+            for f in (BitFlip(offset=bit_offset), Truncate(), Duplicate(), Replay())]
+    out += [rule(f, MsgType.PROPOSAL, stall_p) for f in (Drop(), Reorder(), late)]
+    if disconnect_p:
+        out.append(rule(Disconnect(), MsgType.PROPOSAL, disconnect_p))
+    return out

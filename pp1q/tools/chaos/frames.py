@@ -36,7 +36,8 @@ class Piece:
         return self.mtype is not None
 
     def message(self):
-        """The decoded control part (REPLY: its head fields), or None if it does not decode."""
+        """The decoded control part (REPLY, PROPOSAL: the head fields), or None if it
+        does not decode."""
         if self.mtype not in _decoders:
             return None
         control = self.data[HEADER_BYTES: HEADER_BYTES + self.control_len]

@@ -12,24 +12,20 @@ a few concurrent requests and checks, from three independent vantage points:
   intact with q(token) > 0 on every row, i.e. zero partial commits and zero sampled
   ids without q.
 
-The distribution row runs many short requests under a mix of random frame faults and
-hands the token counts to a ``judge`` (the tests' chi-square against the exact target
-marginals). Faults are chosen by frame position and count or by a seeded generator,
-never by frame content: a fault that looks at the drafted token would select on the
-draws themselves, which biases any speculative sampler (see RELIABILITY.md).
+The sparse rows (faults on the PROPOSAL frame) are in sparse_rows.py, the distribution
+row in distribution.py. Faults are chosen by frame position and count or by a seeded
+generator, never by frame content: a fault that looks at the drafted token would select
+on the draws themselves, which biases any speculative sampler (see RELIABILITY.md).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import random
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from pp1q.core.outcomes import FallbackCause
 from pp1q.tools.chaos.faults import (
@@ -45,7 +41,7 @@ from pp1q.tools.chaos.faults import (
     Rule,
     Truncate,
 )
-from pp1q.tools.chaos.rig import Rig, Samples, delta
+from pp1q.tools.chaos.rig import Rig, Samples, delta, value
 from pp1q.wire import MsgType
 
 DEPTH = 5  # the verifier's default fixed depth
@@ -59,11 +55,6 @@ INJECTIONS = 3  # deterministic injections per row
 EVERY = 4  # fire on every 4th matching frame: each injection hits another proposal
 SETTLE_S = 15.0  # bound on waiting for late frames / counters after a row's requests
 POLL_S = 0.05
-DIST_TOKENS = 3  # per request in the distribution row (prompt [3, 7], vocab 16)
-DIST_FAULT_P = 0.01  # per frame and kind: about a quarter of proposals take a fault, so
-# most tokens still come from verified rounds and the chi-square keeps its power
-
-Judge = Callable[[np.ndarray], tuple[bool, str]]
 
 
 @dataclass
@@ -87,6 +78,8 @@ class Case:
     expect: Callable[[Deltas, int], list[str]] = lambda d, n: []
     crash: bool = False  # the row kills and restarts the worker instead
     lossless: bool = True  # no connection loss: every verified round's COMMIT is on the wire
+    top_k: int | None = None  # the requests' proposal support (None: dense q)
+    proposals: bool = False  # every commit must name a proposal sent as one PROPOSAL frame
 
 
 @dataclass
@@ -106,21 +99,28 @@ class RowResult:
         return not self.problems
 
 
-def _equal(what: str, got: int, want: int) -> list[str]:
+def equal(what: str, got: int, want: int) -> list[str]:
     return [] if got == want else [f"{what} = {got}, want {want}"]
 
 
-def _reason_row(reason: str) -> Callable[[Deltas, int], list[str]]:
+def reason_row(reason: str) -> Callable[[Deltas, int], list[str]]:
     def expect(d: Deltas, n: int) -> list[str]:
-        return (_equal(f"validation_failures{{{reason}}}", d("validation_failures_total",
-                                                              reason=reason), n)
-                + _equal("fallbacks{invalid_reply}", d("fallbacks_total",
-                                                       cause="invalid_reply"), n)
-                + _equal("reconnects", d("reconnects_total"), 0))
+        return (equal(f"validation_failures{{{reason}}}", d("validation_failures_total",
+                                                             reason=reason), n)
+                + equal("fallbacks{invalid_reply}", d("fallbacks_total",
+                                                      cause="invalid_reply"), n)
+                + equal("reconnects", d("reconnects_total"), 0))
     return expect
 
 
-def _rule(fault, mtype=MsgType.REPLY, index: int | None = 2) -> Callable[[], list[Rule]]:
+def lost(d: Deltas, n: int) -> list[str]:
+    short = d("fallbacks_total", cause="connection_lost") + \
+        d("fallbacks_total", cause="worker_unavailable")
+    return (equal("reconnects", d("reconnects_total"), n)
+            + ([] if short >= n else [f"only {short} connection fallbacks for {n} losses"]))
+
+
+def planned_rule(fault, mtype=MsgType.REPLY, index: int | None = 2) -> Callable[[], list[Rule]]:
     where = {} if index is None else {"index": index}
     return lambda: [Rule(fault, msg_type=mtype, where=where, nth=2, every=EVERY,
                          times=INJECTIONS)]
@@ -128,57 +128,51 @@ def _rule(fault, mtype=MsgType.REPLY, index: int | None = 2) -> Callable[[], lis
 
 def cases(watchdog_s: float) -> list[Case]:
     def delay(d: Deltas, n: int) -> list[str]:
-        return (_equal("watchdog_timeouts", d("watchdog_timeouts_total"), n)
-                + _equal("fallbacks{watchdog_timeout}",
-                         d("fallbacks_total", cause="watchdog_timeout"), n)
+        return (equal("watchdog_timeouts", d("watchdog_timeouts_total"), n)
+                + equal("fallbacks{watchdog_timeout}",
+                        d("fallbacks_total", cause="watchdog_timeout"), n)
                 + ([] if d("late_replies_discarded_total") >= n
                    else ["the late COMPLETIONs were not all discarded"]))
 
     def replay(d: Deltas, n: int) -> list[str]:
-        return (_equal("late_replies_discarded", d("late_replies_discarded_total"), n)
-                + _equal("fallbacks (all causes)", sum(d.fallbacks().values()), 0))
+        return (equal("late_replies_discarded", d("late_replies_discarded_total"), n)
+                + equal("fallbacks (all causes)", sum(d.fallbacks().values()), 0))
 
     def context_refused(d: Deltas, n: int) -> list[str]:
         # the worker refuses the corrupt CONTEXT, then the STEP after it with its reason:
         # one worker_refused fallback each, then the whole context is sent again
-        return (_equal("fallbacks{worker_refused}", d("fallbacks_total", cause="worker_refused"),
-                       n)
-                + _equal("fallbacks (other causes)", sum(d.fallbacks().values()), n)
-                + _equal("reconnects", d("reconnects_total"), 0))
-
-    def lost(d: Deltas, n: int) -> list[str]:
-        short = d("fallbacks_total", cause="connection_lost") + \
-            d("fallbacks_total", cause="worker_unavailable")
-        return (_equal("reconnects", d("reconnects_total"), n)
-                + ([] if short >= n else [f"only {short} connection fallbacks for {n} losses"]))
+        return (equal("fallbacks{worker_refused}", d("fallbacks_total", cause="worker_refused"),
+                      n)
+                + equal("fallbacks (other causes)", sum(d.fallbacks().values()), n)
+                + equal("reconnects", d("reconnects_total"), 0))
 
     return [
         Case("delay past watchdog", FaultKind.DELAY, "watchdog_timeouts",
-             _rule(Delay(3 * watchdog_s), MsgType.COMPLETION, None), delay),
+             planned_rule(Delay(3 * watchdog_s), MsgType.COMPLETION, None), delay),
         Case("drop", FaultKind.DROP, "validation_failures{out_of_order}",
-             _rule(Drop()), _reason_row("out_of_order")),
+             planned_rule(Drop()), reason_row("out_of_order")),
         Case("bit flip", FaultKind.BIT_FLIP, "validation_failures{checksum_mismatch}",
-             _rule(BitFlip("payload", offset=5, bit=3)), _reason_row("checksum_mismatch")),
+             planned_rule(BitFlip("payload", offset=5, bit=3)), reason_row("checksum_mismatch")),
         Case("truncate", FaultKind.TRUNCATE, "validation_failures{unexpected_size}",
-             _rule(Truncate(keep=4)), _reason_row("unexpected_size")),
+             planned_rule(Truncate(keep=4)), reason_row("unexpected_size")),
         Case("duplicate frame", FaultKind.DUPLICATE, "validation_failures{duplicate_round}",
-             _rule(Duplicate()), _reason_row("duplicate_round")),
+             planned_rule(Duplicate()), reason_row("duplicate_round")),
         Case("context bit flip", FaultKind.BIT_FLIP, "fallbacks{worker_refused}",
              lambda: [Rule(BitFlip("payload", offset=1, bit=2), direction=Direction.TO_WORKER,
                            msg_type=MsgType.CONTEXT, nth=2, every=EVERY, times=INJECTIONS)],
              context_refused),
         Case("stale-generation replay", FaultKind.REPLAY, "late_replies_discarded",
-             _rule(Replay(), index=1), replay),
+             planned_rule(Replay(), index=1), replay),
         Case("reorder", FaultKind.REORDER, "validation_failures{out_of_order}",
-             _rule(Reorder()), _reason_row("out_of_order")),
+             planned_rule(Reorder()), reason_row("out_of_order")),
         Case("disconnect mid-reply", FaultKind.DISCONNECT, "reconnects",
-             _rule(Disconnect(), index=3), lost, lossless=False),
+             planned_rule(Disconnect(), index=3), lost, lossless=False),
         Case("worker crash and restart", None, "reconnects", crash=True, expect=lost,
              lossless=False),
     ]
 
 
-def _generate(rig: Rig, bodies: list[dict], concurrency: int = 4) -> list[dict]:
+def generate(rig: Rig, bodies: list[dict], concurrency: int = 4) -> list[dict]:
     local = threading.local()
 
     def one(body: dict) -> dict:
@@ -192,8 +186,14 @@ def _generate(rig: Rig, bodies: list[dict], concurrency: int = 4) -> list[dict]:
 
 
 def _crash_soon(rig: Rig, crashes: list[int]) -> None:
-    """Kill the worker while a wave of requests runs, restart it on the same port."""
-    time.sleep(0.05)
+    """Kill the worker while a wave of requests runs, restart it on the same port. The
+    kill waits until a request of the wave holds a slot (bounded): after a fixed sleep,
+    on a loaded box, it could come before any request had started, costing none of them
+    a fallback (the row then failed: fewer connection fallbacks than crashes)."""
+    deadline = time.monotonic() + SETTLE_S
+    while value(rig.metrics("verifier"), "pp1q_slots_in_use") < 1 and \
+            time.monotonic() < deadline:
+        time.sleep(POLL_S / 5)
     rig.crash_worker()
     crashes[0] += 1
     time.sleep(0.2)
@@ -205,17 +205,17 @@ def _run_load(rig: Rig, case: Case, bodies: list[dict]) -> tuple[list[dict], int
     injection and waits for the session to come back after each (else the rest of the
     row would run target-only and never meet the next fault). Returns (answers, crashes)."""
     if case.lossless:
-        return _generate(rig, bodies), 0
+        return generate(rig, bodies), 0
     answers, crashes = [], [0]
     for i in range(0, len(bodies), WAVE):
         crasher = threading.Thread(target=_crash_soon, args=(rig, crashes)) \
             if case.crash else None
         if crasher is not None:
             crasher.start()
-        answers += _generate(rig, bodies[i:i + WAVE])
+        answers += generate(rig, bodies[i:i + WAVE])
         if crasher is not None:
             crasher.join(SETTLE_S)
-        rig.wait_connected()
+        rig.wait_session()
     return answers, crashes[0]
 
 
@@ -225,11 +225,12 @@ def run_case(rig: Rig, case: Case, requests: int = ROW_REQUESTS, first_seed: int
     if not case.lossless:
         requests = max(requests, WAVE * INJECTIONS)
     audit = rig.audit
-    a0 = (audit.commits, audit.committed_drafts, len(audit.violations))
+    a0 = (audit.commits, audit.committed_drafts, len(audit.violations), audit.proposal_commits)
     inj0 = Counter(rig.proxy.injections)
     before = rig.metrics("verifier")
     rig.proxy.set_rules(case.rules())
-    bodies = [{"max_tokens": tokens, "seed": first_seed + i} for i in range(requests)]
+    bodies = [{"max_tokens": tokens, "seed": first_seed + i, "top_k": case.top_k}
+              for i in range(requests)]
     try:
         answers, crashes = _run_load(rig, case, bodies)
     finally:
@@ -257,6 +258,9 @@ def run_case(rig: Rig, case: Case, requests: int = ROW_REQUESTS, first_seed: int
                             f"{spec_rounds} / {accepted}")
     if not case.lossless and (commits > spec_rounds or drafts > accepted):
         row.problems.append("audit saw more commits than the answers report")
+    by_proposal = audit.proposal_commits - a0[3]
+    if by_proposal != (commits if case.proposals else 0):
+        row.problems.append(f"{by_proposal} of {commits} commits came as one PROPOSAL frame")
     return row
 
 
@@ -274,7 +278,8 @@ def _observed(case: Case, d: Deltas) -> str:
     name, _, label = case.counter.partition("{")
     if not label:
         return str(d(f"{name}_total"))
-    return str(d(f"{name}_total", reason=label.rstrip("}")))
+    key = "cause" if name == "fallbacks" else "reason"  # fallbacks are labelled by cause
+    return str(d(f"{name}_total", **{key: label.rstrip("}")}))
 
 
 def _common(case: Case, d: Deltas, answers: list[dict], requests: int, tokens: int) -> list[str]:
@@ -284,83 +289,20 @@ def _common(case: Case, d: Deltas, answers: list[dict], requests: int, tokens: i
         out.append(f"{len(answers)} answers, lengths off: {short[:5]}")
     made = sum(a["stats"]["accepted"] + a["stats"]["rounds"] + a["stats"]["target_only_steps"]
                for a in answers)
-    out += _equal("generated_tokens (vs answers' rounds)", d("generated_tokens_total"), made)
+    out += equal("generated_tokens (vs answers' rounds)", d("generated_tokens_total"), made)
     spec = d("rounds_total", kind="speculative")
-    out += _equal("verified rounds (vs answers)", spec,
+    out += equal("verified rounds (vs answers)", spec,
                   sum(a["stats"]["rounds"] for a in answers))
-    out += _equal("drafted_tokens (depth x verified rounds)", d("drafted_tokens_total"),
+    out += equal("drafted_tokens (depth x verified rounds)", d("drafted_tokens_total"),
                   DEPTH * spec)
     said = Counter()
     for a in answers:
         said.update(a["stats"]["fallbacks"])
     out += [f"fallbacks{{{c}}}: metrics {n}, answers {said[c]}"
             for c, n in d.fallbacks().items() if n != said[c]]
-    out += _equal("fallback steps (vs answers)", d("rounds_total", kind="fallback"),
+    out += equal("fallback steps (vs answers)", d("rounds_total", kind="fallback"),
                   sum(said.values()))
     return out
-
-
-# -- the distribution row -------------------------------------------------------------
-
-def mixed_rules(seed: int, watchdog_s: float, p: float = DIST_FAULT_P) -> list[Rule]:
-    """Random, content-blind frame faults of every kind that keeps the session (seeded).
-    Disconnects are left to their own row: each one sends every request target-only
-    until the session is back, which would leave little speculation to check."""
-    rng = random.Random(seed)
-
-    def rule(fault, mtype=MsgType.REPLY, prob=p) -> Rule:
-        return Rule(fault, msg_type=mtype, every=1, times=0, probability=prob, rng=rng)
-    return [rule(Drop()), rule(BitFlip(offset=7)), rule(Truncate()), rule(Duplicate()),
-            rule(Reorder()), rule(Replay()),
-            rule(Delay(2 * watchdog_s), MsgType.COMPLETION, p / 4)]  # each stalls a watchdog
-
-
-@dataclass
-class DistributionResult:
-    requests: int
-    complete: int
-    injected: dict[str, int]
-    fallbacks: dict[str, int]
-    violations: int
-    verified_rounds: int  # tokens came from these verified proposals...
-    target_only_steps: int  # ...and from these fallback steps
-    verdict: str
-    fits: bool  # the judge's verdict alone
-    ok: bool  # fits, every request complete, no audit violation, some fault injected
-
-
-def run_distribution(rig: Rig, requests: int, judge: Judge | None, *, seed: int = 1,
-                     watchdog_s: float = 0.3,
-                     rules: list[Rule] | None = None) -> DistributionResult:
-    """``requests`` requests of DIST_TOKENS tokens (seeds 1..N, dense q) under ``rules``
-    (default: ``mixed_rules``); ``judge(counts[DIST_TOKENS, vocab])`` says whether the
-    output fits the target."""
-    inj0 = Counter(rig.proxy.injections)
-    v0 = len(rig.audit.violations)
-    before = rig.metrics("verifier")
-    rig.proxy.set_rules(mixed_rules(seed, watchdog_s) if rules is None else rules)
-    try:
-        answers = _generate(rig, [{"max_tokens": DIST_TOKENS, "seed": i + 1}
-                                  for i in range(requests)])
-    finally:
-        rig.proxy.set_rules([])
-    d = Deltas(before, rig.metrics("verifier"))
-    counts = np.zeros((DIST_TOKENS, rig.vocab), dtype=np.int64)
-    complete = 0
-    for a in answers:
-        if len(a["token_ids"]) == DIST_TOKENS:
-            complete += 1
-            for pos, t in enumerate(a["token_ids"]):
-                counts[pos, t] += 1
-    ok, verdict = judge(counts) if judge is not None else (True, "not judged")
-    injected = {k.value: v - inj0[k] for k, v in rig.proxy.injections.items() if v - inj0[k]}
-    violations = len(rig.audit.violations) - v0
-    fallbacks = {k: v for k, v in d.fallbacks().items() if v}
-    all_ok = ok and complete == requests and not violations and sum(injected.values()) > 0
-    rounds = sum(a["stats"]["rounds"] for a in answers)
-    target_only = sum(a["stats"]["target_only_steps"] for a in answers)
-    return DistributionResult(requests, complete, injected, fallbacks, violations, rounds,
-                              target_only, verdict, ok, all_ok)
 
 
 # -- printing ----------------------------------------------------------------------
@@ -379,12 +321,3 @@ def format_table(rows: list[RowResult]) -> str:
                  falls, r.audit, result)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def format_distribution(d: DistributionResult) -> str:
-    def kv(x: dict) -> str:
-        return ", ".join(f"{k} {v}" for k, v in sorted(x.items())) or "none"
-    return (f"distribution under mixed faults: {d.complete}/{d.requests} requests complete; "
-            f"injected {kv(d.injected)}; fallbacks {kv(d.fallbacks)}; {d.verified_rounds} "
-            f"verified rounds, {d.target_only_steps} target-only steps; audit violations "
-            f"{d.violations}; {d.verdict}; {'PASS' if d.ok else 'FAIL'}")

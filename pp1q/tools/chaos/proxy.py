@@ -2,10 +2,11 @@
 
 Modelled on etcd's pkg/proxy: one listening socket on 127.0.0.1 forwards every accepted
 connection to the upstream (the worker), and each direction can be delayed, paused,
-blackholed or reset. Every connection is a wire v2 session (revision 2: the request
-context travels in CONTEXT frames on it) and is cut into frames
-(pp1q.tools.chaos.frames), so frame faults (``faults.Rule``) hit exactly the frame they
-name, CONTEXT frames included. Every injection is counted in ``injections`` when it
+blackholed or reset. Every connection is a wire v2 session (since revision 2 the request
+context travels in CONTEXT frames on it, since revision 3 a sparse step's proposal may
+come as one PROPOSAL frame) and is cut into frames (pp1q.tools.chaos.frames), so frame
+faults (``faults.Rule``) hit exactly the frame they name, CONTEXT and PROPOSAL frames
+included. Every injection is counted in ``injections`` when it
 takes effect on the wire, and an optional ``WireAudit`` sees every frame as delivered.
 
 ``FaultProxy`` runs in the caller's event loop (``pp1q chaos proxy``);
@@ -123,6 +124,11 @@ class FaultProxy:
     def set_latency(self, direction: Direction, seconds: float) -> None:
         """Every chunk of this direction waits ``seconds`` (order kept)."""
         self._latency[direction] = max(0.0, seconds)
+
+    def delayed(self) -> int:
+        """Frames a delay holds that are not written yet (a run waits for them to land
+        before it reads counters, so none lands in the next run's)."""
+        return sum(len(c.delayed) for c in self._conns if not c.closed)
 
     def reset_all(self) -> int:
         """RST every wire connection between frames; returns how many."""
@@ -284,7 +290,7 @@ class FaultProxy:
 
 
 def _has_region(piece: Piece, fault) -> bool:
-    """A payload to truncate or flip in (REPLY rows), a control part to flip in."""
+    """A payload to truncate or flip in (REPLY, PROPOSAL rows), a control part to flip in."""
     region = "payload" if isinstance(fault, Truncate) else fault.region
     if region == "payload":
         return len(piece.payload) > 0
@@ -338,6 +344,7 @@ class ThreadedProxy:
         return attr
 
 
-_LOOP_METHODS = {"pause", "unpause", "blackhole", "unblackhole", "set_latency", "reset_all"}
+_LOOP_METHODS = {"pause", "unpause", "blackhole", "unblackhole", "set_latency", "reset_all",
+                 "delayed"}
 
 __all__ = ["FaultProxy", "ThreadedProxy", "MsgType"]

@@ -8,7 +8,9 @@ port while the verifier keeps its address. ``metrics`` scrapes /metrics over HTT
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 import urllib.request
 from pathlib import Path
 
@@ -18,11 +20,13 @@ from pp1q.runtime.draw_secret import write_secret_file
 from pp1q.runtime.launcher import DaemonProcess, pp1q_command
 from pp1q.tools.chaos.audit import WireAudit
 from pp1q.tools.chaos.proxy import ThreadedProxy
-from pp1q.tools.client import Client
+from pp1q.tools.client import ApiError, Client
 
 CONNECT_TIMEOUT_S = 30.0  # both daemons start in ~1 s; generous for a loaded 2-core box
 REQUEST_TIMEOUT_S = 120.0  # one request under faults; far above any toy round
 RECONNECT_MAX_S = 0.2  # verifier backoff cap: a restarted worker is found quickly
+POLL_S = 0.05  # /healthz polling period while waiting for a session
+SESSION_HEALTH = ("connected", "degraded")  # /healthz "worker" values with a live session
 
 Samples = dict[tuple, float]
 
@@ -82,6 +86,23 @@ class Rig:
             c.wait_connected(timeout)
         finally:
             c.close()
+
+    def wait_session(self, timeout: float = CONNECT_TIMEOUT_S) -> None:
+        """Block until the verifier holds a worker session again: /healthz "connected",
+        or "degraded" (a session whose last proposals failed, as every open step does
+        at a crash: only a later successful round clears that, so waiting for
+        "connected" with no request running could wait for ever)."""
+        c = self.client()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(ApiError):
+                    if c.health().get("worker") in SESSION_HEALTH:
+                        return
+                time.sleep(POLL_S)
+        finally:
+            c.close()
+        raise RuntimeError(f"no worker session within {timeout:g} s")
 
     def crash_worker(self) -> None:
         """SIGKILL the worker (mid-whatever, as a crash)."""

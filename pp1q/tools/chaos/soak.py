@@ -6,7 +6,9 @@ and proposal supports, all from one seeded generator), and meanwhile:
 
 - every REPLY / COMPLETION frame may take a random frame fault (drop, bit flip,
   truncate, duplicate, reorder, stale replay, a delay past the watchdog, a disconnect
-  in the middle of a frame), each with a small fixed probability;
+  in the middle of a frame), each with a small fixed probability, and so may every
+  PROPOSAL (the one frame a sparse request's step is answered with: top-8 and top-32
+  steps are; the same kinds, ``faults.random_frame_rules``);
 - a chaos thread injects stream faults at random times (a pause or a blackhole longer
   than the watchdog, a reset of the connection) and, every ``crash_every_s``, kills the
   worker and starts a new one on the same port.
@@ -29,27 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pp1q.core.outcomes import FallbackCause
-from pp1q.tools.chaos.faults import (
-    BitFlip,
-    Delay,
-    Direction,
-    Disconnect,
-    Drop,
-    Duplicate,
-    Reorder,
-    Replay,
-    Rule,
-    Truncate,
-)
+from pp1q.tools.chaos.faults import Direction, Rule, random_frame_rules
 from pp1q.tools.chaos.rig import Rig, delta, value
 from pp1q.tools.client import ApiError
-from pp1q.wire import MsgType
 
 RSS_GROWTH_BOUND_KIB = 32 * 1024  # per daemon, warm-up to end: pools are preallocated
 WARMUP_REQUESTS = 40  # RSS baseline after these (imports, pools, allocator arenas settle)
 SETTLE_S = 10.0  # after the last request: slots must be free by then
 SAMPLE_S = 0.25  # slot gauge sampling period (the high-water mark is a sampled maximum)
 FRAME_FAULT_P = 0.002  # per matching frame and fault kind
+PROPOSAL_FAULT_P = 5 * FRAME_FAULT_P  # one PROPOSAL carries the 5 rows of a step (depth 5)
 STREAM_FAULT_MEAN_S = 8.0  # mean gap between stream faults (exponential)
 
 
@@ -74,11 +65,13 @@ class SoakReport:
     fallbacks: dict[str, int] = field(default_factory=dict)
     validation: dict[str, int] = field(default_factory=dict)
     injections: dict[str, int] = field(default_factory=dict)
+    fired_on: dict[str, int] = field(default_factory=dict)  # frame faults by message type
     worker_restarts: int = 0
     reconnects: int = 0
     late_discarded: int = 0
     verified_rounds: int = 0
     audit_commits: int = 0
+    audit_proposal_commits: int = 0  # of them, proposals that came as one PROPOSAL frame
     audit_sampled_rows: int = 0
     audit_violations: list[str] = field(default_factory=list)
     slots_hwm: dict[str, int] = field(default_factory=dict)
@@ -108,12 +101,13 @@ class SoakReport:
         lines = [
             f"soak summary: {self.seconds / 60:.1f} min, {self.requests} requests completed,"
             f" {self.tokens} tokens, {len(self.failed)} failed",
-            f"  verified rounds {self.verified_rounds}; wire audit: {self.audit_commits} commits,"
-            f" {self.audit_sampled_rows} sampled rows checked for q, "
-            f"{len(self.audit_violations)} violations",
+            f"  verified rounds {self.verified_rounds}; wire audit: {self.audit_commits} commits"
+            f" ({self.audit_proposal_commits} by PROPOSAL), {self.audit_sampled_rows} sampled"
+            f" rows checked for q, {len(self.audit_violations)} violations",
             f"  fallbacks by cause: {kv(self.fallbacks)}",
             f"  validation failures by reason: {kv(self.validation)}",
             f"  injected: {kv(self.injections)}; worker restarts {self.worker_restarts}",
+            f"  frame faults fired by frame type: {kv(self.fired_on)}",
             f"  reconnects {self.reconnects}, late frames discarded {self.late_discarded}",
             f"  slot high-water mark: {kv(self.slots_hwm)}; held after the run: "
             f"{', '.join(f'{k} {v}' for k, v in self.slots_left.items())}",
@@ -126,13 +120,10 @@ class SoakReport:
 
 
 def frame_rules(rng: random.Random, watchdog_s: float) -> list[Rule]:
-    """One random rule per frame fault kind, each with FRAME_FAULT_P per frame."""
-    def rule(fault, mtype=MsgType.REPLY, p=FRAME_FAULT_P) -> Rule:
-        return Rule(fault, msg_type=mtype, every=1, times=0, probability=p, rng=rng)
-    return [rule(Drop()), rule(BitFlip(offset=rng.randrange(1 << 16))),
-            rule(Truncate()), rule(Duplicate()), rule(Reorder()), rule(Replay()),
-            rule(Delay(2 * watchdog_s), MsgType.COMPLETION),
-            rule(Disconnect(), p=FRAME_FAULT_P / 4)]
+    """One random rule per frame fault kind and frame (faults.random_frame_rules)."""
+    return random_frame_rules(rng, watchdog_s, row_p=FRAME_FAULT_P, stall_p=FRAME_FAULT_P,
+                              proposal_p=PROPOSAL_FAULT_P, disconnect_p=FRAME_FAULT_P / 4,
+                              bit_offset=rng.randrange(1 << 16))
 
 
 class _Load:
@@ -204,7 +195,8 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         roles = ("verifier", "worker")
         start_rss = {r: rig.rss_kib(r) for r in roles}
         before = rig.metrics("verifier")
-        rig.proxy.set_rules(frame_rules(rng, cfg.watchdog_ms / 1000.0))
+        rules = frame_rules(rng, cfg.watchdog_ms / 1000.0)
+        rig.proxy.set_rules(rules)
         stop, chaos_stop = threading.Event(), threading.Event()
         load = _Load(rig, cfg, stop)
         restarts = [0]
@@ -241,6 +233,10 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
                              for k, v in after.items()
                              if k[0] == "pp1q_validation_failures_total"}
         report.injections = {k.value: v for k, v in rig.proxy.injections.items()}
+        fired: Counter[str] = Counter()
+        for r in rules:
+            fired[r.msg_type.name] += r.fired
+        report.fired_on = dict(fired)
         report.worker_restarts = restarts[0]
         report.reconnects = int(delta(after, before, "pp1q_reconnects_total"))
         report.late_discarded = int(delta(after, before, "pp1q_late_replies_discarded_total"))
@@ -248,6 +244,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
                                            kind="speculative"))
         audit = rig.audit
         report.audit_commits, report.audit_sampled_rows = audit.commits, audit.sampled_rows
+        report.audit_proposal_commits = audit.proposal_commits
         report.audit_violations = list(audit.violations)
         report.slots_hwm = dict(hwm)
         end_rss = {r: rig.rss_kib(r) for r in roles}

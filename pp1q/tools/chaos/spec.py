@@ -3,13 +3,14 @@
     SPEC = KIND:MESSAGE[:key=value]...
 
 KIND is a frame fault (delay, drop, bit_flip, truncate, duplicate, replay, reorder,
-disconnect); MESSAGE a wire message type (reply, completion, step, commit, ...) or
-``any``. Keys: ``nth``, ``every``, ``times``, ``p`` (probability, seeded), ``dir``
+disconnect); MESSAGE a wire message type (reply, completion, proposal, step, commit,
+...) or ``any``. Keys: ``nth``, ``every``, ``times``, ``p`` (probability, seeded), ``dir``
 (to_verifier, the default, or to_worker), the fault's own parameters (``seconds`` for
 delay; ``region``, ``offset``, ``bit`` for bit_flip; ``keep`` for truncate and
 disconnect), and any other key is a control field the frame must carry with that value
 (``index=2``, ``slot=0``). Examples: ``drop:reply:index=2:every=10:times=0``,
-``delay:completion:seconds=1.5:nth=3``, ``bit_flip:reply:p=0.01:times=0:every=1``.
+``delay:completion:seconds=1.5:nth=3``, ``bit_flip:reply:p=0.01:times=0:every=1``,
+``duplicate:proposal:every=4:times=0``.
 """
 
 from __future__ import annotations
