@@ -43,7 +43,7 @@ from pp1q.wire import (
     Step,
     encode,
 )
-from pp1q.wire.messages import row_checksum
+from pp1q.wire.proposal import row_checksum
 
 DEPTH, TOP_K = 3, 2  # a sparse step whose PROPOSAL fits the test limits (3 x 2 x 8 <= 80)
 
