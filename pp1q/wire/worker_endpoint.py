@@ -53,11 +53,11 @@ from pp1q.wire.messages import (
     Reset,
     Status,
     Step,
-    reply_from_row,
     type_of,
 )
 from pp1q.wire.pool import PayloadPool, ZeroRow
 from pp1q.wire.proposal import pack_rows, proposal_from_rows
+from pp1q.wire.reply_rows import reply_from_row
 from pp1q.wire.sessions import SessionTable
 from pp1q.wire.table import (
     Conn,
