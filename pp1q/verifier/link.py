@@ -3,7 +3,7 @@
 ``WorkerLink.run`` connects, says HELLO and, when the connection ends, fails every open
 proposal and reconnects with exponential backoff; each new connection is a new session
 id, so every key of the old one is dead. Bytes are received straight into the
-endpoint's buffers (asyncio.BufferedProtocol).
+endpoint's buffers (asyncio.BufferedProtocol, pp1q.verifier.link_protocol).
 
 Proposals: ``propose(step)`` returns a future that resolves to the endpoint's
 ``ProposalReady`` or to a ``Fallback`` (cause + reason). STEPs submitted in the same
@@ -21,7 +21,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
+from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.outcomes import FallbackCause
 from pp1q.core.prefix import Prefix
 from pp1q.runtime.capture import Protocol, tap
@@ -29,7 +29,8 @@ from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.tls import ClientTls, connect_kwargs
 from pp1q.verifier.breaker import DEFAULT_BREAKER, Breaker, BreakerConfig, State
 from pp1q.verifier.circuit import Circuit
-from pp1q.verifier.outcome import Fallback
+from pp1q.verifier.link_protocol import WireProtocol
+from pp1q.verifier.outcome import Fallback, classify
 from pp1q.verifier.watchdog import Watchdog
 from pp1q.wire import Commit, Reset, Step, VerifierEndpoint, WireConfig, context_of
 from pp1q.wire.events import (
@@ -65,53 +66,6 @@ class Needs:
     support: int
 
 
-def classify(ev: ProposalFailed) -> FallbackCause:
-    if ev.reason is Reason.STEP_TIMEOUT:
-        return FallbackCause.WATCHDOG_TIMEOUT
-    if ev.reason is Reason.CONNECTION_LOST:
-        return FallbackCause.CONNECTION_LOST
-    if ev.reason in (Reason.WORKER_ABORTED, Reason.PEER_REFUSED) or ev.by_peer:
-        # a REFUSAL of the step, an ABORTED completion, or the session refused (slot -1)
-        # with the step open: the worker's own word, not a fault we detected
-        return FallbackCause.WORKER_REFUSED
-    return FallbackCause.INVALID_REPLY
-
-
-class _WireProtocol(asyncio.BufferedProtocol):
-    def __init__(self, link: WorkerLink, endpoint: VerifierEndpoint) -> None:
-        self.link, self.endpoint = link, endpoint
-        self.transport: asyncio.Transport | None = None
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.endpoint.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.link.metrics.reply_bytes.inc(nbytes)
-        now = asyncio.get_running_loop().time()
-        try:
-            events = self.endpoint.buffer_updated(nbytes, now)
-        except RemoteProtocolError as e:  # the stream is unusable: fail open steps, drop it
-            log.warning("worker sent invalid data (%s); dropping the connection", e)
-            self.link.metrics.validation_failure(e.reason)
-            # frames are handled one at a time: a HELLO answer accepted earlier in this
-            # read started the session (peer set); a frame after it is not a refused HELLO
-            if self.endpoint.peer is None:  # its HELLO answer (identity, version, limits)
-                self.link.metrics.hello_refused(e.reason)
-                self.link.refused = e.reason
-            self.link.on_events(self.endpoint.close(e.reason), stream_error=True)
-            self.transport.close()
-            return
-        self.link.on_events(events)
-
-    def connection_lost(self, exc) -> None:
-        if not self.closed.done():
-            self.closed.set_result(exc)
-
-
 class WorkerLink:
     def __init__(self, host: str, port: int, config: WireConfig, needs: Needs, metrics: Metrics,
                  step_timeout: float, reconnect_max_s: float, capture=None,
@@ -125,7 +79,7 @@ class WorkerLink:
         self.reconnect_max_s = reconnect_max_s
         self.endpoint: VerifierEndpoint | None = None
         self.version: int | None = None
-        self._proto: _WireProtocol | None = None
+        self._proto: WireProtocol | None = None
         self._ready = False
         self._ready_event = asyncio.Event()
         self._started: asyncio.Future | None = None
@@ -195,7 +149,7 @@ class WorkerLink:
                                     step_timeout=self.step_timeout, pool=self.pool)
         try:
             _, proto = await loop.create_connection(
-                tap(lambda: _WireProtocol(self, endpoint), self.capture, Protocol.WIRE),
+                tap(lambda: WireProtocol(self, endpoint), self.capture, Protocol.WIRE),
                 self.host, self.port, **connect_kwargs(self.tls))
         except OSError as e:  # a failed TLS handshake too (counted by pp1q.runtime.tls)
             log.debug("worker %s:%d unreachable: %s", self.host, self.port, e)

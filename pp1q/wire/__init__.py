@@ -56,10 +56,10 @@ from pp1q.wire.messages import (
     Status,
     Step,
     context_of,
-    reply_from_row,
 )
 from pp1q.wire.pool import PayloadPool
 from pp1q.wire.proposal import proposal_from_rows
+from pp1q.wire.reply_rows import reply_from_row
 from pp1q.wire.table import Conn, SlotState
 from pp1q.wire.verifier_endpoint import VerifierEndpoint
 from pp1q.wire.worker_endpoint import WorkerEndpoint

@@ -31,6 +31,7 @@ from pp1q.wire.messages import (
     Completion,
     Context,
     Form,
+    Hello,
     Identity,
     Proposal,
     Reply,
@@ -83,6 +84,17 @@ def check_answer_limits(offered: Limits, answered: Limits, vocab: int) -> None:
             ok = getattr(answered, f) <= getattr(offered, f)
         if not ok:
             raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"answered {f} exceeds our offer")
+
+
+def negotiate(hello: Hello, versions: Sequence[int], identity: Identity,
+              limits: Limits) -> tuple[int, Limits]:
+    """The worker's checks of a HELLO against its own configuration, and what they
+    settle: the version both enabled and the limits both honour (each the minimum)."""
+    check_revision(hello.revision)  # first: a revision-1 HELLO's limits lack fields
+    version = choose_version(hello.versions, versions)
+    check_identity(identity, hello.identity)
+    hello.limits.check(hello.identity.vocab)
+    return version, limits.meet(hello.limits)
 
 
 def check_context(ctx: Context, limits: Limits, vocab: int, err: type = RemoteProtocolError
@@ -274,6 +286,6 @@ __all__ = [
     "check_abort_reason", "check_answer_limits", "check_commit", "check_context",
     "check_revision",
     "check_completion", "check_identity", "check_proposal", "check_reply", "check_step",
-    "choose_version",
+    "choose_version", "negotiate",
     "step_form", "Rows",
 ]

@@ -4,7 +4,9 @@ Answers HELLO, receives CONTEXT / STEP / COMMIT / RESET, sends REPLY per positio
 one COMPLETION per step, or one PROPOSAL for a sparse step that fits one frame
 (``sizes.proposal_fits``). It keeps each slot's committed context (CONTEXT opens or
 appends, COMMIT appends the accepted drafts and the correction/bonus token) and drafts a
-STEP only when the STEP's last_committed and prefix_digest prove both ends agree on it.
+STEP only when the STEP's last_committed and prefix_digest prove both ends agree on it
+(pp1q.wire.worker_context); what it checks and books per frame it sends, and the
+COMPLETION's totals: pp1q.wire.worker_sends.
 Answers and refusals the endpoint decides itself are queued: write ``data_to_send()``
 after every ``receive_data()``.
 """
@@ -15,12 +17,10 @@ import operator
 import sys
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
-from pp1q.core.prefix import Prefix
 from pp1q.core.q import DyadicRow
 from pp1q.wire.endpoint import Endpoint, SlotTrack, WireConfig
 from pp1q.wire.events import (
     Committed,
-    ContextReceived,
     ContextRefused,
     SessionRefused,
     SessionStarted,
@@ -30,7 +30,6 @@ from pp1q.wire.events import (
 )
 from pp1q.wire.framing import (
     Frame,
-    chain_checksum,
     encode,
     encode_fields,
     encode_parts,
@@ -53,11 +52,11 @@ from pp1q.wire.messages import (
     Reset,
     Status,
     Step,
-    reply_from_row,
     type_of,
 )
 from pp1q.wire.pool import PayloadPool, ZeroRow
 from pp1q.wire.proposal import pack_rows, proposal_from_rows
+from pp1q.wire.reply_rows import reply_from_row
 from pp1q.wire.sessions import SessionTable
 from pp1q.wire.table import (
     Conn,
@@ -70,21 +69,17 @@ from pp1q.wire.table import (
     slot_event,
     slot_transition,
 )
-from pp1q.wire.validate import (
-    check_commit,
-    check_context,
-    check_identity,
-    check_revision,
-    check_step,
-    choose_version,
-)
+from pp1q.wire.validate import check_commit, check_step, negotiate
+from pp1q.wire.worker_context import check_step_context, receive_context
 from pp1q.wire.worker_sends import (
     book_proposal,
     book_reply,
     check_completion,
     check_order,
+    check_own_completion,
     check_own_proposal,
     check_own_reply,
+    completion_of,
 )
 
 _SPARSE = int(Form.SPARSE)  # a REPLY head's form field, as the int msgpack writes
@@ -161,11 +156,7 @@ class WorkerEndpoint(Endpoint):
         self.session = hello.session
         ours = self.config
         try:
-            check_revision(hello.revision)  # first: a revision-1 HELLO's limits lack fields
-            version = choose_version(hello.versions, ours.versions)
-            check_identity(ours.identity, hello.identity)
-            hello.limits.check(hello.identity.vocab)
-            limits = ours.limits.meet(hello.limits)
+            version, limits = negotiate(hello, ours.versions, ours.identity, ours.limits)
             if self.sessions is not None:  # last: a session is held once this passes
                 self.sessions.open(self, hello.session)
         except RemoteProtocolError as e:
@@ -187,7 +178,7 @@ class WorkerEndpoint(Endpoint):
             s = self._slot(step.slot, RemoteProtocolError)
             check_step(step, self.version, self.limits)
             self._check_step_keys(step, s)
-            self._check_step_context(step, s)
+            check_step_context(step, s)
             slot_event(self.role, s, Dir.RECV, MsgType.STEP)
         except RemoteProtocolError as e:
             self._refuse(step, e.reason, e.detail, events)
@@ -201,18 +192,6 @@ class WorkerEndpoint(Endpoint):
         if s.state is SlotState.IDLE and self.inflight >= self.limits.max_inflight:
             raise RemoteProtocolError(Reason.TOO_MANY_INFLIGHT, f"{self.inflight} in flight")
 
-    def _check_step_context(self, step: Step, s: SlotTrack) -> None:
-        """Draft only after the committed prefix the verifier will verify against."""
-        if s.prefix is None:
-            if s.context_error is not None:  # the refused CONTEXT's own reason
-                raise RemoteProtocolError(s.context_error.reason, s.context_error.detail)
-            raise RemoteProtocolError(Reason.NO_CONTEXT, f"slot {step.slot} holds no context")
-        if step.last_committed != s.prefix.last_position:
-            raise RemoteProtocolError(Reason.BAD_POSITION, f"last_committed {step.last_committed}"
-                                      f" != held {s.prefix.last_position}")
-        if step.prefix_digest != s.prefix.digest:
-            raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "prefix digest differs")
-
     def _on_context(self, frame: Frame, events: list) -> None:
         ctx: Context = frame.message
         try:
@@ -222,36 +201,7 @@ class WorkerEndpoint(Endpoint):
             return
         with slot_transition(self.role, s, Dir.RECV, MsgType.CONTEXT):
             pass  # the table first: a CONTEXT under an outstanding step breaks the stream
-        try:
-            if frame.error is not None:
-                raise frame.error
-            if s.is_dead(ctx.generation) or ctx.generation < s.generation:
-                raise RemoteProtocolError(Reason.STALE_GENERATION,
-                                          f"context for generation {ctx.generation}")
-            ids = check_context(ctx, self.limits, self.vocab)
-            prefix = self._context_base(ctx, s)
-            prefix.extend(ids.tolist())
-            if prefix.digest != ctx.digest:
-                raise RemoteProtocolError(Reason.CHECKSUM_MISMATCH, "context digest")
-        except RemoteProtocolError as e:  # a copy: the raised one's traceback holds us
-            s.prefix = None  # nothing half-applied: the verifier resends
-            s.context_error = RemoteProtocolError(e.reason, e.detail)
-            events.append(ContextRefused(ctx.slot, ctx.generation, e.reason, e.detail))
-            return
-        s.prefix, s.context_error = prefix, None
-        events.append(ContextReceived(ctx.slot, ctx.generation, ctx.start, ctx.count))
-
-    @staticmethod
-    def _context_base(ctx: Context, s: SlotTrack) -> Prefix:
-        """What the CONTEXT's tokens extend: nothing (start 0), else a copy of the held
-        prefix, which must end exactly where the CONTEXT starts."""
-        if ctx.start == 0:
-            return Prefix()
-        held = 0 if s.prefix is None else len(s.prefix)
-        if s.prefix is None or held != ctx.start:
-            raise RemoteProtocolError(Reason.BAD_POSITION,
-                                      f"context appends at {ctx.start}, {held} held")
-        return s.prefix.copy()
+        events.append(receive_context(frame, s, self.limits, self.vocab))
 
     def _refuse(self, step: Step, reason: Reason, detail: str, events: list) -> None:
         slot = step.slot if step.slot <= 0xFFFF else CONNECTION_SLOT
@@ -272,7 +222,7 @@ class WorkerEndpoint(Endpoint):
         s.committed = commit.committed
         new = s.drafts[:commit.accepted] + [commit.token]
         s.drafts = []
-        if s.prefix is not None:
+        if s.prefix is not None:  # inline, not worker_context: a COMMIT ends every round
             if len(s.prefix) + len(new) > self.limits.max_context:
                 s.prefix = None  # cannot hold more: the next STEP is refused, not drafted
                 s.context_error = RemoteProtocolError(Reason.CONTEXT_TOO_LONG, "commit past max")
@@ -314,15 +264,8 @@ class WorkerEndpoint(Endpoint):
     def completion(self, slot: int, status: Status = Status.OK,
                    reason: Reason | str = "") -> Completion:
         """The COMPLETION of the slot's outstanding step, totals filled in."""
-        s = self._slot(slot, LocalProtocolError)
-        step = s.step
-        if step is None:
-            raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"slot {slot} has no step")
-        return Completion(
-            session=self.session, slot=slot, generation=step.generation, round_id=step.round_id,
-            first_position=step.first_position, context_version=step.context_version,
-            rows=len(s.checksums), reply_bytes=s.reply_bytes,
-            reply_checksum=chain_checksum(s.checksums), status=int(status), reason=str(reason))
+        return completion_of(self.session, slot, self._slot(slot, LocalProtocolError),
+                             status, reason)
 
     def send(self, msg: Message) -> bytes:
         """Validate ``msg`` against the tables and the step it answers; return its frame."""
@@ -348,7 +291,7 @@ class WorkerEndpoint(Endpoint):
                 parts = encode_parts(msg)
                 book_proposal(s, msg.tokens, sum(map(len, parts)), msg.row_checksums)
             else:
-                self._check_own_completion(msg, s)
+                check_own_completion(msg, s)
                 parts = encode_parts(msg)
         return parts
 
@@ -422,15 +365,10 @@ class WorkerEndpoint(Endpoint):
         step = s.step
         if step is None or not self.is_live(slot, step.generation, step.round_id):
             raise LocalProtocolError(Reason.STALE_GENERATION, "step reset, completed or unknown")
-        done = self.completion(slot, status, reason)
+        done = completion_of(self.session, slot, s, status, reason)
         with slot_transition(self.role, s, Dir.SEND, MsgType.COMPLETION):
             check_completion(done, s)
             return encode_fields(MsgType.COMPLETION, done)[0]
-
-    def _check_own_completion(self, c: Completion, s: SlotTrack) -> None:
-        if c != self.completion(c.slot, Status(c.status), c.reason):
-            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "completion totals differ")
-        check_completion(c, s)
 
     def _live_slot(self, slot: int, generation: int, round_id: int) -> SlotTrack:
         if not self.is_live(slot, generation, round_id):

@@ -1,6 +1,7 @@
 """What the worker checks and books on each frame it sends (WorkerEndpoint's sending
-side): rows in order, each REPLY booked on its slot for the COMPLETION's totals, a
-COMPLETION only after every row (or aborted with a Reason), a PROPOSAL only whole and
+side): rows in order, each REPLY booked on its slot for the COMPLETION's totals (built
+from them, ``completion_of``), a COMPLETION only after every row (or aborted with a
+Reason) and, built elsewhere, only with exactly those totals, a PROPOSAL only whole and
 before any REPLY, and, when the worker checks its own rows (``check_outgoing``), the
 verifier's row checks before a REPLY or PROPOSAL leaves."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
 from pp1q.wire.endpoint import SlotTrack
+from pp1q.wire.framing import chain_checksum
 from pp1q.wire.limits import Limits
 from pp1q.wire.messages import Completion, Form, Proposal, Reply, Status, Step
 from pp1q.wire.sizes import proposal_fits
@@ -53,11 +55,31 @@ def check_own_proposal(p: Proposal, s: SlotTrack, limits: Limits, vocab: int,
             raise LocalProtocolError(e.reason, e.detail) from None
 
 
+def completion_of(session: int, slot: int, s: SlotTrack, status: Status,
+                  reason: Reason | str) -> Completion:
+    """The COMPLETION of slot ``slot``'s outstanding step: the totals its frames booked."""
+    step = s.step
+    if step is None:
+        raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, f"slot {slot} has no step")
+    return Completion(
+        session=session, slot=slot, generation=step.generation, round_id=step.round_id,
+        first_position=step.first_position, context_version=step.context_version,
+        rows=len(s.checksums), reply_bytes=s.reply_bytes,
+        reply_checksum=chain_checksum(s.checksums), status=int(status), reason=str(reason))
+
+
 def check_completion(c: Completion, s: SlotTrack) -> None:
     if c.status == Status.OK and len(s.checksums) != s.step.depth:
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "OK completion before every row")
     if c.status == Status.ABORTED and c.reason not in Reason._value2member_map_:
         raise LocalProtocolError(Reason.MALFORMED_CONTROL, "abort needs a Reason")
+
+
+def check_own_completion(c: Completion, s: SlotTrack) -> None:
+    """A COMPLETION built elsewhere (``send``) must state exactly what we booked."""
+    if c != completion_of(c.session, c.slot, s, Status(c.status), c.reason):
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "completion totals differ")
+    check_completion(c, s)
 
 
 def check_own_reply(reply: Reply, step: Step, limits: Limits, vocab: int) -> None:

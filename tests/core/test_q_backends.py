@@ -21,7 +21,7 @@ from pp1q.core import backend_choice, q_backend
 from pp1q.core.errors import ConfigError, Reason, RowValidationError
 from pp1q.core.q import MASS, build_row, parse_dense, parse_sparse, validate_dense
 from pp1q.wire import Form, Step
-from pp1q.wire.messages import reply_from_row
+from pp1q.wire.reply_rows import reply_from_row
 from pp1q.wire.validate import check_reply
 
 numba_missing = pytest.mark.skipif(q_backend.importlib.util.find_spec("numba") is None,

@@ -230,8 +230,9 @@ def test_an_exchanges_decisions_share_one_batch_and_decide_as_alone(smol, story_
 
     from pp1q.core.prefix import Prefix
     from pp1q.core.q import build_row
-    from pp1q.verifier.ranks.ops import Form, Op, OpKind, Verdict
+    from pp1q.verifier.ranks.ops import Form, Op, OpKind
     from pp1q.verifier.ranks.sharded import sharded_state
+    from pp1q.verifier.ranks.votes import Verdict
 
     class Local:  # a group of one rank
         def run(self, req):

@@ -18,7 +18,7 @@ from pp1q.runtime.config import resolve
 from pp1q.runtime.settings import parse_hostport
 from pp1q.tools.theory import expected_accepted
 from pp1q.verifier import rounds
-from pp1q.verifier.link import classify
+from pp1q.verifier.outcome import classify
 from pp1q.wire import FRAME_VERSION, MAGIC
 from pp1q.wire.events import ProposalFailed
 from pp1q.wire.sessions import SessionTable

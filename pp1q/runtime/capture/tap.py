@@ -7,7 +7,7 @@ as the wrapped protocol. Works for ``asyncio.Protocol`` (stream clients such as
 land straight in the wrapped protocol's own buffers; the tap records a view of them).
 
     server = await loop.create_server(tap(lambda: WorkerConnection(...), capture), host, port)
-    _, proto = await loop.create_connection(tap(lambda: _WireProtocol(...), capture), h, p)
+    _, proto = await loop.create_connection(tap(lambda: WireProtocol(...), capture), h, p)
 
 Every connection is recorded as ``protocol`` (wire v2 unless given): since revision 2
 the daemons speak nothing else on their sockets, so there is nothing to sniff.

@@ -7,10 +7,10 @@ hung rank never completes fails after it, on every rank still alive.
 
 An exchange (pp1q.verifier.ranks.ops describes the bytes): broadcast the fixed envelope
 from rank 0, broadcast the overflow when the envelope declares one, every rank votes,
-one all-reduce (sum) of the vote rows, every rank applies the verdicts. Calls block;
-rank 0 makes them from one thread (pp1q.verifier.ranks.group), the others from their main
-loop. Buffers are allocated once, at their bounds, and reused by every exchange only
-after the previous one completed on every rank (its all-reduce).
+one all-reduce (sum) of the vote rows (pp1q.verifier.ranks.votes), every rank applies
+the verdicts. Calls block; rank 0 makes them from one thread (pp1q.verifier.ranks.group),
+the others from their main loop. Buffers are allocated once, at their bounds, and reused
+by every exchange only after the previous one completed on every rank (its all-reduce).
 
 gloo on CPU; NCCL when asked (``--rank-backend nccl``) copies each buffer to the
 rank's GPU around the collective (NCCL moves device memory only).
@@ -29,8 +29,10 @@ import numpy as np
 
 from pp1q.core.errors import Pp1qError, Reason, RemoteProtocolError
 from pp1q.verifier.ranks import ops as rank_ops
-from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, VOTE_WORDS, Limits, Op, Verdict
+from pp1q.verifier.ranks import votes as rank_votes
+from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, Limits, Op
 from pp1q.verifier.ranks.replica import RankState
+from pp1q.verifier.ranks.votes import VOTE_WORDS, Verdict
 
 log = logging.getLogger("pp1q.verifier.ranks.group")
 
@@ -167,11 +169,11 @@ class Collective:
             elif over != head.overflow_len:
                 raise RemoteProtocolError(rank_ops.Reason.UNEXPECTED_SIZE, "own envelope")
             mine = np.zeros((1 + len(ops), VOTE_WORDS), dtype=np.int64)
-            mine[0] = rank_ops.presence(seq, self.rank)
+            mine[0] = rank_votes.presence(seq, self.rank)
             for i, vote in enumerate(state.votes(ops)):
                 mine[1 + i] = vote
             votes = self.gather_rows(mine)
-            verdicts = rank_ops.verdicts(ops, votes, seq, self.limits)
+            verdicts = rank_votes.verdicts(ops, votes, seq, self.limits)
         except RemoteProtocolError as e:  # desynchronised: no later exchange can be trusted
             raise GroupError(False, f"rank {self.rank}: {e}") from None
         diverged = [op.slot for op, v in zip(ops, verdicts, strict=True)

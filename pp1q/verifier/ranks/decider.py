@@ -26,8 +26,9 @@ from pp1q.runtime.metrics import Metrics
 from pp1q.verifier.decider import Decider
 from pp1q.verifier.job import Job
 from pp1q.verifier.ranks.group import GroupLostError, OpRefusedError, RankGroup
-from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind, Verdict
+from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind
 from pp1q.verifier.ranks.replica import RankDecisions
+from pp1q.verifier.ranks.votes import Verdict
 from pp1q.verifier.rounds import Outcome
 from pp1q.wire import Step
 from pp1q.wire.events import ProposalReady

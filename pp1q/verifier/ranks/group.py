@@ -7,7 +7,7 @@ ROUND with the validated draft ids and q rows (replicated q: every rank receives
 them), TARGET_ONLY for a target-only step, INVALIDATE after a discarded proposal
 (RESET sent), CLOSE when the slot is released. The op's decider (rank ``slot % world``:
 requests are spread over the ranks that sample) computes the target rows and decides
-once; every rank commits that decision or none does (pp1q.verifier.ranks.ops). Only
+once; every rank commits that decision or none does (pp1q.verifier.ranks.votes). Only
 then does rank 0 send COMMIT to the worker and extend the request's tokens.
 
 ``RankGroup`` runs the exchanges from one thread: ops submitted in the meantime leave
@@ -38,8 +38,9 @@ from pp1q.core.outcomes import RankFailure
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier.ranks.collective import Collective, GroupError
-from pp1q.verifier.ranks.ops import FLAG_STOP, MAX_BATCH_OPS, Op, Verdict
+from pp1q.verifier.ranks.ops import FLAG_STOP, MAX_BATCH_OPS, Op
 from pp1q.verifier.ranks.replica import RankState
+from pp1q.verifier.ranks.votes import Verdict
 
 log = logging.getLogger("pp1q.verifier.ranks.group")
 

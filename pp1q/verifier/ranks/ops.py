@@ -1,4 +1,4 @@
-"""Rank ops: what rank 0 tells every verifier rank, and how the ranks vote (sans-IO).
+"""Rank ops: what rank 0 tells every verifier rank, as bytes (sans-IO).
 
 Ranks meet in *exchanges* (docs/operations.md, "Ranks"). In each, rank 0 broadcasts a
 batch of ops, at most one per slot, in an envelope of ENVELOPE_BYTES; a longer batch
@@ -10,8 +10,9 @@ holds every rank's row, and every rank derives the same verdicts from it: an op 
 on every rank when every rank voted yes, otherwise every rank discards it.
 
 This module turns ops into bytes and bytes into ops (``RemoteProtocolError`` for
-anything malformed) and votes into verdicts; pp1q.verifier.ranks.collective moves the bytes,
-pp1q.verifier.ranks.replica checks and applies the ops.
+anything malformed); pp1q.verifier.ranks.votes turns votes into verdicts,
+pp1q.verifier.ranks.collective moves the bytes, pp1q.verifier.ranks.replica checks and
+applies the ops.
 
 Envelope head, 40 bytes LE: magic ``PP1QRANK``, version u16, op count u16, flags u32,
 exchange sequence u64, body length u32, overflow length u32, xxh3_64 of head bytes 0..31
@@ -46,7 +47,6 @@ ENVELOPE_BYTES = 16 * 1024  # gloo's broadcast costs the same from 128 B to ~64 
 # loopback; 16 KiB holds four sparse k=32 rounds, so overflow broadcasts are for dense rows
 MAX_PROMPT_TOKENS = 65536  # as the HTTP API (pp1q.verifier.api): bounds an OPEN payload
 MAX_BATCH_OPS = 64  # one op per slot, and the verifier has at most 64 slots
-VOTE_WORDS = 6  # vote, reason, accepted, token, committed length, committed digest
 
 _HEAD = struct.Struct("<8sHHIQIIQ")
 _OP = struct.Struct("<BBHHHHHIIIIQQII")
@@ -55,8 +55,7 @@ _PROCESSORS = struct.Struct("<dId")  # OPEN, after the prompt: temperature, top-
 _CHECKED = _HEAD.size - 8  # the checksum covers the head up to itself, then the body
 HEAD_BYTES = _HEAD.size
 
-YES, NO = 1, 2  # vote words; 0 means a rank did not vote (desynchronised: never a yes)
-REASONS = tuple(Reason)  # vote reason words index this (same pp1q version on every rank)
+REASONS = tuple(Reason)  # op and vote reason words index this (same pp1q version on every rank)
 FLAG_STOP = 1  # envelope flag: the group stops after this exchange
 FLAG_GREEDY = 1  # op flag: OPEN of a greedy request; ROUND of a token-only proposal
 
@@ -327,82 +326,3 @@ def _ids(payload: memoryview, n: int, vocab: int) -> np.ndarray:
 
 def _replace(op: Op, **fields) -> Op:
     return dataclasses.replace(op, **fields)
-
-
-# ---------------------------------------------------------------------------
-# votes and verdicts (every rank, identically)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What every rank does with one op: commit (``ok``) or discard, and why not."""
-
-    ok: bool
-    accepted: int = 0
-    token: int = 0
-    length: int = 0  # committed prefix length after the op (ROUND / TARGET_ONLY)
-    digest: int = 0  # and its digest, as the decider computed it
-    reason: Reason | None = None
-    rank: int | None = None  # the first rank that refused
-
-
-def yes(accepted: int = 0, token: int = 0, length: int = 0, digest: int = 0) -> np.ndarray:
-    return np.array([YES, 0, accepted, token, length, _i64(digest)], dtype=np.int64)
-
-
-def no(reason: Reason) -> np.ndarray:
-    return np.array([NO, REASONS.index(Reason(reason)) + 1, 0, 0, 0, 0], dtype=np.int64)
-
-
-def presence(seq: int, rank: int) -> np.ndarray:
-    """Row 0 of every rank's votes: proves it is at the same exchange."""
-    return np.array([_i64(seq), rank + 1, 0, 0, 0, 0], dtype=np.int64)
-
-
-def _i64(u: int) -> int:
-    return u - (1 << 64) if u >= 1 << 63 else u
-
-
-def _u64(i: int) -> int:
-    return i + (1 << 64) if i < 0 else i
-
-
-def verdicts(ops: list[Op], votes: np.ndarray, seq: int, limits: Limits) -> list[Verdict]:
-    """``votes[rank, 0]``: presence rows; ``votes[rank, 1 + i]``: each rank's vote on op i.
-    Raises RemoteProtocolError when a rank is not at this exchange (the group is lost)."""
-    if votes.shape != (limits.world, 1 + len(ops), VOTE_WORDS):
-        raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"votes of shape {votes.shape}")
-    for r in range(limits.world):
-        if not np.array_equal(votes[r, 0], presence(seq, r)):
-            raise RemoteProtocolError(Reason.OUT_OF_ORDER, f"rank {r} is not at exchange {seq}")
-    out = []
-    for i, op in enumerate(ops):
-        rows = votes[:, 1 + i]
-        refusing = [r for r in range(limits.world) if rows[r, 0] != YES]
-        if refusing:
-            r = refusing[0]
-            code = int(rows[r, 1])
-            why = REASONS[code - 1] if rows[r, 0] == NO and 1 <= code <= len(REASONS) \
-                else Reason.OUT_OF_ORDER
-            out.append(Verdict(False, reason=why, rank=r))
-            continue
-        d = rows[op.decider]
-        out.append(_checked(op, int(d[2]), int(d[3]), int(d[4]), _u64(int(d[5])), limits))
-    return out
-
-
-def _checked(op: Op, accepted: int, token: int, length: int, digest: int,
-             limits: Limits) -> Verdict:
-    """The decider's decision, checked by every rank the same way before anyone commits."""
-    if op.kind is OpKind.ROUND:
-        drafts = int(np.asarray(op.drafts).size)
-        fine = 0 <= accepted <= drafts and length == op.prefix_len + accepted + 1
-    elif op.kind is OpKind.TARGET_ONLY:
-        fine = accepted == 0 and length == op.prefix_len + 1
-    else:
-        return Verdict(True)
-    if not fine:
-        return Verdict(False, reason=Reason.BAD_POSITION, rank=op.decider)
-    if not 0 <= token < limits.vocab:
-        return Verdict(False, reason=Reason.ID_OUT_OF_RANGE, rank=op.decider)
-    return Verdict(True, accepted, token, length, digest)

@@ -29,7 +29,8 @@ from pp1q.core.verify import RoundKeys
 from pp1q.models.processors import Processors
 from pp1q.models.toy import TargetModel
 from pp1q.verifier import rounds
-from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind, Verdict, no, yes
+from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind
+from pp1q.verifier.ranks.votes import Verdict, no, yes
 from pp1q.verifier.target_rows import TargetRows
 
 

@@ -50,10 +50,11 @@ from pp1q.core.q import parse_sparse
 from pp1q.core.verify import RoundKeys, round_draws, target_only_draw
 from pp1q.verifier import rounds
 from pp1q.verifier.ranks.collective import GroupError
-from pp1q.verifier.ranks.ops import REASONS, Form, Limits, Op, OpKind, no, yes
+from pp1q.verifier.ranks.ops import REASONS, Form, Limits, Op, OpKind
 from pp1q.verifier.ranks.replica import RankDecisions, RankState, SlotReplica
 from pp1q.verifier.ranks.shard_collective import ShardComm
 from pp1q.verifier.ranks.shard_target import shard_of
+from pp1q.verifier.ranks.votes import no, yes
 
 _DECIDING = (OpKind.ROUND, OpKind.TARGET_ONLY)
 

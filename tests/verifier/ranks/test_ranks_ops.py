@@ -1,5 +1,6 @@
-"""Rank exchanges without torch: op bytes (pp1q.verifier.ranks.ops), votes, verdicts and
-the replica (pp1q.verifier.ranks.replica), with several RankStates standing in for ranks."""
+"""Rank exchanges without torch: op bytes (pp1q.verifier.ranks.ops), votes and verdicts
+(pp1q.verifier.ranks.votes) and the replica (pp1q.verifier.ranks.replica), with several
+RankStates standing in for ranks."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pp1q.models.processors import Processors
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.verifier import rounds
 from pp1q.verifier.ranks import ops as rank_ops
+from pp1q.verifier.ranks import votes as rank_votes
 from pp1q.verifier.ranks.launch import DRAW_SECRET, share_draw_secret
 from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, Form, Limits, Op, OpKind
 from pp1q.verifier.ranks.replica import RankDecisions, RankState
@@ -76,13 +78,13 @@ def _round(slot, prefix, drafts, rows, dense=False, generation=1, round_id=1, de
 def _exchange(states, ops, seq):
     """One exchange among in-memory ranks: rank 0 keeps its ops, the others decode."""
     decoded, *_ = _roundtrip(ops, seq)
-    votes = np.zeros((len(states), 1 + len(ops), rank_ops.VOTE_WORDS), np.int64)
+    votes = np.zeros((len(states), 1 + len(ops), rank_votes.VOTE_WORDS), np.int64)
     for st_ in states:
         mine = ops if st_.rank == 0 else decoded
-        votes[st_.rank, 0] = rank_ops.presence(seq, st_.rank)
+        votes[st_.rank, 0] = rank_votes.presence(seq, st_.rank)
         for i, op in enumerate(mine):
             votes[st_.rank, 1 + i] = st_.vote(op)
-    verdicts = rank_ops.verdicts(ops, votes, seq, states[0].limits)
+    verdicts = rank_votes.verdicts(ops, votes, seq, states[0].limits)
     for st_ in states:
         for op, v in zip(ops if st_.rank == 0 else decoded, verdicts, strict=True):
             assert st_.apply(op, v)
@@ -328,21 +330,21 @@ def test_a_draft_outside_its_row_is_a_refusal_on_the_decider():
 
 def test_an_out_of_range_decision_is_refused_by_every_rank_alike():
     op = Op(OpKind.TARGET_ONLY, 0, 1, 1, 1, prefix_len=3)
-    votes = np.zeros((2, 2, rank_ops.VOTE_WORDS), np.int64)
+    votes = np.zeros((2, 2, rank_votes.VOTE_WORDS), np.int64)
     for r in range(2):
-        votes[r, 0] = rank_ops.presence(5, r)
-        votes[r, 1] = rank_ops.yes()
-    votes[1, 1] = rank_ops.yes(0, VOCAB, 4, 123)  # token == vocab
-    (v,) = rank_ops.verdicts([op], votes, 5, LIMITS)
+        votes[r, 0] = rank_votes.presence(5, r)
+        votes[r, 1] = rank_votes.yes()
+    votes[1, 1] = rank_votes.yes(0, VOCAB, 4, 123)  # token == vocab
+    (v,) = rank_votes.verdicts([op], votes, 5, LIMITS)
     assert not v.ok and v.reason is Reason.ID_OUT_OF_RANGE
 
 
 def test_a_rank_at_another_exchange_loses_the_group():
-    votes = np.zeros((2, 1, rank_ops.VOTE_WORDS), np.int64)
-    votes[0, 0] = rank_ops.presence(5, 0)
-    votes[1, 0] = rank_ops.presence(4, 1)
+    votes = np.zeros((2, 1, rank_votes.VOTE_WORDS), np.int64)
+    votes[0, 0] = rank_votes.presence(5, 0)
+    votes[1, 0] = rank_votes.presence(4, 1)
     with pytest.raises(RemoteProtocolError) as e:
-        rank_ops.verdicts([], votes, 5, LIMITS)
+        rank_votes.verdicts([], votes, 5, LIMITS)
     assert e.value.reason is Reason.OUT_OF_ORDER
 
 

@@ -23,6 +23,7 @@ from pp1q.core.rng import proposal_u24
 from pp1q.models.processors import Processors
 from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.verifier.ranks import ops as rank_ops
+from pp1q.verifier.ranks import votes as rank_votes
 from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, Form, Limits, Op, OpKind
 from pp1q.verifier.ranks.replica import RankDecisions, RankState
 from pp1q.verifier.ranks.sharded import ShardedDecisions, sharded_state
@@ -96,12 +97,12 @@ def _exchange(states, ops):
     """Every rank votes (rank 0 on its own ops, the others on decoded bytes) in its own
     thread; the summed votes give the verdicts every rank applies."""
     _, decoded = _bytes(ops)
-    votes = np.zeros((WORLD, 1 + len(ops), rank_ops.VOTE_WORDS), np.int64)
+    votes = np.zeros((WORLD, 1 + len(ops), rank_votes.VOTE_WORDS), np.int64)
     errors = []
 
     def run(r):
         try:
-            votes[r, 0] = rank_ops.presence(1, r)
+            votes[r, 0] = rank_votes.presence(1, r)
             for i, v in enumerate(states[r].votes(ops if r == 0 else decoded)):
                 votes[r, 1 + i] = v
         except Exception as e:  # noqa: BLE001 - reported below
@@ -112,7 +113,7 @@ def _exchange(states, ops):
     for t in threads:
         t.join(2 * BARRIER_S)
     assert not errors, errors
-    verdicts = rank_ops.verdicts(ops, votes, 1, LIMITS)
+    verdicts = rank_votes.verdicts(ops, votes, 1, LIMITS)
     for r, s in enumerate(states):
         for op, v in zip(ops if r == 0 else decoded, verdicts, strict=True):
             assert s.apply(op, v)
@@ -147,7 +148,7 @@ def test_sharded_replicas_commit_what_one_rank_decides():
     whole = RankState(0, LIMITS, RankDecisions(TARGET, LIMITS))
     whole.decisions.draws = DRAWS
     _exchange(sharded, [_open()])
-    whole.apply(_open(), rank_ops.Verdict(True))
+    whole.apply(_open(), rank_votes.Verdict(True))
     corrections = 0  # rounds that ended in a rejection and its correction pick
     for k in range(1, 13):
         op = _round(sharded[0], k, Form.SPARSE if k % 2 else Form.SHARDED)
