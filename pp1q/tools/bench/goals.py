@@ -5,7 +5,8 @@ repetitions interleaved where both run in this process): the round against raw
 sockets sending the frames ours sends (pp1q.tools.bench.round), decode + validate
 against np.copy (wire), the service's verification step against one torch softmax
 pass over the same 20 rows, and the worker's count allocation (build_row) against one
-numpy softmax pass over the same row. The full suites (q, wire, kernels, round) give the breakdowns behind each line.
+numpy softmax pass over the same row. The full suites (q, wire, kernels, round) give
+the breakdowns behind each line.
 """
 
 from __future__ import annotations
