@@ -41,7 +41,9 @@ class PayloadPool:
         """A writable uint8 buffer of exactly ``nbytes`` (bounds are checked by the caller)."""
         if nbytes < POOL_MIN_BYTES:
             return np.empty(nbytes, dtype=np.uint8)
-        same = self._bufs.setdefault(nbytes, [])
+        # a size gets its list only when a buffer of it is retained: a peer whose frames
+        # take many sizes (PROPOSALs, CONTEXTs) past the cap adds nothing here
+        same = self._bufs.get(nbytes, ())
         for i in range(len(same)):
             if sys.getrefcount(same[i]) <= _IDLE_REFS:  # nothing outside holds it
                 buf = same[i]
@@ -50,7 +52,7 @@ class PayloadPool:
         buf = np.empty(nbytes, dtype=np.uint8)
         self.allocations += 1
         if self.retained + nbytes <= self.max_bytes:
-            same.append(buf)
+            self._bufs.setdefault(nbytes, []).append(buf)
             self.retained += nbytes
         return buf
 

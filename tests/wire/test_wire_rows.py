@@ -6,7 +6,8 @@ import pytest
 
 from pp1q.core.errors import Reason, RowValidationError
 from pp1q.core.q import MASS, build_row, parse_dense, validate_dense
-from pp1q.wire import Form, FrameDecoder, Limits, encode, reply_from_row
+from pp1q.wire import Form, FrameDecoder, Limits, PayloadPool, encode, reply_from_row
+from pp1q.wire.pool import POOL_MIN_BYTES
 from pp1q.wire.validate import Rows
 
 V = 70000  # > two validation chunks, payload > the pool's 64 KiB floor
@@ -41,6 +42,17 @@ def test_pool_never_retains_more_than_its_cap():
     frame, _ = dense_frame(3)
     live = [d.feed(frame)[0] for _ in range(3)]
     assert d.pool.retained == 4 * V and d.pool.allocations == 3 and len(live) == 3
+
+
+def test_pool_keeps_nothing_for_sizes_it_cannot_retain():
+    """Bounds before memory: payloads of ever new sizes past the cap (a hostile peer's
+    PROPOSALs or CONTEXTs of many lengths) leave no bookkeeping behind."""
+    pool = PayloadPool(max_bytes=POOL_MIN_BYTES)
+    pool.take(POOL_MIN_BYTES)  # retained: the cap is reached
+    for extra in range(1, 200):
+        pool.take(POOL_MIN_BYTES + 8 * extra)
+    assert pool.retained == POOL_MIN_BYTES and pool.allocations == 200
+    assert list(pool._bufs) == [POOL_MIN_BYTES]
 
 
 def test_dense_rows_are_parsed_lazily_and_exactly():
