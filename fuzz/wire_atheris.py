@@ -3,7 +3,9 @@
 Targets, all fed the same input (each must accept it or raise RemoteProtocolError):
 
 - ``FrameDecoder`` whole and split at a cut chosen by the first byte;
-- a verifier past HELLO with a dense and a sparse STEP outstanding, fed through
+- a verifier past HELLO with a dense and a sparse STEP outstanding (twice: the golden
+  vectors' slot 2 holds the dense step in one, the sparse one, which a PROPOSAL answers,
+  in the other), fed through
   ``receive_data`` and through the BufferedProtocol path (``get_buffer`` /
   ``buffer_updated``, which the daemons use), then its watchdog; every ProposalReady it
   hands out for a sampled step must carry one q row per sampled id;
@@ -51,8 +53,13 @@ from pp1q.wire.framing import HEADER_BYTES, reseal  # noqa: E402
 _CONFIG = WireConfig(identity=wire_vectors.IDENTITY, limits=wire_vectors.LIMITS, versions=(1, 2))
 _HELLO = VerifierEndpoint(_CONFIG, session=wire_vectors.SESSION).hello()
 _HELLO_ANSWER = wire_vectors.build()["hello_answer"]  # the worker's answer to _HELLO
-_STEPS = (Step(**{**wire_vectors.STEP, "temperature": 0.75, "top_k": 0}),
-          Step(**{**wire_vectors.STEP, "temperature": 0.75, "slot": 1, "top_k": 3}))
+# each step set: a dense and a sparse STEP (top_k the vectors' own: a PROPOSAL fits it),
+# the vectors' slot (2) given to one, then to the other
+_STEP_SETS = tuple(
+    (Step(**{**wire_vectors.STEP, "temperature": 0.75, "slot": dense, "top_k": 0}),
+     Step(**{**wire_vectors.STEP, "temperature": 0.75, "slot": sparse,
+             "top_k": wire_vectors.SPARSE_TOP_K}))
+    for dense, sparse in ((2, 1), (1, 2)))
 _MAX_CHUNK = 64  # BufferedProtocol path: at most this many bytes per buffer_updated call
 
 
@@ -70,12 +77,12 @@ def _worker_with_context() -> WorkerEndpoint:
     return w
 
 
-def _stepping_verifier() -> VerifierEndpoint:
-    """A verifier past HELLO with one dense and one sparse step outstanding."""
+def _stepping_verifier(steps) -> VerifierEndpoint:
+    """A verifier past HELLO with ``steps`` (a dense and a sparse one) outstanding."""
     v = VerifierEndpoint(_CONFIG, session=wire_vectors.SESSION)
     v.hello()
     v.receive_data(_HELLO_ANSWER, 0.0)
-    for step in _STEPS:
+    for step in steps:
         v.send(step, now=0.0)
     return v
 
@@ -126,11 +133,12 @@ def _frame_decoder(data: bytes) -> None:
 
 
 def _verifier(data: bytes) -> None:
-    v = _stepping_verifier()
-    _only_remote_errors(lambda: _check_events(v.receive_data(data, 0.0)))
-    _check_events(v.check_timeouts(10.0))
-    v = _stepping_verifier()
-    _only_remote_errors(lambda: _check_events(_buffered(v, data)))
+    for steps in _STEP_SETS:
+        v = _stepping_verifier(steps)
+        _only_remote_errors(lambda v=v: _check_events(v.receive_data(data, 0.0)))
+        _check_events(v.check_timeouts(10.0))
+        v = _stepping_verifier(steps)
+        _only_remote_errors(lambda v=v: _check_events(_buffered(v, data)))
     v = VerifierEndpoint(_CONFIG, session=wire_vectors.SESSION)
     v.hello()
     _only_remote_errors(v.receive_data, data, 0.0)

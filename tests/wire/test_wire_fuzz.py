@@ -404,8 +404,7 @@ def test_header_struct_is_32_bytes():
     assert np.frombuffer(V["reply_dense"][-80:], "<f4").sum() == 1.0
 
 
-def test_atheris_harness_runs_without_libfuzzer():
-    # keeps fuzz/wire_atheris.py from rotting: its property over vectors and noise
+def _atheris_harness():
     import importlib.util
     from pathlib import Path
 
@@ -413,10 +412,28 @@ def test_atheris_harness_runs_without_libfuzzer():
     spec = importlib.util.spec_from_file_location("wire_atheris", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_atheris_harness_runs_without_libfuzzer():
+    # keeps fuzz/wire_atheris.py from rotting: its property over vectors and noise
+    mod = _atheris_harness()
     rng = np.random.default_rng(5)
     for frame in FRAMES:
         mod.one_input(frame)
         mod.one_input(bytes(rng.integers(0, 256, 64, dtype=np.uint8)) + frame)
+
+
+def test_atheris_harness_steps_meet_the_golden_proposal_and_dense_reply():
+    """Its seeds get past the state checks: the golden PROPOSAL and the dense REPLY (each
+    for the vectors' slot 2) each meet a step of their form in one of the harness's
+    verifiers, so a libFuzzer run mutates from frames that reach the row checks."""
+    mod = _atheris_harness()
+    dense_at_2, sparse_at_2 = (mod._stepping_verifier(s) for s in mod._STEP_SETS)
+    [ready] = sparse_at_2.receive_data(V["proposal"], 0.0)
+    assert isinstance(ready, ProposalReady) and ready.slot == 2
+    assert dense_at_2.receive_data(V["reply_dense"], 0.0) == []  # row 1 accepted
+    assert len(dense_at_2.slots[2].rows) == 1
 
 
 @FUZZ
