@@ -174,9 +174,9 @@ def parse_sparse_rows(words: np.ndarray, entries, tokens, vocab: int) -> list[Dy
             counts = None  # the row that failed is parsed alone below, for its reason
     rows, at, c = [], 0, 0
     for n, token in zip(entries, tokens, strict=True):
-        ids, q = words[at:at + n], q_words[at + n:at + 2 * n]
+        ids = words[at:at + n]
         if counts is None:  # numpy, or a refusal: every row as parse_sparse checks it
-            rows.append(parse_sparse(ids, q, vocab, token))
+            rows.append(parse_sparse(ids, q_words[at + n:at + 2 * n], vocab, token))
         else:  # every invariant of DyadicRow is proven by the kernel
             rows.append(DyadicRow._proven(vocab, ids, counts[c:c + n]))
         at += 2 * n

@@ -9,11 +9,12 @@ before the next row is drafted; after a RESET the endpoint refuses further sends
 that step and drafting stops. Fast rows send a whole STEP in one loop tick: a RESET
 read after them finds the step complete, and the verifier, whose RESET invalidated the
 generation, discards the late frames as stale. A STEP's frames leave as soon as its
-COMPLETION is written (one writelines), so the verifier checks one proposal while the
-next is drafted; other frames leave at the end of the loop tick. The proposal draw of
-row i is keyed by the STEP's (seed, generation, round, first_position + i - 1): a
-retried STEP under the same keys would draw identical rows, but the endpoint refuses a
-reused round outright, so a key is never drawn twice on one session.
+COMPLETION (or its PROPOSAL) is written (one writelines), so the verifier checks one
+proposal while the next is drafted; other frames leave at the end of the loop tick.
+The proposal draw of row i is keyed by the STEP's (seed, generation, round,
+first_position + i - 1): a retried STEP under the same keys would draw identical rows,
+but the endpoint refuses a reused round outright, so a key is never drawn twice on one
+session.
 
 What the rows are is the ``Proposer``'s: the worker's one drafting seam. It also hears
 when a slot's whole context arrives (``prefill``: a drafter with a KV cache fills it
