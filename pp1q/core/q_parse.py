@@ -166,7 +166,7 @@ def parse_sparse_rows(words: np.ndarray, entries, tokens, vocab: int) -> list[Dy
     q_words = words.view(_F4)
     k = q_backend.kernels_for(words)
     counts = None
-    if k is not None:
+    if k is not None and all(entries):  # an empty row: parse_sparse's refusal (missing_q)
         counts = np.empty(len(words) // 2, np.int64)
         code, failed, _ = k.sparse_rows(words, q_words, np.array(entries, np.int64),
                                         np.array(tokens, np.int64), vocab, counts)

@@ -15,6 +15,7 @@ from wire_vectors import LIMITS
 from pp1q.core.errors import LocalProtocolError, Pp1qError, Reason
 from pp1q.core.q import build_row
 from pp1q.wire import Form, Reset, SlotState, encode, proposal_from_rows
+from pp1q.wire.proposal import row_checksum
 from pp1q.wire.sizes import proposal_fits
 
 SPARSE = step(top_k=3, depth=3)  # 3 rows of <= 3 entries: 72 payload bytes, fits in 80
@@ -66,6 +67,24 @@ def test_the_worker_refuses_to_send_what_the_verifier_would_refuse(check_outgoin
     [ready] = v.receive_data(w.send_proposal(SPARSE, tokens, rows), 0.0)
     assert_ready(ready, SPARSE, tokens, rows)
     _refused(lambda: w.send_proposal(SPARSE, tokens, rows), Reason.STALE_GENERATION)
+
+
+@pytest.mark.parametrize("check_outgoing", [True, False])
+def test_a_proposal_with_an_empty_row_is_refused_by_name(check_outgoing):
+    """Built elsewhere, its row checksum right for the empty row: the worker's own checks
+    refuse it in the closed set (missing_q, as parse_sparse refuses an empty row), and
+    without them the verifier's decoder does, before buffering it."""
+    v, w = stepped(SPARSE, check_outgoing)
+    prop = proposal_for(SPARSE, 0)
+    ids, q = np.empty(0, np.int32), np.empty(0, np.float32)
+    empty = msgspec.structs.replace(
+        prop, entries=[0, *prop.entries[1:]], ids=(ids, *prop.ids[1:]), q=(q, *prop.q[1:]),
+        row_checksums=[row_checksum(ids, q), *prop.row_checksums[1:]])
+    if check_outgoing:
+        _refused(lambda: w.send_parts(empty), Reason.MISSING_Q)
+        return
+    [failed] = v.receive_data(b"".join(w.send_parts(empty)), 0.0)
+    assert failed.reason is Reason.MISSING_Q
 
 
 def test_the_worker_refuses_tokens_and_rows_of_unequal_count():
