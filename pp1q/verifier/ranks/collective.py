@@ -160,14 +160,14 @@ class Collective:
             self._guard(self._broadcast, self._envelope_t)
             head = rank_ops.read_head(self.envelope, self.limits)
             if head.seq != seq:
-                raise RemoteProtocolError(rank_ops.Reason.OUT_OF_ORDER, f"exchange {head.seq}")
+                raise RemoteProtocolError(Reason.OUT_OF_ORDER, f"exchange {head.seq}")
             if head.overflow_len:
                 self._guard(self._broadcast, self._overflow_t[:head.overflow_len])
             if self.rank != 0:
                 body = rank_ops.body_of(head, self.envelope, self.overflow)
                 ops = rank_ops.decode(head, body, self.limits)
             elif over != head.overflow_len:
-                raise RemoteProtocolError(rank_ops.Reason.UNEXPECTED_SIZE, "own envelope")
+                raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "own envelope")
             mine = np.zeros((1 + len(ops), VOTE_WORDS), dtype=np.int64)
             mine[0] = rank_votes.presence(seq, self.rank)
             for i, vote in enumerate(state.votes(ops)):
