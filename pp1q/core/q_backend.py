@@ -76,7 +76,8 @@ def warm_up() -> tuple[str, str, float]:
         one = np.array([1], np.int64)  # a PROPOSAL of one single-entry row, both kinds
         for words in (np.array([0, 0x3F800000], np.int32),
                       np.frombuffer(np.array([0, 0x3F800000], np.int32).tobytes(), np.int32)):
-            k.sparse_rows(words, words.view(np.float32), one, one - 1, 8, np.empty(1, np.int64))
+            k.sparse_rows(words, words.view(np.float32), one, one - 1, 8, np.empty(1, np.int64),
+                          np.empty(1, np.int64))
         k.pack_sparse(ids, np.ones(8, np.int64), 0, np.empty(8, np.int32),
                       np.empty(8, np.float32))  # the worker's PROPOSAL rows
         k.scatter(np.zeros(8, np.float32), ids, np.ones(8, np.int64))  # dense REPLYs

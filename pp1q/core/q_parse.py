@@ -168,17 +168,22 @@ def parse_sparse_rows(words: np.ndarray, entries, tokens, vocab: int) -> list[Dy
     counts = None
     if k is not None and all(entries):  # an empty row: parse_sparse's refusal (missing_q)
         counts = np.empty(len(words) // 2, np.int64)
+        at_token = np.empty(len(entries), np.int64)
         code, failed, _ = k.sparse_rows(words, q_words, np.array(entries, np.int64),
-                                        np.array(tokens, np.int64), vocab, counts)
+                                        np.array(tokens, np.int64), vocab, counts, at_token)
         if code != k.OK:
             counts = None  # the row that failed is parsed alone below, for its reason
+    if counts is None:  # numpy, or a refusal: every row as parse_sparse checks it
+        rows, at = [], 0
+        for n, token in zip(entries, tokens, strict=True):
+            rows.append(parse_sparse(words[at:at + n], q_words[at + n:at + 2 * n], vocab, token))
+            at += 2 * n
+        return rows
     rows, at, c = [], 0, 0
-    for n, token in zip(entries, tokens, strict=True):
-        ids = words[at:at + n]
-        if counts is None:  # numpy, or a refusal: every row as parse_sparse checks it
-            rows.append(parse_sparse(ids, q_words[at + n:at + 2 * n], vocab, token))
-        else:  # every invariant of DyadicRow is proven by the kernel
-            rows.append(DyadicRow._proven(vocab, ids, counts[c:c + n]))
+    for n, token, c_x in zip(entries, tokens, at_token.tolist(), strict=True):
+        # every invariant of DyadicRow is proven by the kernel, and the count at the
+        # token found: the verifier's ratio test reads it without another search
+        rows.append(DyadicRow._proven(vocab, words[at:at + n], counts[c:c + n], (token, c_x)))
         at += 2 * n
         c += n
     return rows

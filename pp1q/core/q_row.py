@@ -38,6 +38,10 @@ class DyadicRow:
     # validation and dataclasses.replace ignore it; rows parsed from the wire, top-k rows
     # and rows built any other way lack it (None).
     _dense: ClassVar[np.ndarray | None] = None
+    # Not a field either: (token, count) for the token this row's parser proved it holds
+    # (a PROPOSAL's proposed token), so ``count_of`` answers the verifier's ratio test for
+    # it without a search. Ignored like ``_dense``; None on every other row.
+    _drawn: ClassVar[tuple[int, int] | None] = None
 
     def __post_init__(self) -> None:
         raw_ids = np.asarray(self.ids)
@@ -57,12 +61,14 @@ class DyadicRow:
             raise RowValidationError(Reason.WRONG_MASS, f"counts sum to {total}, not {MASS}")
 
     @classmethod
-    def _proven(cls, vocab: int, ids: np.ndarray, counts: np.ndarray) -> DyadicRow:
+    def _proven(cls, vocab: int, ids: np.ndarray, counts: np.ndarray,
+                drawn: tuple[int, int] | None = None) -> DyadicRow:
         """A row whose parser has already proven every invariant of ``__post_init__``
-        (ascending in-range int32 ids, positive int64 counts summing to MASS)."""
+        (ascending in-range int32 ids, positive int64 counts summing to MASS), and
+        ``drawn`` = (token, its count) where it found the proposed token's count."""
         row = object.__new__(cls)
         # the instance dict written at once: three frozen-dataclass setattrs cost 0.4 us
-        row.__dict__.update(vocab=vocab, ids=ids, counts=counts)
+        row.__dict__.update(vocab=vocab, ids=ids, counts=counts, _drawn=drawn)
         return row
 
     def __eq__(self, other: object) -> bool:
@@ -82,6 +88,9 @@ class DyadicRow:
 
     def count_of(self, token: int) -> int:
         """Count of ``token`` (0 outside the support)."""
+        drawn = self._drawn
+        if drawn is not None and drawn[0] == token:
+            return drawn[1]
         if not 0 <= token < self.vocab:  # outside every support (ids are in range)
             return 0
         # an int32 needle: a Python int makes numpy cast the whole int32 id array to

@@ -181,6 +181,7 @@ def extract(q, bits, vocab):
 def sparse(ids, q, vocab, token, counts):  # one call instead of ~15 numpy calls of ~1 us
     """(code, index) of a sparse row (int32 ids, FP32 q; equal lengths, at least one
     entry: the caller's checks), its int64 counts written into ``counts`` (as long).
+    ``index``: where a check failed; on OK, the proposed token's entry (-1: no token).
     The numpy path's order: ids out of range, duplicate ids, unsorted ids, then the q
     checks as ``scan`` makes them, then a zero count (a support entry must hold q > 0),
     then (``token`` >= 0: the proposed token, in range) no support entry at ``token``.
@@ -215,6 +216,7 @@ def sparse(ids, q, vocab, token, counts):  # one call instead of ~15 numpy calls
         j = np.searchsorted(ids, token)  # ascending, proven above
         if j == n or ids[j] != token:
             return ZERO_AT_TOKEN, -1
+        return OK, j
     return OK, -1
 
 
@@ -258,19 +260,20 @@ def dense_from_counts(row, counts):
 
 
 @_jit
-def sparse_rows(words, qwords, entries, tokens, vocab, counts):
+def sparse_rows(words, qwords, entries, tokens, vocab, counts, at_token):
     """(code, row, index) of a PROPOSAL's rows, each checked as ``sparse`` checks one, in
     one call for the whole proposal: ``words`` the payload as int32 (each row its ids,
     then its q), ``qwords`` the same memory as FP32, ``entries`` each row's length,
     ``tokens`` each row's proposed token (in range: the caller's check), ``counts``
-    (int64, one per entry) receives every row's counts in order. ``row`` is the first
-    failing row (-1: none)."""
+    (int64, one per entry) receives every row's counts in order, ``at_token`` (int64,
+    one per row) each row's count at its token (the ratio test's c_x, found on the way).
+    ``row`` is the first failing row (-1: none)."""
     rows = entries.size
     total = 0
     for r in range(rows):
         total += entries[r]
     if words.size != 2 * total or qwords.size != words.size or counts.size != total \
-            or tokens.size != rows:
+            or tokens.size != rows or at_token.size != rows:
         raise ValueError("sparse_rows: payload, counts and rows differ in size")
     at = 0
     c = 0
@@ -280,6 +283,7 @@ def sparse_rows(words, qwords, entries, tokens, vocab, counts):
                          counts[c:c + n])
         if code != OK:
             return code, r, i
+        at_token[r] = counts[c + i]
         at += 2 * n
         c += n
     return OK, -1, -1
