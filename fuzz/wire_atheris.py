@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import wire_vectors  # noqa: E402
 
+from pp1q.core import q_backend  # noqa: E402
 from pp1q.wire import (  # noqa: E402
     FrameDecoder,
     ProposalReady,
@@ -177,6 +178,10 @@ def main() -> None:
     import atheris  # only here: CI runs one_input directly, without libFuzzer
 
     _seed_corpus(sys.argv)
+    # the row kernels compiled first: numba compiles a function from its bytecode, and
+    # after instrument_all that bytecode calls atheris (a TypingError on a cold numba
+    # cache, or once a kernel's source changed; every signature the targets use is here)
+    q_backend.warm_up()
     atheris.instrument_all()  # coverage feedback for every loaded module (pp1q, msgspec glue)
     atheris.Setup(sys.argv, one_input)
     atheris.Fuzz()
