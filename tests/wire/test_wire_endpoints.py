@@ -223,7 +223,10 @@ def test_late_replies_after_reset_are_discarded_and_counted():
     with pytest.raises(LocalProtocolError) as e:  # the dead generation cannot step again
         v.send(step(round_id=2, top_k=3), now=0.2)
     assert e.value.reason == Reason.STALE_GENERATION
-    w.receive_data(v.send(step(generation=2, top_k=3), now=0.2), 0.2)
+    # the next generation may step; a CANCELLED reset ended the request on the worker
+    # (its prefix dropped), so the worker asks for the context before drafting again
+    [refused] = w.receive_data(v.send(step(generation=2, top_k=3), now=0.2), 0.2)
+    assert (refused.generation, refused.reason) == (2, Reason.NO_CONTEXT)
 
 
 def test_worker_stops_sending_for_a_reset_step():
