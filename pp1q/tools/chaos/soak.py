@@ -34,6 +34,7 @@ from pp1q.core.outcomes import FallbackCause
 from pp1q.tools.chaos.faults import Direction, Rule, random_frame_rules
 from pp1q.tools.chaos.rig import Rig, delta, value
 from pp1q.tools.client import ApiError
+from pp1q.wire.events import DISCARD_REASONS
 
 RSS_GROWTH_BOUND_KIB = 32 * 1024  # per daemon, warm-up to end: pools are preallocated
 WARMUP_REQUESTS = 40  # RSS baseline after these (imports, pools, allocator arenas settle)
@@ -68,7 +69,7 @@ class SoakReport:
     fired_on: dict[str, int] = field(default_factory=dict)  # frame faults by message type
     worker_restarts: int = 0
     reconnects: int = 0
-    late_discarded: int = 0
+    late_discarded: dict[str, int] = field(default_factory=dict)  # by reason
     verified_rounds: int = 0
     audit_commits: int = 0
     audit_proposal_commits: int = 0  # of them, proposals that came as one PROPOSAL frame
@@ -108,7 +109,8 @@ class SoakReport:
             f"  validation failures by reason: {kv(self.validation)}",
             f"  injected: {kv(self.injections)}; worker restarts {self.worker_restarts}",
             f"  frame faults fired by frame type: {kv(self.fired_on)}",
-            f"  reconnects {self.reconnects}, late frames discarded {self.late_discarded}",
+            f"  reconnects {self.reconnects}, late frames discarded by reason: "
+            f"{kv(self.late_discarded)}",
             f"  slot high-water mark: {kv(self.slots_hwm)}; held after the run: "
             f"{', '.join(f'{k} {v}' for k, v in self.slots_left.items())}",
             f"  RSS start -> after warm-up -> end: {rss}"
@@ -239,7 +241,9 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         report.fired_on = dict(fired)
         report.worker_restarts = restarts[0]
         report.reconnects = int(delta(after, before, "pp1q_reconnects_total"))
-        report.late_discarded = int(delta(after, before, "pp1q_late_replies_discarded_total"))
+        report.late_discarded = {r.value: int(delta(after, before,
+                                                    "pp1q_late_replies_discarded_total",
+                                                    reason=r.value)) for r in DISCARD_REASONS}
         report.verified_rounds = int(delta(after, before, "pp1q_rounds_total",
                                            kind="speculative"))
         audit = rig.audit
