@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from wire_helpers import SESSION, pair, rows_for, step
+from wire_helpers import SESSION, drafted, pair, rows_for, step, stepped, worker_frames
 
 from pp1q.core.errors import Reason
 from pp1q.tools.chaos.audit import WireAudit, proposal_rows
@@ -46,6 +46,7 @@ from pp1q.wire import (
     encode,
 )
 from pp1q.wire.proposal import row_checksum
+from pp1q.wire.sizes import proposal_fits
 
 DEPTH, TOP_K = 3, 2  # a sparse step whose PROPOSAL fits the test limits (3 x 2 x 8 <= 80)
 
@@ -138,6 +139,26 @@ def test_audit_ignores_a_copy_of_a_complete_proposal():
     frame = encode(proposal())
     a = _round((frame, True), (frame, True))
     assert a.violations == [] and a.commits == 1 and a.sampled_rows == DEPTH
+
+
+@pytest.mark.parametrize("top_k, fits", [(0, False), (2, True), (4, False)])
+def test_audit_counts_sparse_proposals_streamed_as_reply_rows(top_k, fits):
+    """What the soak's streamed sparse check reads: a sparse step too large for one
+    PROPOSAL (3 x 4 x 8 bytes > the test limits' 80) streams sparse REPLY rows and a
+    COMPLETION, counted apart from a PROPOSAL's commit and from a dense step's."""
+    st = step(depth=DEPTH, top_k=top_k)
+    v, w = stepped(st)
+    assert proposal_fits(st, w.limits) is fits
+    sent = w.send_proposal(st, *drafted(st)) if fits else worker_frames(w, st)
+    audit = WireAudit()
+    _feed(audit, True, encode(st))
+    for piece in FrameCutter().feed(sent):
+        audit.delivered(1, False, piece, piece.message(), True)
+    _feed(audit, True, encode(Commit(session=SESSION, slot=0, generation=1, round_id=1,
+                                     accepted=0, token=1, committed=st.last_committed + 1)))
+    assert audit.violations == [] and audit.commits == 1
+    assert audit.proposal_commits == int(fits)
+    assert audit.streamed_sparse_commits == int(top_k > 0 and not fits)
 
 
 def test_audit_flags_a_commit_of_a_poisoned_proposal_and_forgets_on_reset():
