@@ -14,7 +14,13 @@ def add_arguments(p) -> None:
     p.add_argument("--seconds", type=float, default=None,
                    help="how long to run (seconds; overrides --minutes; default 60)")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight (4)")
-    p.add_argument("--vocab", type=int, default=1024, help="toy vocabulary (1024)")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="toy vocabulary (1024; 16 with --streamed-sparse)")
+    p.add_argument("--streamed-sparse", action="store_true",
+                   help="vocabulary 16 and requests of top 3, 4 or 8: top-4 and top-8 steps "
+                        "are too large for one PROPOSAL and stream sparse REPLY rows "
+                        "(default: dense, top 8, top 32 at vocabulary 1024, every sparse "
+                        "step one PROPOSAL)")
     p.add_argument("--watchdog-ms", type=int, default=300, help="verifier STEP watchdog (300)")
     p.add_argument("--target-delay-ms", type=float, default=40.0,
                    help="simulated target forward pass (40 ms; keeps the soak near one core)")
@@ -27,7 +33,14 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from pp1q.tools.chaos.soak import SoakConfig, run_soak
+    from pp1q.tools.chaos.soak import (
+        DEFAULT_TOP_KS,
+        DEFAULT_VOCAB,
+        STREAMED_SPARSE_TOP_KS,
+        STREAMED_SPARSE_VOCAB,
+        SoakConfig,
+        run_soak,
+    )
 
     seconds = args.seconds if args.seconds is not None else (
         60.0 * args.minutes if args.minutes is not None else 60.0)
@@ -35,11 +48,16 @@ def run(args) -> int:
         print("pp1q soak: --minutes/--seconds and --concurrency must be positive")
         return 2
     progress = args.progress_s or max(5.0, seconds / 30)
-    cfg = SoakConfig(seconds=seconds, concurrency=args.concurrency, vocab=args.vocab,
+    streamed = args.streamed_sparse
+    vocab = args.vocab or (STREAMED_SPARSE_VOCAB if streamed else DEFAULT_VOCAB)
+    cfg = SoakConfig(seconds=seconds, concurrency=args.concurrency, vocab=vocab,
+                     top_ks=STREAMED_SPARSE_TOP_KS if streamed else DEFAULT_TOP_KS,
                      watchdog_ms=args.watchdog_ms, target_delay_ms=args.target_delay_ms,
                      crash_every_s=args.crash_every_s, seed=args.seed, progress_s=progress)
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="pp1q-soak-")
-    print(f"pp1q soak: {seconds:g} s, {cfg.concurrency} concurrent requests, vocab {cfg.vocab},"
+    supports = ", ".join("dense" if k is None else f"top {k}" for k in cfg.top_ks)
+    print(f"pp1q soak: {seconds:g} s, {cfg.concurrency} concurrent requests, vocab {cfg.vocab}"
+          f" ({supports}),"
           f" watchdog {cfg.watchdog_ms} ms, seed {cfg.seed}; daemon logs in {log_dir}",
           flush=True)
     # SIGTERM unwinds like Ctrl-C, so the daemons are stopped and not left orphaned

@@ -21,6 +21,7 @@ from pp1q import __version__
 from pp1q.core.errors import Reason
 from pp1q.core.outcomes import FallbackCause, PeerRefusal, RankFailure, StepKind
 from pp1q.runtime.settings import DaemonSettings, cannot_listen
+from pp1q.wire.events import DISCARD_REASONS
 from pp1q.wire.sessions import CLOSE_REASONS
 
 PREFIX = "pp1q"
@@ -101,8 +102,10 @@ class Metrics:
             "generation_invalidations",
             "Generations invalidated after a discarded proposal (RESET sent or received; "
             "the RESET that releases a finished request's slot is not counted)")
-        self.late_replies = counter("late_replies_discarded",
-                                    "Frames of an invalidated generation discarded unread")
+        self.late_replies = counter(
+            "late_replies_discarded", "Frames discarded unread, by reason: stale_generation "
+            "(an invalidated generation), duplicate_round (a round already complete: a copy)",
+            ("reason",))
         self.reconnects = counter("reconnects", "Worker sessions re-established after a loss")
         self.peers_refused = counter(
             "peers_refused", "Peers this daemon refused before a session (TLS handshake or "
@@ -167,6 +170,8 @@ class Metrics:
             self.peers_refused.labels(reason=refusal.value)
         for reason in REFUSED_REQUESTS:
             self.requests_refused.labels(reason=reason.value)
+        for reason in DISCARD_REASONS:
+            self.late_replies.labels(reason=reason.value)
 
     def validation_failure(self, reason: Reason) -> None:
         self.validation_failures.labels(reason=Reason(reason).value).inc()
@@ -187,6 +192,10 @@ class Metrics:
 
     def connection_closed(self, reason: Reason) -> None:
         self.connections_closed.labels(reason=Reason(reason).value).inc()
+
+    def late_reply(self, reason: Reason) -> None:
+        """A frame the endpoint discarded unread (``Discarded``), for ``reason``."""
+        self.late_replies.labels(reason=Reason(reason).value).inc()
 
     def fallback(self, cause: FallbackCause) -> None:
         self.fallbacks.labels(cause=FallbackCause(cause).value).inc()

@@ -218,7 +218,7 @@ class WorkerLink:
                     self.metrics.validation_failure(ev.reason)
                 self._resolve(ev.slot, Fallback(cause, ev.reason, ev.detail))
             elif isinstance(ev, Discarded):
-                self.metrics.late_replies.inc()
+                self.metrics.late_reply(ev.reason)
             elif isinstance(ev, SessionStarted):
                 self._check_session(ev)
             elif isinstance(ev, SessionRefused):

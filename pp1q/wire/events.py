@@ -65,9 +65,15 @@ class ProposalFailed:
     by_peer: bool = False  # the worker itself refused the STEP (a REFUSAL frame)
 
 
+# Why a frame is dropped unread (Discarded.reason, pp1q_late_replies_discarded_total's
+# labels): its generation was invalidated, or its round is done (a copy, or an old round)
+DISCARD_REASONS = (Reason.STALE_GENERATION, Reason.DUPLICATE_ROUND)
+
+
 @dataclass(frozen=True, slots=True)
 class Discarded:
-    """A frame for an invalidated generation (or an old round) dropped unread."""
+    """A frame for an invalidated generation (or an old round) dropped unread; ``reason``
+    is one of DISCARD_REASONS."""
 
     slot: int
     generation: int

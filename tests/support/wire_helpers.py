@@ -41,11 +41,12 @@ def config(versions=(1, 2), identity=IDENTITY, limits=LIMITS) -> WireConfig:
 
 
 def pair(versions=(1, 2), worker_versions=None, step_timeout=1.0, contexts=True,
-         identity=IDENTITY, limits=LIMITS):
+         identity=IDENTITY, limits=LIMITS, verifier=VerifierEndpoint):
     """A verifier and a worker that completed HELLO, wired in memory; ``contexts``: every
-    slot holds ``PREFIX`` (so ``step()``'s defaults pass the worker's context checks)."""
-    v = VerifierEndpoint(config(versions, identity, limits), session=SESSION,
-                         step_timeout=step_timeout)
+    slot holds ``PREFIX`` (so ``step()``'s defaults pass the worker's context checks);
+    ``verifier``: the verifier's endpoint class (a planted-bug subclass)."""
+    v = verifier(config(versions, identity, limits), session=SESSION,
+                 step_timeout=step_timeout)
     w = WorkerEndpoint(config(worker_versions or versions, identity, limits))
     w.receive_data(v.hello(), 0.0)
     v.receive_data(w.data_to_send(), 0.0)

@@ -3,7 +3,8 @@ audit records a PROPOSAL's positions and treats it as the step's totals; each fr
 fault on a PROPOSAL ends, at a real VerifierEndpoint, in the verdict the chaos matrix's
 sparse rows count (pp1q.tools.chaos.sparse_rows); and ``poisons`` says which faulted
 PROPOSALs may still be committed (a duplicate or a stale replay: the copy is discarded,
-the original stands); the sparse distribution row's accounting flags what it must."""
+the original stands); the sparse distribution row's accounting flags what it must; and
+the rows that count discarded copies want them under the reason each must carry."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from wire_helpers import SESSION, pair, rows_for, step
+from wire_helpers import SESSION, drafted, pair, rows_for, step, stepped, worker_frames
 
 from pp1q.core.errors import Reason
 from pp1q.tools.chaos.audit import WireAudit, proposal_rows
@@ -29,7 +30,8 @@ from pp1q.tools.chaos.faults import (
     poisons,
 )
 from pp1q.tools.chaos.frames import FrameCutter, Piece, flip_bit, truncate_reframed
-from pp1q.tools.chaos.matrix import Deltas
+from pp1q.tools.chaos.matrix import Deltas, cases
+from pp1q.tools.chaos.sparse_rows import sparse_cases
 from pp1q.tools.chaos.spec import parse_rule
 from pp1q.wire import (
     Commit,
@@ -44,6 +46,7 @@ from pp1q.wire import (
     encode,
 )
 from pp1q.wire.proposal import row_checksum
+from pp1q.wire.sizes import proposal_fits
 
 DEPTH, TOP_K = 3, 2  # a sparse step whose PROPOSAL fits the test limits (3 x 2 x 8 <= 80)
 
@@ -138,6 +141,26 @@ def test_audit_ignores_a_copy_of_a_complete_proposal():
     assert a.violations == [] and a.commits == 1 and a.sampled_rows == DEPTH
 
 
+@pytest.mark.parametrize("top_k, fits", [(0, False), (2, True), (4, False)])
+def test_audit_counts_sparse_proposals_streamed_as_reply_rows(top_k, fits):
+    """What the soak's streamed sparse check reads: a sparse step too large for one
+    PROPOSAL (3 x 4 x 8 bytes > the test limits' 80) streams sparse REPLY rows and a
+    COMPLETION, counted apart from a PROPOSAL's commit and from a dense step's."""
+    st = step(depth=DEPTH, top_k=top_k)
+    v, w = stepped(st)
+    assert proposal_fits(st, w.limits) is fits
+    sent = w.send_proposal(st, *drafted(st)) if fits else worker_frames(w, st)
+    audit = WireAudit()
+    _feed(audit, True, encode(st))
+    for piece in FrameCutter().feed(sent):
+        audit.delivered(1, False, piece, piece.message(), True)
+    _feed(audit, True, encode(Commit(session=SESSION, slot=0, generation=1, round_id=1,
+                                     accepted=0, token=1, committed=st.last_committed + 1)))
+    assert audit.violations == [] and audit.commits == 1
+    assert audit.proposal_commits == int(fits)
+    assert audit.streamed_sparse_commits == int(top_k > 0 and not fits)
+
+
 def test_audit_flags_a_commit_of_a_poisoned_proposal_and_forgets_on_reset():
     audit = WireAudit()
     _feed(audit, True, encode(_step()))
@@ -226,11 +249,15 @@ def test_which_faults_on_a_proposal_poison_it(fault, poisoning):
 
 # -- the sparse distribution row's accounting -------------------------------------------
 
-def _deltas(invalid=5, watchdog=3, late=4) -> Deltas:
+def _deltas(invalid=5, watchdog=3, late=4, duplicates=2) -> Deltas:
+    """``late`` frames discarded, ``duplicates`` of them as duplicate_round."""
+    def discarded(reason: str) -> tuple:
+        return "pp1q_late_replies_discarded_total", (("reason", reason),)
     after = {("pp1q_fallbacks_total", (("cause", "invalid_reply"),)): invalid,
              ("pp1q_fallbacks_total", (("cause", "watchdog_timeout"),)): watchdog,
              ("pp1q_watchdog_timeouts_total", ()): watchdog,
-             ("pp1q_late_replies_discarded_total", ()): late}
+             discarded("duplicate_round"): duplicates,
+             discarded("stale_generation"): late - duplicates}
     return Deltas({}, after)
 
 
@@ -244,6 +271,8 @@ FIRED = Counter({FaultKind.DROP: 2, FaultKind.DELAY: 1})
     (_deltas(invalid=6), "invalid_reply"),  # a copy failed a step (as a REPLY row's does)
     (_deltas(watchdog=4), "watchdog_timeouts"),  # a stall the faults do not explain
     (_deltas(late=2), "late frames"),  # a copy not discarded
+    (_deltas(duplicates=1), None),  # a duplicate whose original failed: its copy is stale
+    (_deltas(duplicates=3), "duplicate_round"),  # a replay or a late frame counted a copy
 ])
 def test_proposal_accounting_each_fault_ends_one_way(deltas, why):
     problems = proposal_accounting(deltas, INJECTED, FIRED)
@@ -253,3 +282,25 @@ def test_proposal_accounting_each_fault_ends_one_way(deltas, why):
 def test_a_fault_spec_can_name_the_proposal():
     rule = parse_rule("duplicate:proposal:every=4:times=0", random.Random(0))
     assert rule.msg_type is MsgType.PROPOSAL and isinstance(rule.fault, Duplicate)
+
+
+# -- the rows that count copies check why each was discarded ----------------------------
+
+def _late(reason: str, n: int = 3) -> Deltas:
+    return Deltas({}, {("pp1q_late_replies_discarded_total", (("reason", reason),)): n})
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("sparse: duplicate frame", "duplicate_round"),
+    ("sparse: stale-generation replay", "stale_generation"),
+    ("stale-generation replay", "stale_generation"),  # the dense row (a REPLY row's copy)
+])
+def test_a_copy_row_wants_its_discards_under_its_own_reason(name, reason):
+    """The total alone would pass a copy discarded for the other reason (a stale replay
+    taken for a duplicate, or the reverse): the row must not."""
+    (case,) = [c for c in cases(1.0) + sparse_cases(1.0) if c.name == name]
+    other = {"duplicate_round": "stale_generation", "stale_generation": "duplicate_round"}
+    assert case.expect(_late(reason), 3) == []
+    assert case.counter == f"late_replies_discarded{{{reason}}}"
+    problems = case.expect(_late(other[reason]), 3)
+    assert any(f"late_replies_discarded{{{reason}}} = 0, want 3" in p for p in problems)

@@ -3,18 +3,40 @@ against real daemons with random frame and stream faults and one worker crash. N
 request may fail or come back short, the wire audit must find nothing (sparse
 requests' PROPOSAL frames take faults too and their commits are audited), no slot may be
 held once the requests are done, and each daemon's RSS may grow by at most
-RSS_GROWTH_BOUND_KIB (32 MiB) between warm-up and the end. --runslow: 5 minutes."""
+RSS_GROWTH_BOUND_KIB (32 MiB) between warm-up and the end. --runslow: 5 minutes.
+
+The streamed sparse soak (vocabulary 16, top 3, 4 and 8) runs a few seconds by default
+(two minutes with --runslow): its top-4 and top-8 steps are too large for one PROPOSAL,
+so their sparse rows stream as REPLY frames and take the REPLY faults; the test asserts
+from the wire audit that such proposals were committed, not only that the soak passed."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from pp1q.tools.chaos.soak import RSS_GROWTH_BOUND_KIB, SoakConfig, run_soak
+from pp1q.models.toy import ToySpec
+from pp1q.tools.chaos.matrix import DEPTH
+from pp1q.tools.chaos.soak import (
+    DEFAULT_TOP_KS,
+    DEFAULT_VOCAB,
+    RSS_GROWTH_BOUND_KIB,
+    STREAMED_SPARSE_TOP_KS,
+    STREAMED_SPARSE_VOCAB,
+    SoakConfig,
+    run_soak,
+)
+from pp1q.wire.limits import DEFAULT_MAX_SUPPORT
+from pp1q.wire.session_config import verifier_config
+from pp1q.wire.sizes import proposal_fits
 
-pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
+daemons = pytest.mark.daemons  # starts real daemon processes or servers
 
 CI_SECONDS = 30
 SLOW_SECONDS = 300
+STREAMED_CI_SECONDS = 5  # the default suite is near its budget: a few seconds of load
+STREAMED_SLOW_SECONDS = 120
 
 
 def _soak(tmp_path, seconds: float, crash_every_s: float):
@@ -39,13 +61,62 @@ def _soak(tmp_path, seconds: float, crash_every_s: float):
     return report
 
 
+@daemons
 def test_soak_half_a_minute(tmp_path):
     _soak(tmp_path, CI_SECONDS, crash_every_s=CI_SECONDS / 2)
 
 
+@daemons
 @pytest.mark.slow
 def test_soak_five_minutes(tmp_path):
     _soak(tmp_path, SLOW_SECONDS, crash_every_s=100)
+
+
+def _fits(vocab: int, top_ks) -> dict:
+    """Whether a depth-DEPTH step of each support is answered by one PROPOSAL under the
+    verifier's limits at ``vocab`` (None: dense, never)."""
+    limits = verifier_config(ToySpec(vocab=vocab), (2,), 4, DEPTH, DEFAULT_MAX_SUPPORT).limits
+    return {k: k is not None and proposal_fits(
+        SimpleNamespace(temperature=1.0, top_k=k, depth=DEPTH), limits) for k in top_ks}
+
+
+def test_which_side_of_proposal_fits_each_soak_lands():
+    """The default soak's sparse steps are all one PROPOSAL (so it never streams sparse
+    rows); the streamed sparse soak straddles the line: top 3 (120 bytes) fits the
+    128-byte frame bound at vocabulary 16, top 4 (160) and top 8 (320) stream."""
+    assert _fits(DEFAULT_VOCAB, DEFAULT_TOP_KS) == {None: False, 8: True, 32: True}
+    assert _fits(STREAMED_SPARSE_VOCAB, STREAMED_SPARSE_TOP_KS) == {3: True, 4: False,
+                                                                    8: False}
+
+
+def _streamed_soak(tmp_path, seconds: float, crash_every_s: float):
+    cfg = SoakConfig(seconds=seconds, vocab=STREAMED_SPARSE_VOCAB,
+                     top_ks=STREAMED_SPARSE_TOP_KS, crash_every_s=crash_every_s,
+                     progress_s=max(5.0, seconds / 4))
+    report = run_soak(cfg, tmp_path, progress=lambda line: None)
+    print(report.format())
+    assert report.problems() == [], report.format()
+    assert report.slots_left == {"verifier": 0, "worker": 0}
+    # the streamed path was taken: sparse proposals that came as REPLY rows were
+    # committed (and each of their rows checked for q by the audit); top 3 still came
+    # as one PROPOSAL
+    assert report.audit_streamed_sparse_commits > 0, report.format()
+    assert report.audit_proposal_commits > 0, report.format()
+    # no dense step here: every REPLY that took a fault was a sparse row
+    assert report.fired_on.get("REPLY", 0) > 0, report.format()
+    return report
+
+
+@daemons
+def test_soak_streamed_sparse_rows(tmp_path):
+    _streamed_soak(tmp_path, STREAMED_CI_SECONDS, crash_every_s=0)
+
+
+@daemons
+@pytest.mark.slow
+def test_soak_streamed_sparse_rows_two_minutes(tmp_path):
+    report = _streamed_soak(tmp_path, STREAMED_SLOW_SECONDS, crash_every_s=40)
+    assert report.worker_restarts >= 1 and report.reconnects >= report.worker_restarts
 
 
 class _ClosingTransport:

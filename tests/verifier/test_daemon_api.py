@@ -44,7 +44,9 @@ def test_metrics_counters_equal_the_events(tmp_path):
                   "worker_refused"):
         assert value(v, "pp1q_fallbacks_total", cause=cause) == 0
     assert value(v, "pp1q_generation_invalidations_total") == 0
-    assert value(v, "pp1q_late_replies_discarded_total") == 0
+    for reason in ("stale_generation", "duplicate_round"):  # each exported, at zero
+        assert ("pp1q_late_replies_discarded_total", (("reason", reason),)) in v
+        assert value(v, "pp1q_late_replies_discarded_total", reason=reason) == 0
     assert value(v, "pp1q_reconnects_total") == 0
     # the worker saw the same rounds and sent exactly the bytes the verifier received
     assert value(w, "pp1q_steps_total") == rounds

@@ -37,13 +37,15 @@ def test_reply_late_past_the_watchdog(tmp_path):
         assert len(answer["token_ids"]) == 12
         assert fallbacks_of(answer) == {"watchdog_timeout": 1}
         assert answer["stats"]["target_only_steps"] == 1
-        late = _wait_metric(pair, "verifier", "pp1q_late_replies_discarded_total", 1)
+        late = _wait_metric(pair, "verifier", "pp1q_late_replies_discarded_total", 1,
+                            reason="stale_generation")
         m = pair.metrics("verifier")
         assert value(m, "pp1q_watchdog_timeouts_total") == 1
         assert value(m, "pp1q_fallbacks_total", cause="watchdog_timeout") == 1
         assert value(m, "pp1q_generation_invalidations_total") == 1
         assert value(m, "pp1q_rounds_total", kind="fallback") == 1
-        assert late == 1  # the delayed COMPLETION, discarded unread
+        assert late == 1  # the delayed COMPLETION, discarded unread: its generation died
+        assert value(m, "pp1q_late_replies_discarded_total", reason="duplicate_round") == 0
         assert value(pair.metrics("worker"), "pp1q_generation_invalidations_total") == 1
     finally:
         pair.close()
@@ -63,7 +65,8 @@ def test_one_corrupt_byte_discards_the_proposal(tmp_path):
         assert value(m, "pp1q_generation_invalidations_total") == 1
         assert value(m, "pp1q_reconnects_total") == 0  # a bad payload poisons one proposal
         # frames of the dead generation that were already in flight: at most the rest
-        assert value(m, "pp1q_late_replies_discarded_total") <= 5
+        assert value(m, "pp1q_late_replies_discarded_total", reason="stale_generation") <= 5
+        assert value(m, "pp1q_late_replies_discarded_total", reason="duplicate_round") == 0
         # and the session goes on speculating
         assert answer["stats"]["rounds"] >= 1
     finally:

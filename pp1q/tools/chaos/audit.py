@@ -69,10 +69,12 @@ class WireAudit:
         self._rows: dict[Key, list[tuple[int, bool, float]]] = {}  # index, intact, q(token)
         self._completed: set[Key] = set()
         self._by_proposal: set[Key] = set()  # steps answered (in part) by a PROPOSAL
+        self._sparse_rows: set[Key] = set()  # steps a sparse REPLY row answered
         self._poisoned: set[Key] = set()
         self.violations: list[str] = []
         self.commits = 0  # proposals committed
         self.proposal_commits = 0  # of them, proposals that came as one PROPOSAL frame
+        self.streamed_sparse_commits = 0  # ...and sparse ones that came as REPLY rows
         self.committed_drafts = 0  # draft tokens accepted in them
         self.sampled_rows = 0  # rows of committed sampled proposals, each checked for q
 
@@ -95,8 +97,10 @@ class WireAudit:
                              and k[2] <= message.generation)
             elif not to_worker and t == MsgType.REPLY:
                 q = q_at_token(piece, message) if message.form != Form.TOKEN_ONLY else 0.0
-                self._rows.setdefault(_key(conn, message), []).append(
-                    (message.index, intact, q))
+                key = _key(conn, message)
+                self._rows.setdefault(key, []).append((message.index, intact, q))
+                if message.form == Form.SPARSE:
+                    self._sparse_rows.add(key)
             elif not to_worker and t == MsgType.COMPLETION and intact:
                 self._completed.add(_key(conn, message))
             elif not to_worker and t == MsgType.PROPOSAL:
@@ -131,6 +135,8 @@ class WireAudit:
             self.violations.append(f"{where}: rows delivered {[(i, ok) for i, ok, _ in rows]}")
         if key not in self._completed:
             self.violations.append(f"{where}: no intact COMPLETION or PROPOSAL delivered")
+        if key in self._sparse_rows and key not in self._by_proposal:
+            self.streamed_sparse_commits += 1
         if key in self._by_proposal:
             self.proposal_commits += 1
             if not (step.temperature > 0 and step.top_k > 0):  # validate.check_proposal
@@ -152,6 +158,7 @@ class WireAudit:
                 del d[k]
         self._completed = {k for k in self._completed if not gone(k)}
         self._by_proposal = {k for k in self._by_proposal if not gone(k)}
+        self._sparse_rows = {k for k in self._sparse_rows if not gone(k)}
         self._poisoned = {k for k in self._poisoned if not gone(k)}
 
     def pending(self) -> int:

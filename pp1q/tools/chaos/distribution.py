@@ -68,12 +68,16 @@ def proposal_accounting(d: Deltas, injected: dict[str, int], fired: Counter) -> 
     a delay or a reorder (``fired``: a reordered frame is counted as injected only once
     a later frame released it) in one watchdog timeout; a duplicated or replayed copy
     in one discarded late frame, as the delayed and reordered frames that arrived before
-    the end are (so the late frames lie between the copies and all of them)."""
+    the end are (so the late frames lie between the copies and all of them), and only
+    a duplicated one as duplicate_round."""
     k = FaultKind
     corrupt = injected.get(k.BIT_FLIP, 0) + injected.get(k.TRUNCATE, 0)
     stalls = fired[k.DROP] + fired[k.DELAY] + fired[k.REORDER]
     copies = injected.get(k.DUPLICATE, 0) + injected.get(k.REPLAY, 0)
-    late = d("late_replies_discarded_total")
+    late = d.total("late_replies_discarded_total")
+    # only a copy of a live generation's finished round is discarded as a duplicate: a
+    # replayed, delayed or reordered frame comes once its generation is dead
+    duplicates = d("late_replies_discarded_total", reason="duplicate_round")
     out = (equal("fallbacks{invalid_reply} (bit flips + truncations)",
                  d("fallbacks_total", cause="invalid_reply"), corrupt)
            + equal("watchdog_timeouts (drops + delays + reorders)",
@@ -84,6 +88,9 @@ def proposal_accounting(d: Deltas, injected: dict[str, int], fired: Counter) -> 
     most = copies + injected.get(k.DELAY, 0) + injected.get(k.REORDER, 0)
     if not copies <= late <= most:
         out.append(f"late frames discarded {late}, want {copies}..{most}")
+    if duplicates > injected.get(k.DUPLICATE, 0):
+        out.append(f"late frames discarded as duplicate_round {duplicates}, more than the "
+                   f"{injected.get(k.DUPLICATE, 0)} duplicates")
     return out
 
 

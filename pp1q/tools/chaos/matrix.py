@@ -41,7 +41,7 @@ from pp1q.tools.chaos.faults import (
     Rule,
     Truncate,
 )
-from pp1q.tools.chaos.rig import Rig, Samples, delta, value
+from pp1q.tools.chaos.rig import Rig, Samples, delta, total, value
 from pp1q.wire import MsgType
 
 DEPTH = 5  # the verifier's default fixed depth
@@ -67,6 +67,10 @@ class Deltas:
 
     def fallbacks(self) -> dict[str, int]:
         return {c.value: self("fallbacks_total", cause=c.value) for c in FallbackCause}
+
+    def total(self, name: str) -> int:
+        """``pp1q_<name>`` over every label set (e.g. late frames of every reason)."""
+        return int(total(self.after, f"pp1q_{name}") - total(self.before, f"pp1q_{name}"))
 
 
 @dataclass
@@ -113,6 +117,18 @@ def reason_row(reason: str) -> Callable[[Deltas, int], list[str]]:
     return expect
 
 
+def late(reason: str, n: int | None = None) -> Callable[[Deltas, int], list[str]]:
+    """Frames discarded unread: ``n`` (None: one per injection), every one of them for
+    ``reason`` (stale_generation or duplicate_round), none for another reason."""
+    def expect(d: Deltas, injected: int) -> list[str]:
+        want = injected if n is None else n
+        return (equal(f"late_replies_discarded{{{reason}}}",
+                      d("late_replies_discarded_total", reason=reason), want)
+                + equal("late_replies_discarded (all reasons)",
+                        d.total("late_replies_discarded_total"), want))
+    return expect
+
+
 def lost(d: Deltas, n: int) -> list[str]:
     short = d("fallbacks_total", cause="connection_lost") + \
         d("fallbacks_total", cause="worker_unavailable")
@@ -131,11 +147,13 @@ def cases(watchdog_s: float) -> list[Case]:
         return (equal("watchdog_timeouts", d("watchdog_timeouts_total"), n)
                 + equal("fallbacks{watchdog_timeout}",
                         d("fallbacks_total", cause="watchdog_timeout"), n)
-                + ([] if d("late_replies_discarded_total") >= n
-                   else ["the late COMPLETIONs were not all discarded"]))
+                + ([] if d("late_replies_discarded_total", reason="stale_generation") >= n
+                   else ["the late COMPLETIONs were not all discarded as stale_generation"])
+                + equal("late_replies_discarded{duplicate_round}",
+                        d("late_replies_discarded_total", reason="duplicate_round"), 0))
 
     def replay(d: Deltas, n: int) -> list[str]:
-        return (equal("late_replies_discarded", d("late_replies_discarded_total"), n)
+        return (late("stale_generation")(d, n)
                 + equal("fallbacks (all causes)", sum(d.fallbacks().values()), 0))
 
     def context_refused(d: Deltas, n: int) -> list[str]:
@@ -161,7 +179,8 @@ def cases(watchdog_s: float) -> list[Case]:
              lambda: [Rule(BitFlip("payload", offset=1, bit=2), direction=Direction.TO_WORKER,
                            msg_type=MsgType.CONTEXT, nth=2, every=EVERY, times=INJECTIONS)],
              context_refused),
-        Case("stale-generation replay", FaultKind.REPLAY, "late_replies_discarded",
+        Case("stale-generation replay", FaultKind.REPLAY,
+             "late_replies_discarded{stale_generation}",
              planned_rule(Replay(), index=1), replay),
         Case("reorder", FaultKind.REORDER, "validation_failures{out_of_order}",
              planned_rule(Reorder()), reason_row("out_of_order")),

@@ -148,6 +148,11 @@ def delta(after: Samples, before: Samples, name: str, **labels) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
 
 
+def total(samples: Samples, name: str) -> float:
+    """``name`` summed over every label set (``value`` reads one label set exactly)."""
+    return sum(v for (n, _labels), v in samples.items() if n == name)
+
+
 def child_pids(pid: int) -> list[int]:
     """Processes whose parent is ``pid`` (a verifier rank 0's spawned ranks)."""
     out = []

@@ -7,8 +7,11 @@ and proposal supports, all from one seeded generator), and meanwhile:
 - every REPLY / COMPLETION frame may take a random frame fault (drop, bit flip,
   truncate, duplicate, reorder, stale replay, a delay past the watchdog, a disconnect
   in the middle of a frame), each with a small fixed probability, and so may every
-  PROPOSAL (the one frame a sparse request's step is answered with: top-8 and top-32
-  steps are; the same kinds, ``faults.random_frame_rules``);
+  PROPOSAL (the one frame a sparse step whose rows fit it is answered with: at the
+  default vocabulary 1024 the top-8 and top-32 steps; the same kinds,
+  ``faults.random_frame_rules``). ``top_ks`` says which supports the requests draw
+  from; the streamed sparse soak (vocabulary 16, top 3, 4 and 8) makes most sparse
+  steps too large for one PROPOSAL, so they stream sparse REPLY rows and a COMPLETION;
 - a chaos thread injects stream faults at random times (a pause or a blackhole longer
   than the watchdog, a reset of the connection) and, every ``crash_every_s``, kills the
   worker and starts a new one on the same port.
@@ -34,6 +37,7 @@ from pp1q.core.outcomes import FallbackCause
 from pp1q.tools.chaos.faults import Direction, Rule, random_frame_rules
 from pp1q.tools.chaos.rig import Rig, delta, value
 from pp1q.tools.client import ApiError
+from pp1q.wire.events import DISCARD_REASONS
 
 RSS_GROWTH_BOUND_KIB = 32 * 1024  # per daemon, warm-up to end: pools are preallocated
 WARMUP_REQUESTS = 40  # RSS baseline after these (imports, pools, allocator arenas settle)
@@ -42,13 +46,24 @@ SAMPLE_S = 0.25  # slot gauge sampling period (the high-water mark is a sampled 
 FRAME_FAULT_P = 0.002  # per matching frame and fault kind
 PROPOSAL_FAULT_P = 5 * FRAME_FAULT_P  # one PROPOSAL carries the 5 rows of a step (depth 5)
 STREAM_FAULT_MEAN_S = 8.0  # mean gap between stream faults (exponential)
+# Proposal supports the requests draw from (None: dense q). At vocabulary 1024 a session's
+# frame bound is 4096 bytes, so depth-5 top-8 and top-32 steps each fit one PROPOSAL.
+DEFAULT_VOCAB = 1024
+DEFAULT_TOP_KS: tuple[int | None, ...] = (None, 8, 32)
+# The streamed sparse soak (``pp1q soak --streamed-sparse``): at vocabulary 16 the frame
+# bound is max(4 x 16, 8 x 16) = 128 bytes (sizes.proposal_fits), so a depth-5 top-3 step
+# (120 bytes) is one PROPOSAL, top-4 (160) and top-8 (320) steps stream sparse REPLY
+# rows and a COMPLETION: both sides of the line, and no dense q
+STREAMED_SPARSE_VOCAB = 16
+STREAMED_SPARSE_TOP_KS: tuple[int | None, ...] = (3, 4, 8)
 
 
 @dataclass
 class SoakConfig:
     seconds: float
     concurrency: int = 4
-    vocab: int = 1024
+    vocab: int = DEFAULT_VOCAB
+    top_ks: tuple[int | None, ...] = DEFAULT_TOP_KS  # each request draws one (None: dense)
     watchdog_ms: int = 300
     target_delay_ms: float = 40.0  # simulated forward pass: keeps the soak near one core
     crash_every_s: float = 300.0  # worker kill + restart period (0: never)
@@ -68,10 +83,11 @@ class SoakReport:
     fired_on: dict[str, int] = field(default_factory=dict)  # frame faults by message type
     worker_restarts: int = 0
     reconnects: int = 0
-    late_discarded: int = 0
+    late_discarded: dict[str, int] = field(default_factory=dict)  # by reason
     verified_rounds: int = 0
     audit_commits: int = 0
     audit_proposal_commits: int = 0  # of them, proposals that came as one PROPOSAL frame
+    audit_streamed_sparse_commits: int = 0  # ...and sparse proposals streamed as REPLY rows
     audit_sampled_rows: int = 0
     audit_violations: list[str] = field(default_factory=list)
     slots_hwm: dict[str, int] = field(default_factory=dict)
@@ -102,13 +118,15 @@ class SoakReport:
             f"soak summary: {self.seconds / 60:.1f} min, {self.requests} requests completed,"
             f" {self.tokens} tokens, {len(self.failed)} failed",
             f"  verified rounds {self.verified_rounds}; wire audit: {self.audit_commits} commits"
-            f" ({self.audit_proposal_commits} by PROPOSAL), {self.audit_sampled_rows} sampled"
+            f" ({self.audit_proposal_commits} by PROPOSAL, {self.audit_streamed_sparse_commits}"
+            f" sparse streamed as REPLY rows), {self.audit_sampled_rows} sampled"
             f" rows checked for q, {len(self.audit_violations)} violations",
             f"  fallbacks by cause: {kv(self.fallbacks)}",
             f"  validation failures by reason: {kv(self.validation)}",
             f"  injected: {kv(self.injections)}; worker restarts {self.worker_restarts}",
             f"  frame faults fired by frame type: {kv(self.fired_on)}",
-            f"  reconnects {self.reconnects}, late frames discarded {self.late_discarded}",
+            f"  reconnects {self.reconnects}, late frames discarded by reason: "
+            f"{kv(self.late_discarded)}",
             f"  slot high-water mark: {kv(self.slots_hwm)}; held after the run: "
             f"{', '.join(f'{k} {v}' for k, v in self.slots_left.items())}",
             f"  RSS start -> after warm-up -> end: {rss}"
@@ -144,7 +162,7 @@ class _Load:
             while not self.stop.is_set():
                 prompt = [rng.randrange(self.cfg.vocab) for _ in range(rng.randint(2, 16))]
                 n = rng.randint(4, 48)
-                top_k = rng.choice([None, 8, 32])
+                top_k = rng.choice(self.cfg.top_ks)
                 try:
                     a = client.generate(prompt, n, seed=rng.getrandbits(64), top_k=top_k)
                 except ApiError as e:
@@ -239,12 +257,15 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         report.fired_on = dict(fired)
         report.worker_restarts = restarts[0]
         report.reconnects = int(delta(after, before, "pp1q_reconnects_total"))
-        report.late_discarded = int(delta(after, before, "pp1q_late_replies_discarded_total"))
+        report.late_discarded = {r.value: int(delta(after, before,
+                                                    "pp1q_late_replies_discarded_total",
+                                                    reason=r.value)) for r in DISCARD_REASONS}
         report.verified_rounds = int(delta(after, before, "pp1q_rounds_total",
                                            kind="speculative"))
         audit = rig.audit
         report.audit_commits, report.audit_sampled_rows = audit.commits, audit.sampled_rows
         report.audit_proposal_commits = audit.proposal_commits
+        report.audit_streamed_sparse_commits = audit.streamed_sparse_commits
         report.audit_violations = list(audit.violations)
         report.slots_hwm = dict(hwm)
         end_rss = {r: rig.rss_kib(r) for r in roles}

@@ -18,12 +18,14 @@ tests/tools/test_chaos_proposal.py):
 - truncate (payload cut to 4 bytes, header consistent): ``proposal_sizes`` refuses the
   declared length before the payload is read (``validation_failures{unexpected_size}``);
 - duplicate: the copy reaches the verifier after the original made the slot READY and
-  is discarded unread as duplicate_round (``late_replies_discarded`` = injections, no
-  fallback at all, no validation failure): the original proposal stands;
+  is discarded unread (``late_replies_discarded{duplicate_round}`` = injections, none
+  for another reason, no fallback at all, no validation failure): the original
+  proposal stands;
 - stale replay: a copy delivered once its generation is dead, discarded
-  (``late_replies_discarded`` = injections, no fallback);
+  (``late_replies_discarded{stale_generation}`` = injections, none for another
+  reason, no fallback);
 - delay past the watchdog: the watchdog fails the step, the late frame is discarded
-  (``watchdog_timeouts`` = ``late_replies_discarded`` = injections);
+  (``watchdog_timeouts`` = ``late_replies_discarded{stale_generation}`` = injections);
 - disconnect mid-PROPOSAL: half the frame written, then RST (``reconnects``).
 
 Reorder has no sparse row: a PROPOSAL is its step's only frame, so the next frame of its
@@ -50,6 +52,7 @@ from pp1q.tools.chaos.matrix import (
     Case,
     Deltas,
     equal,
+    late,
     lost,
     planned_rule,
     reason_row,
@@ -68,27 +71,30 @@ def sparse_rig(log_dir: str | Path) -> Rig:
                top_k=SPARSE_TOP_K)
 
 
-def _watchdog(late: int | None):
-    """Every injection cost one STEP watchdog and nothing else; ``late``: frames that
-    must have arrived after it and been discarded (None: as many as injections)."""
+def _watchdog(late_frames: int | None):
+    """Every injection cost one STEP watchdog and nothing else; ``late_frames``: frames
+    that must have arrived after it and been discarded, as stale_generation (the
+    watchdog invalidated their generation; None: as many as injections)."""
     def expect(d: Deltas, n: int) -> list[str]:
         return (equal("watchdog_timeouts", d("watchdog_timeouts_total"), n)
                 + equal("fallbacks{watchdog_timeout}",
                         d("fallbacks_total", cause="watchdog_timeout"), n)
                 + equal("fallbacks (all causes)", sum(d.fallbacks().values()), n)
-                + equal("late_replies_discarded", d("late_replies_discarded_total"),
-                        n if late is None else late)
+                + late("stale_generation", late_frames)(d, n)
                 + equal("reconnects", d("reconnects_total"), 0))
     return expect
 
 
-def _discarded(d: Deltas, n: int) -> list[str]:
-    """The copies were discarded unread; the originals were verified."""
-    return (equal("late_replies_discarded", d("late_replies_discarded_total"), n)
-            + equal("fallbacks (all causes)", sum(d.fallbacks().values()), 0)
-            + equal("validation_failures{duplicate_round}",
-                    d("validation_failures_total", reason="duplicate_round"), 0)
-            + equal("reconnects", d("reconnects_total"), 0))
+def _discarded(reason: str):
+    """The copies were discarded unread, each for ``reason``; the originals were
+    verified."""
+    def expect(d: Deltas, n: int) -> list[str]:
+        return (late(reason)(d, n)
+                + equal("fallbacks (all causes)", sum(d.fallbacks().values()), 0)
+                + equal("validation_failures{duplicate_round}",
+                        d("validation_failures_total", reason="duplicate_round"), 0)
+                + equal("reconnects", d("reconnects_total"), 0))
+    return expect
 
 
 def sparse_cases(watchdog_s: float) -> list[Case]:
@@ -97,17 +103,18 @@ def sparse_cases(watchdog_s: float) -> list[Case]:
                     expect, top_k=SPARSE_TOP_K, proposals=True, **kw)
 
     return [
-        case("drop", FaultKind.DROP, "watchdog_timeouts", Drop(), _watchdog(late=0)),
+        case("drop", FaultKind.DROP, "watchdog_timeouts", Drop(), _watchdog(late_frames=0)),
         case("bit flip", FaultKind.BIT_FLIP, "validation_failures{checksum_mismatch}",
              BitFlip("payload", offset=5, bit=3), reason_row("checksum_mismatch")),
         case("truncate", FaultKind.TRUNCATE, "validation_failures{unexpected_size}",
              Truncate(keep=4), reason_row("unexpected_size")),
-        case("duplicate frame", FaultKind.DUPLICATE, "late_replies_discarded", Duplicate(),
-             _discarded),
-        case("stale-generation replay", FaultKind.REPLAY, "late_replies_discarded", Replay(),
-             _discarded),
+        case("duplicate frame", FaultKind.DUPLICATE, "late_replies_discarded{duplicate_round}",
+             Duplicate(), _discarded("duplicate_round")),
+        case("stale-generation replay", FaultKind.REPLAY,
+             "late_replies_discarded{stale_generation}", Replay(),
+             _discarded("stale_generation")),
         case("delay past watchdog", FaultKind.DELAY, "watchdog_timeouts",
-             Delay(3 * watchdog_s), _watchdog(late=None)),
+             Delay(3 * watchdog_s), _watchdog(late_frames=None)),
         case("disconnect mid-proposal", FaultKind.DISCONNECT, "reconnects", Disconnect(), lost,
              lossless=False),
     ]
