@@ -100,6 +100,15 @@ def _wire(reps: int) -> tuple[dict[str, float], float]:
     return _best_per_checker(whole, reps, fresh), _best(lambda: np.copy(raw), reps)
 
 
+def _raw_again(raws: list[float], form: str, rounds: int) -> float:
+    """Time raw once more (appended to ``raws``): the mean of the last two raw runs, the
+    ones either side of the measurement just made."""
+    from pp1q.tools.bench.round import time_raw
+
+    raws.append(time_raw(form, rounds))
+    return (raws[-2] + raws[-1]) / 2
+
+
 def _row(goal: str, ratio: float, target: float) -> str:
     return f"{goal:<52} {ratio:>8.2f}x  <= {target:g}x  {'met' if ratio <= target else 'MISSED'}"
 
@@ -115,14 +124,9 @@ def run(quick: bool) -> list[str]:
         # runs either side of it: the shared machine's load drifts within a run, and the
         # dense raw floor (10 MB a round) moved 1.9-5.6 ms between runs
         raws = [time_raw(form, rounds)]
-
-        def bracketed() -> float:
-            raws.append(time_raw(form, rounds))
-            return (raws[-2] + raws[-1]) / 2
-
         for checker in checkers():
             ours, full = time_ours(form, rounds, checker=checker)
-            raw = bracketed()
+            raw = _raw_again(raws, form, rounds)
             by = f", {checker}"
             lines.append(_row(f"{form} round / raw ({ours:.2f} / {raw:.2f} ms{by})",
                               ours / raw, target))
@@ -130,7 +134,7 @@ def run(quick: bool) -> list[str]:
                               target_full))
         two = time_ours_two_batches(form, rounds)
         lines.append(_row(f"{form} + verification, 2 batches in flight / raw",
-                          two / bracketed(), target_full))
+                          two / _raw_again(raws, form, rounds), target_full))
         lines.append(f"  (raw {form} rounds before and after each of ours: "
                      f"{', '.join(f'{r:.3f}' for r in raws)} ms)")
         if form == "sparse":  # raw's floor fell with revision 3's 4 frames a round
