@@ -283,7 +283,7 @@ def sparse_rows(words, qwords, entries, tokens, vocab, counts, at_token):
                          counts[c:c + n])
         if code != OK:
             return code, r, i
-        at_token[r] = counts[c + i]
+        at_token[r] = counts[c + i] if i >= 0 else 0  # no token (< 0): no count
         at += 2 * n
         c += n
     return OK, -1, -1
