@@ -16,6 +16,7 @@ from pp1q.core import q_backend
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.q import MASS
 from pp1q.wire.messages import Proposal
+from pp1q.wire.reply_rows import require_own_token
 
 _I4, _F4 = np.dtype("<i4"), np.dtype("<f4")
 _MASS_F32 = np.float32(MASS)
@@ -31,7 +32,7 @@ def row_checksum(ids, q) -> int:
 def pack_rows(tokens, rows) -> tuple[np.ndarray, list[int], list[int]]:
     """(words, entries, row_checksums) of a proposal: the payload as LE int32 words (each
     row its ids, then its FP32 q's bits), each row's entry count and checksum. A token
-    its own row cannot draw is refused (``DyadicRow.require_token``'s error)."""
+    its own row cannot draw is refused (``reply_rows.require_own_token``: local)."""
     if len(tokens) != len(rows):
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "tokens and rows differ in number")
     for row in rows:
@@ -52,7 +53,7 @@ def pack_rows(tokens, rows) -> tuple[np.ndarray, list[int], list[int]]:
             q[:] = row.counts.astype(np.float32) / _MASS_F32
             found = row.count_of(token) > 0
         if not found:
-            row.require_token(token)  # raises the refusal with its reason
+            require_own_token(row, token)  # raises the refusal with its reason
         sums.append(_xxh3(payload[4 * at:4 * (at + 2 * n)]))
         at += 2 * n
     words.flags.writeable = False

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.core.errors import LocalProtocolError, Reason, RowValidationError
 from pp1q.core.q import MASS, DyadicRow
 from pp1q.wire.messages import Form, Reply
 from pp1q.wire.pool import ZeroRow
+
+
+def require_own_token(row: DyadicRow, token: int) -> int:
+    """``row.require_token(token)`` on the sending side: a token our own q could not have
+    drawn is our bug (LocalProtocolError), where a received one is the peer's (the row's
+    RowValidationError, a RemoteProtocolError). Never ship such a token."""
+    try:
+        return row.require_token(token)
+    except RowValidationError as e:
+        raise LocalProtocolError(e.reason, e.detail) from None
 
 
 def reply_from_row(
@@ -43,7 +53,7 @@ def reply_from_row(
         return Reply(**head, entries=0)
     if row is None:
         raise LocalProtocolError(Reason.MISSING_Q, "sampled reply without its q row")
-    row.require_token(token)  # never ship a token its own q could not have drawn
+    require_own_token(row, token)
     if form is Form.DENSE:
         n = row.vocab if dense_len is None else dense_len
         if n < row.vocab:

@@ -56,7 +56,7 @@ from pp1q.wire.messages import (
 )
 from pp1q.wire.pool import PayloadPool, ZeroRow
 from pp1q.wire.proposal import pack_rows, proposal_from_rows
-from pp1q.wire.reply_rows import reply_from_row
+from pp1q.wire.reply_rows import reply_from_row, require_own_token
 from pp1q.wire.sessions import SessionTable
 from pp1q.wire.table import (
     Conn,
@@ -321,7 +321,7 @@ class WorkerEndpoint(Endpoint):
                 dense_row=dense_row))
         s = self._live_slot(step.slot, step.generation, step.round_id)
         check_order(index, s)
-        row.require_token(token)  # never ship a token its own q could not have drawn
+        require_own_token(row, token)  # never ship a token its own q could not have drawn
         ids, q = row.to_sparse()  # int32 ids (DyadicRow casts them), FP32 q: LE on LE hosts
         frame, payload_sum = encode_fields(MsgType.REPLY, (
             self.session, step.slot, step.generation, step.round_id, index,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from wire_helpers import SESSION, pair, rows_for, step
 
-from pp1q.core.errors import LocalProtocolError, Pp1qError, Reason
+from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.q import build_row
 from pp1q.wire import Reset, Status, reply_from_row
 from pp1q.wire.events import ProposalReady
@@ -78,7 +78,7 @@ def test_direct_frames_keep_every_refusal():
         w.send_row(st, 2, t2, r2, f)
     assert e.value.reason == Reason.OUT_OF_ORDER
     zero = next(t for t in range(16) if r1.count_of(t) == 0)
-    with pytest.raises(Pp1qError) as e:  # never a token its q could not draw (the row says)
+    with pytest.raises(LocalProtocolError) as e:  # never a token its q could not draw
         w.send_row(st, 1, zero, r1, f)
     assert e.value.reason == Reason.ZERO_Q_AT_TOKEN
     with pytest.raises(LocalProtocolError) as e:  # not before every row
