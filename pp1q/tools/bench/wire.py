@@ -115,14 +115,17 @@ def checkers() -> list[str]:
     return ["numpy"] + (["numba"] if importlib.util.find_spec("numba") else [])
 
 
-def _best_per_checker(fn, reps: int, setup=None) -> dict[str, float]:
+def _best_per_checker(fn, reps: int, setup=None, baseline=None) -> dict[str, float]:
     """Best seconds of ``fn`` under each checker, the checkers alternated every
     repetition (a shared machine's load then falls on both alike). ``setup``: made
     before each timed call, untimed, its result passed to ``fn`` (a fresh verifier:
-    its handshake and STEPs are not the receive path's cost)."""
+    its handshake and STEPs are not the receive path's cost). ``baseline``: a function
+    timed in the same alternation, its best under the key "baseline"."""
     names = checkers()
     before = q_backend.backend()
     best = dict.fromkeys(names, float("inf"))
+    if baseline is not None:
+        best["baseline"] = _best(baseline, 1)
 
     def once() -> float:
         arg = () if setup is None else (setup(),)
@@ -138,6 +141,8 @@ def _best_per_checker(fn, reps: int, setup=None) -> dict[str, float]:
             for name in names:
                 q_backend.select(name)
                 best[name] = min(best[name], once())
+            if baseline is not None:
+                best["baseline"] = min(best["baseline"], _best(baseline, 1))
     finally:
         q_backend.select(before)
     return best
