@@ -237,6 +237,12 @@ class Rows(Sequence):
             row = self._rows[i] = dense_row_of_valid(self._replies[i].q, self._vocab)
         return row
 
+    def __iter__(self):
+        # Sequence's own __iter__ calls __getitem__ until IndexError: ~1 us a row, and the
+        # decider walks a round's 20 rows several times
+        for i, row in enumerate(self._rows):
+            yield row if row is not None else self[i]
+
     def __repr__(self) -> str:
         return f"Rows({len(self)} rows)"
 

@@ -62,6 +62,9 @@ def test_dense_rows_are_parsed_lazily_and_exactly():
     assert len(rows) == 2 and rows._rows == [None, None]
     assert rows[1] == frames[1][1] and rows._rows[0] is None
     assert rows[:] == [frames[0][1], frames[1][1]]
+    # iterating parses a row not parsed yet, as indexing does, and yields each in order
+    lazy = Rows(replies, [None, None], V)
+    assert list(lazy) == [frames[0][1], frames[1][1]] and None not in lazy._rows
 
 
 @pytest.mark.parametrize("where", [10, 33000, V - 1])
