@@ -103,9 +103,9 @@ def worker_frames(w: WorkerEndpoint, st: Step, seed=0) -> bytes:
     return data + w.send(w.completion(st.slot))
 
 
-def stepped(st: Step, check_outgoing: bool = True):
+def stepped(st: Step, check_outgoing: bool = True, verifier=VerifierEndpoint):
     """``pair()`` whose worker holds ``st`` (the verifier sent it at time 0)."""
-    v, w = pair()
+    v, w = pair(verifier=verifier)
     w.check_outgoing = check_outgoing
     w.receive_data(v.send(st, now=0.0), 0.0)
     return v, w

@@ -74,11 +74,8 @@ def _flooded(feed, cls=VerifierEndpoint):
     and the next generation's STEP, with copies of the dead generation's proposal; the
     live step's honest proposal last. Returns what ``_flood`` measured for each part,
     the final events and the verifier."""
-    assert proposal_fits(LIVE, stepped(LIVE)[0].limits)
-    v, w = stepped(LIVE)
-    if cls is not VerifierEndpoint:  # the same session, HELLO and step, in the planted class
-        v.__class__ = cls
-        v.kept = []
+    v, w = stepped(LIVE, verifier=cls)
+    assert proposal_fits(LIVE, v.limits)
     first = worker_proposal(w, LIVE)
     [ready] = feed(v, first)
     assert isinstance(ready, ProposalReady)
