@@ -123,9 +123,7 @@ def _best_per_checker(fn, reps: int, setup=None, baseline=None) -> dict[str, flo
     timed in the same alternation, its best under the key "baseline"."""
     names = checkers()
     before = q_backend.backend()
-    best = dict.fromkeys(names, float("inf"))
-    if baseline is not None:
-        best["baseline"] = _best(baseline, 1)
+    best = dict.fromkeys([*names, "baseline"] if baseline else names, float("inf"))
 
     def once() -> float:
         arg = () if setup is None else (setup(),)
