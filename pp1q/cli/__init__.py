@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
+from typing import NoReturn
 
 COMMANDS = {
     "selfcheck": "pp1q.cli.selfcheck",
@@ -22,6 +25,11 @@ COMMANDS = {
     "soak": "pp1q.cli.soak",
     "train-adapter": "pp1q.cli.train_adapter",
 }
+
+# Commands whose run() has closed all it opened when it returns (connections, capture
+# files, /metrics, rank groups, log handlers flushed below): interpreter teardown after
+# that (torch, numba: ~0.7 s) would only delay every stop and restart.
+EXIT_AT_ONCE = frozenset({"worker", "verifier"})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,3 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return int(modules[args.command].run(args) or 0)
 
+
+
+def console() -> NoReturn:
+    """The ``pp1q`` executable (and ``python -m pp1q.cli``): ``main`` with the process's
+    arguments, its status as the exit status; the daemons skip interpreter teardown."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv and argv[0] in EXIT_AT_ONCE:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)

@@ -1,5 +1,5 @@
 """``python -m pp1q.cli``: the ``pp1q`` command (spawned ranks and tests use this form)."""
 
-from pp1q.cli import main
+from pp1q.cli import console
 
-raise SystemExit(main())
+console()

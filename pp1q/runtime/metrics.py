@@ -5,8 +5,8 @@ counters end in ``_total``, identity in ``pp1q_build_info``, and label values on
 closed sets: ``pp1q.core.errors.Reason`` for validation failures and the outcome enums of
 ``pp1q.core.outcomes`` (FallbackCause, StepKind, PeerRefusal, RankFailure) for the rest.
 Each daemon owns a ``CollectorRegistry`` (never the process-global one), so tests can
-run several daemons in one process; ``serve`` publishes it from prometheus_client's own
-thread, which keeps scrapes off the event loop.
+run several daemons in one process; ``serve`` publishes it from a thread of its own
+(pp1q.runtime.metrics_http), which keeps scrapes off the event loop.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import asyncio
 import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.exposition import start_http_server
 
 from pp1q import __version__
 from pp1q.core.errors import Reason
 from pp1q.core.outcomes import FallbackCause, PeerRefusal, RankFailure, StepKind
+from pp1q.runtime.metrics_http import start_metrics_server
 from pp1q.runtime.settings import DaemonSettings, cannot_listen
 from pp1q.wire.events import DISCARD_REASONS
 from pp1q.wire.sessions import CLOSE_REASONS
@@ -202,8 +202,7 @@ class Metrics:
 
     def serve(self, host: str, port: int):
         """Serve /metrics from a thread; returns the WSGI server (``.server_port``)."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return server
+        return start_metrics_server(self.registry, host, port)
 
     @contextlib.contextmanager
     def served(self, host: str, port: int | None):

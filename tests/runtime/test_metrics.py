@@ -1,4 +1,7 @@
+import threading
 import urllib.request
+
+import pytest
 
 from pp1q import __version__
 from pp1q.core.errors import Reason
@@ -37,3 +40,21 @@ def test_served_over_http_on_loopback():
     assert "pp1q_steps_total 3.0" in body
     assert 'pp1q_peers_refused_total{reason="tls_handshake"} 0.0' in body  # zeros shown
     assert "pp1q_fallbacks_total" not in body  # a verifier family: not the worker's
+
+
+def test_served_until_shutdown_then_its_thread_ends():
+    """shutdown() returns once the serving thread has left its loop (pp1q.runtime.
+    metrics_http polls at POLL_S, not socketserver's 0.5 s); the port is then closed."""
+
+    m = Metrics("verifier")
+    server = m.serve("127.0.0.1", 0)
+    port = server.server_port
+    assert [t for t in threading.enumerate() if t.name == "metrics-http" and t.is_alive()]
+    server.shutdown()
+    server.server_close()
+    for t in threading.enumerate():
+        if t.name == "metrics-http":
+            t.join(5.0)
+            assert not t.is_alive()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
