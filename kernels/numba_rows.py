@@ -30,7 +30,7 @@ import numpy as np
 
 from pp1q.core.backend_choice import BackendChoice
 from pp1q.core.errors import DistributionError, LocalProtocolError, Reason
-from pp1q.core.q import DyadicRow
+from pp1q.core.q import DyadicRow, dense_row_of_valid
 from pp1q.core.verify import RoundKeys
 from pp1q.core.verify import round_draws as verify_draws
 
@@ -78,15 +78,24 @@ def warm_up() -> tuple[str, str, float]:
     t0 = time.perf_counter()
     name, why, k = chosen()
     if k is not None:
+        one = np.ones(1, np.int64)
+        mass = one << 24  # all of q on token 0
+        dense = np.zeros(3, np.float32)
+        dense[0] = 1.0
+        dense.flags.writeable = False  # read in place, as a received row is
+        rows = (DyadicRow(3, np.zeros(1, np.int32), mass), dense_row_of_valid(dense, 3))
         for dtype in (np.float64, np.float32):
             p = np.full((2, 3), 1 / 3, dtype=dtype)
-            one = np.ones(1, np.int64)
-            q = DyadicRow(3, np.zeros(1, np.int32), one << 24)
-            decide_rows(k, [p], one[None], [[q]], np.zeros((1, 1), np.int64), one[None],
-                        one[None], one)
+            for q in rows:
+                for u_acc in (one, one << 52):  # accepted (the bonus pick), rejected (p - q)
+                    decide_rows(k, [p], mass[None], [[q]], np.zeros((1, 1), np.int64),
+                                u_acc[None], one[None], one)
             target_pick(k, p[0], 1)
         round_draws([RoundKeys(1, 1, 1, 1)], 1)
     return name, why, time.perf_counter() - t0
+
+
+_NO_IDS, _NO_COUNTS = np.empty(0, np.int32), np.empty(0, np.int64)  # a pick without q
 
 
 class Scratch:
@@ -159,22 +168,37 @@ def decide_rows(k, p_rows: Sequence[np.ndarray], c_x: np.ndarray, q_rows, draft:
                                        scratch.totals)
         if verdict != k.OK:
             raise _refusal(k, verdict)
-        q = q_rows[b][min(a, D - 1)]  # the bonus row (a == D) reads no q
-        # bounds before the kernel reads (it runs without bounds checks): DyadicRow
-        # holds ascending ids, so the first and last decide the range
-        if q.counts.shape != q.ids.shape or q.ids.ndim != 1:
-            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q ids and counts differ")
-        if q.ids.size and (int(q.ids[-1]) >= V or int(q.ids[0]) < 0):
-            raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q vocab differs from p")
-        t, u = k.pick(p[a], scratch.totals[a], scratch.psums[a], scratch.sums,
-                      np.ascontiguousarray(q.ids, np.int32), q.counts, a < D,
-                      u_corr[b, a] if a < D else u_bonus[b])
+        if a == D:  # the bonus row: a pick from p alone
+            t, u = k.pick(p[a], scratch.totals[a], scratch.psums[a], scratch.sums, _NO_IDS,
+                          _NO_COUNTS, False, u_bonus[b])
+        else:
+            t, u = _residual_pick(k, p[a], q_rows[b][a], scratch.totals[a],
+                                  scratch.psums[a], scratch.sums, u_corr[b, a])
         if t < 0:  # unreachable by construction; never hand it out
             raise LocalProtocolError(Reason.ID_OUT_OF_RANGE, "pick fell past the last id")
         accepted.append(int(a))
         token.append(int(t))
         under.append(bool(u))
     return accepted, token, under
+
+
+def _residual_pick(k, p: np.ndarray, q: DyadicRow, s_total, psums, sums, u53):
+    """(id, underflow): the correction on a rejected row, max(p - q, 0) resampled. A dense
+    row validated in place is read as FP32 (no support extracted; ~20x faster than the
+    walk of its 129k ids); any other, or one of another vocabulary, by its ids. Bounds
+    before the kernel reads (it runs without bounds checks)."""
+    V = p.size
+    dense = q.in_place_q()
+    if dense is not None and q.vocab <= V <= dense.size and dense.ndim == 1 \
+            and dense.dtype == np.float32:  # all its mass below V, V entries to read
+        return k.pick_dense(p, s_total, psums, sums, dense, u53)
+    # DyadicRow holds ascending ids, so the first and last decide the range
+    if q.counts.shape != q.ids.shape or q.ids.ndim != 1:
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q ids and counts differ")
+    if q.ids.size and (int(q.ids[-1]) >= V or int(q.ids[0]) < 0):
+        raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q vocab differs from p")
+    return k.pick(p, s_total, psums, sums, np.ascontiguousarray(q.ids, np.int32), q.counts,
+                  True, u53)
 
 
 def target_pick(k, p_row: np.ndarray, u53: int, scratch: Scratch | None = None) -> int:
@@ -188,9 +212,7 @@ def target_pick(k, p_row: np.ndarray, u53: int, scratch: Scratch | None = None) 
     verdict, s = k.scan_row(p, scratch.psums[0])
     if verdict != k.OK:
         raise _refusal(k, verdict)
-    none = np.empty(0, np.int32)
-    t, _ = k.pick(p, s, scratch.psums[0], scratch.sums, none, none.astype(np.int64), False,
-                  int(u53))
+    t, _ = k.pick(p, s, scratch.psums[0], scratch.sums, _NO_IDS, _NO_COUNTS, False, int(u53))
     if t < 0:
         raise LocalProtocolError(Reason.ID_OUT_OF_RANGE, "pick fell past the last id")
     return int(t)

@@ -158,6 +158,32 @@ def scan_round(p, c_x, draft, u_acc, psums, totals):
 
 
 @jit
+def _threshold(sums, s_total, u53):
+    """(t, w, underflow): the draw's threshold t in [0, W) over the residual block sums
+    ``sums`` (fixed.draw_threshold); W == 0 (underflow) draws over P itself: the caller
+    then restores ``sums`` from psums and walks P without q."""
+    w = np.int64(0)
+    for k in range(sums.size):
+        w += sums[k]
+    under = w == 0
+    if under:
+        w = s_total
+    hi, lo = mul_wide(u53, w)
+    return shift_wide(hi, lo, U53_BITS), under
+
+
+@jit
+def _chosen_block(sums, t):
+    """(block, mass before it): the block the threshold ``t`` falls in."""
+    cum = np.int64(0)
+    b = 0
+    while b < sums.size and cum + sums[b] <= t:
+        cum += sums[b]
+        b += 1
+    return b, cum
+
+
+@jit
 def pick(p, s_total, psums, sums, q_ids, q_counts, use_q, u53):
     """(id, underflow): the residual pick (residual.sample_fixed) on one row p [V] with
     total S and block sums ``psums``; ``sums`` is scratch of psums' size. Sparse q rows
@@ -169,21 +195,11 @@ def pick(p, s_total, psums, sums, q_ids, q_counts, use_q, u53):
         for e in range(q_ids.size):
             j = q_ids[e]
             sums[j // BLOCK] -= min(fixed(p[j]), q_units(q_counts[e], s_total))
-    w = np.int64(0)
-    for k in range(sums.size):
-        w += sums[k]
-    under = w == 0
+    t, under = _threshold(sums, s_total, u53)
     if under:  # pick from p itself with the same draw (pp1q.core.verify's rule)
         sums[:] = psums
-        w = s_total
         use_q = False
-    hi, lo = mul_wide(u53, w)
-    t = shift_wide(hi, lo, U53_BITS)  # fixed.draw_threshold
-    cum = np.int64(0)
-    b = 0
-    while b < sums.size and cum + sums[b] <= t:
-        cum += sums[b]
-        b += 1
+    b, cum = _chosen_block(sums, t)
     start = b * BLOCK
     e = np.searchsorted(q_ids, start) if use_q else q_ids.size
     for j in range(start, min(v, start + BLOCK)):
@@ -191,6 +207,46 @@ def pick(p, s_total, psums, sums, q_ids, q_counts, use_q, u53):
         if e < q_ids.size and q_ids[e] == j:
             r -= min(r, q_units(q_counts[e], s_total))
             e += 1
+        cum += r
+        if cum > t:
+            return j, under
+    return -1, under
+
+
+@jit
+def _dense_count(q, j):
+    """The count of entry j of a validated dense FP32 q row: q * 2^24, an exact integer."""
+    return np.int64(np.float64(q[j]) * 16777216.0)
+
+
+@jit
+def _dense_overlap(p, q, s_total):
+    """sum over the slice of min(P_j, floor(c_j S / 2^24)), c_j = q_j * 2^24 (0 where q
+    is): what q takes from one block of P. Indices from 0 and no branch: vectorised as
+    ``_block`` is."""
+    taken = np.int64(0)
+    for j in range(p.size):
+        taken += min(fixed(p[j]), q_units(_dense_count(q, j), s_total))
+    return taken
+
+
+@jit
+def pick_dense(p, s_total, psums, sums, q, u53):
+    """``pick`` with q a validated dense FP32 row (at least V entries, q * 2^24 an integer
+    count each; pp1q.core.q_parse.validate_dense): the same integers and the same id,
+    without extracting the row's support first."""
+    v = p.size
+    for k in range(sums.size):
+        lo, hi = k * BLOCK, min(v, (k + 1) * BLOCK)
+        sums[k] = psums[k] - _dense_overlap(p[lo:hi], q[lo:hi], s_total)
+    t, under = _threshold(sums, s_total, u53)
+    if under:
+        sums[:] = psums
+    b, cum = _chosen_block(sums, t)
+    for j in range(b * BLOCK, min(v, (b + 1) * BLOCK)):
+        r = fixed(p[j])
+        if not under:
+            r -= min(r, q_units(_dense_count(q, j), s_total))
         cum += r
         if cum > t:
             return j, under

@@ -115,17 +115,27 @@ def parse_dense(q, vocab: int) -> DyadicRow:
     return dense_row_of_valid(validate_dense(q, vocab), vocab)
 
 
-def dense_row_of_valid(arr: np.ndarray, vocab: int) -> DyadicRow:
+def dense_row_of_valid(arr: np.ndarray, vocab: int, token: int | None = None) -> DyadicRow:
     """The ``DyadicRow`` of an FP32 row ``validate_dense`` returned, not checked again:
     the verifier validates each dense row on arrival (in a read-only frame buffer) and
-    builds its row only if a decision asks for it (pp1q.wire.validate.Rows)."""
+    reads it in place (``DyadicRow.in_place_q``): ids and counts are extracted only when
+    something reads them (a writeable ``arr`` is extracted at once). ``token``: the
+    proposed token (its q > 0 proven by the caller), whose count the row then answers
+    without a search."""
+    drawn = None if token is None else (token, int(arr[token] * _MASS_F32))
+    if arr.flags.writeable:  # its owner could change it under the row: extract now
+        return DyadicRow._proven(vocab, *_support_of_valid(arr, vocab), drawn)
+    return DyadicRow._in_place(vocab, arr, _support_of_valid, drawn)
+
+
+def _support_of_valid(arr: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 ids, int64 counts) of a dense FP32 row validate_dense accepted."""
     k = q_backend.kernels_for(arr)
     if k is not None:
-        ids, counts = q_backend.extract(k, arr, vocab)
-        return DyadicRow._proven(vocab, ids, counts)
+        return q_backend.extract(k, arr, vocab)
     ids = np.flatnonzero(arr.view(np.uint32)[:vocab] != 0)  # bool nonzero: fast path
     counts = (arr[ids] * _MASS_F32).astype(np.int64)  # exact integers, proven above
-    return DyadicRow._proven(vocab, ids.astype(np.int32), counts)
+    return ids.astype(np.int32), counts
 
 
 def parse_sparse(ids, q, vocab: int, token: int | None = None) -> DyadicRow:

@@ -42,6 +42,11 @@ class DyadicRow:
     # (a PROPOSAL's proposed token), so ``count_of`` answers the verifier's ratio test for
     # it without a search. Ignored like ``_dense``; None on every other row.
     _drawn: ClassVar[tuple[int, int] | None] = None
+    # Not a field either: the validated FP32 q a dense row was read from in place
+    # (pp1q.core.q_parse.dense_row_of_valid). Such a row's ids and counts are extracted
+    # from it on first read (``__getattr__``): a verifier's decision reads one dense row
+    # of a request in full at most, and the kernels read this array directly instead.
+    _dense_q: ClassVar[np.ndarray | None] = None
 
     def __post_init__(self) -> None:
         raw_ids = np.asarray(self.ids)
@@ -70,6 +75,30 @@ class DyadicRow:
         # the instance dict written at once: three frozen-dataclass setattrs cost 0.4 us
         row.__dict__.update(vocab=vocab, ids=ids, counts=counts, _drawn=drawn)
         return row
+
+    @classmethod
+    def _in_place(cls, vocab: int, q: np.ndarray, extract,
+                  drawn: tuple[int, int] | None = None) -> DyadicRow:
+        """A row over a dense FP32 ``q`` its parser validated (every invariant of
+        ``__post_init__`` holds for its support); ``extract(q, vocab)`` gives (ids,
+        counts) when first read."""
+        row = object.__new__(cls)
+        row.__dict__.update(vocab=vocab, _dense_q=q, _extract=extract, _drawn=drawn)
+        return row
+
+    def __getattr__(self, name: str):
+        # reached only for a name not in the instance dict: an in-place dense row's ids
+        # and counts before their first read
+        d = self.__dict__
+        if name not in ("ids", "counts") or d.get("_dense_q") is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        d["ids"], d["counts"] = d["_extract"](d["_dense_q"], d["vocab"])
+        return d[name]
+
+    def in_place_q(self) -> np.ndarray | None:
+        """The validated dense FP32 q this row reads in place (count = q * 2^24 at each
+        id), or None for a row that holds its ids and counts (see ``_dense_q``)."""
+        return self._dense_q
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DyadicRow):

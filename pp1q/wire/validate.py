@@ -219,8 +219,8 @@ def check_proposal(prop: Proposal, step: Step, vocab: int, err: type = RemotePro
 
 class Rows(Sequence):
     """The q rows of a validated proposal. Sparse rows are parsed during validation;
-    a dense row (already fully validated in place) becomes a ``DyadicRow`` on first
-    access only, since most consumers read the FP32 view (``replies[i].q``) directly."""
+    a dense row (already fully validated in place) becomes a ``DyadicRow`` reading its
+    FP32 q in place on first access (its support is extracted only if read)."""
 
     def __init__(self, replies, rows, vocab: int) -> None:
         self._replies, self._rows, self._vocab = replies, list(rows), vocab
@@ -234,7 +234,8 @@ class Rows(Sequence):
         row = self._rows[i]
         if row is None:
             # validated in check_reply, in a read-only buffer: extracted, not re-checked
-            row = self._rows[i] = dense_row_of_valid(self._replies[i].q, self._vocab)
+            reply = self._replies[i]
+            row = self._rows[i] = dense_row_of_valid(reply.q, self._vocab, reply.token)
         return row
 
     def __iter__(self):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from kernels_cases import keys
+from kernels_cases import keys, received_dense
 from pp1q_kernels import numba_rows
 from pp1q_kernels import verify_step as vs
 from pp1q_kernels.lazy_step import decide_rows as torch_decide
@@ -48,9 +48,11 @@ def rows_of(q: SparseCounts):
     return at
 
 
-def both(k, p, q, rows, draft, u, D, driver=numba_rows):
-    """(torch's, numba's) (accepted, token, underflow) lists for the same round."""
+def both(k, p, q, rows, draft, u, D, driver=numba_rows, dense=False):
+    """(torch's, numba's) (accepted, token, underflow) lists for the same round; ``dense``:
+    numba reads the q rows as received dense rows (``received_dense``)."""
     want = torch_decide(list(p), count_at(q, draft), rows_of(q), draft, *u)
+    rows = [received_dense(r) for r in rows] if dense else rows
     chains = [rows[b * D:(b + 1) * D] for b in range(p.shape[0])]
     got = driver.decide_rows(k, [x.numpy() for x in p], count_at(q, draft).numpy(),
                                  chains, draft.numpy(), *(x.numpy() for x in u))
@@ -74,16 +76,18 @@ def random_rounds(seed: int, n: int):
         yield p, q, rows, draft, vs.step_draws(vs.StepKeys.from_keys(keys(g, 3)), D), D
 
 
-def any_difference(k, driver=numba_rows, seed=60, n=150) -> bool:
+def any_difference(k, driver=numba_rows, seed=60, n=150, dense=False) -> bool:
     """Whether some round is decided differently by the numba path and the torch path."""
-    return any(a != b for a, b in (both(k, *r, driver=driver) for r in random_rounds(seed, n)))
+    return any(a != b for a, b in (both(k, *r, driver=driver, dense=dense)
+                                   for r in random_rounds(seed, n)))
 
 
-def test_numba_equals_torch_on_random_rounds():
+@pytest.mark.parametrize("dense", [False, True], ids=["rows", "dense-in-place"])
+def test_numba_equals_torch_on_random_rounds(dense):
     k = kernels()
     kinds = set()
     for p, q, rows, draft, u, D in random_rounds(60, 150):
-        want, got = both(k, p, q, rows, draft, u, D)
+        want, got = both(k, p, q, rows, draft, u, D, dense=dense)
         assert got == want
         kinds |= {(a == D, a > 0) for a in want[0]}
     assert kinds == {(True, True), (False, True), (False, False)}  # bonus, later, first
@@ -93,7 +97,9 @@ def test_numba_equals_torch_on_random_rounds():
 def test_numba_equals_torch_on_many_rounds():
     k = kernels()
     assert not any_difference(k, seed=66, n=3000)
+    assert not any_difference(k, seed=66, n=3000, dense=True)
     assert not boundary_difference(k, seed=67, n=5000)
+    assert not boundary_difference(k, seed=67, n=5000, dense=True)
 
 
 def dyadic_round(g, D: int, V: int):
@@ -155,9 +161,10 @@ def boundary_rounds(seed: int, n: int):
         yield p, q_rows, draft, boundary_draws(g, p, q_rows, draft)
 
 
-def boundary_difference(k, seed=61, n=300) -> bool:
+def boundary_difference(k, seed=61, n=300, dense=False) -> bool:
     """Whether some boundary round is decided differently by numba and torch (torch's
-    decisions are checked against the oracle's on the way)."""
+    decisions are checked against the oracle's on the way); ``dense``: numba reads the q
+    rows in place, as received dense rows."""
     for p, q_rows, draft, (ua, uc, ub) in boundary_rounds(seed, n):
         D = len(q_rows)
         q = from_rows(q_rows).reshape(1, D)
@@ -165,7 +172,8 @@ def boundary_difference(k, seed=61, n=300) -> bool:
         want = torch_decide([torch.tensor(p)], count_at(q, dt), rows_of(q), dt,
                             torch.tensor(ua[None]), torch.tensor(uc[None]),
                             torch.tensor([ub]))
-        got = numba_rows.decide_rows(k, [p], count_at(q, dt).numpy(), [q_rows], draft[None],
+        chain = [received_dense(r) for r in q_rows] if dense else q_rows
+        got = numba_rows.decide_rows(k, [p], count_at(q, dt).numpy(), [chain], draft[None],
                                      ua[None], uc[None], np.array([ub]))
         oracle = ref.oracle_round(list(p), q_rows, list(draft),
                                   ref.RoundDraws(tuple(ua.tolist()), tuple(uc.tolist()), ub))
@@ -176,8 +184,9 @@ def boundary_difference(k, seed=61, n=300) -> bool:
     return False
 
 
-def test_numba_equals_torch_and_oracle_on_boundary_draws():
-    assert not boundary_difference(kernels())
+@pytest.mark.parametrize("dense", [False, True], ids=["rows", "dense-in-place"])
+def test_numba_equals_torch_and_oracle_on_boundary_draws(dense):
+    assert not boundary_difference(kernels(), dense=dense)
 
 
 def test_target_only_picks_equal():
@@ -301,8 +310,22 @@ def test_planted_ratio_test_off_by_one_is_rejected(tmp_path):
 
 
 def test_planted_pick_off_by_one_is_rejected(tmp_path):
-    k = planted(tmp_path, kernels(), "if cum > t:", "if cum >= t:")
+    k = planted(tmp_path, kernels(), "e += 1\n        cum += r\n        if cum > t:",
+                "e += 1\n        cum += r\n        if cum >= t:")
     assert boundary_difference(k)
+
+
+def test_planted_dense_pick_off_by_one_is_rejected(tmp_path):
+    k = planted(tmp_path, kernels(), "s_total))\n        cum += r\n        if cum > t:",
+                "s_total))\n        cum += r\n        if cum >= t:")
+    assert not boundary_difference(k)  # rows read by their ids: the dense pick unused
+    assert boundary_difference(k, dense=True)
+
+
+def test_planted_dense_overlap_missing_an_entry_is_rejected(tmp_path):
+    k = planted(tmp_path, kernels(), "_dense_overlap(p[lo:hi], q[lo:hi], s_total)",
+                "_dense_overlap(p[lo:hi - 1], q[lo:hi - 1], s_total)")
+    assert any_difference(k, dense=True)
 
 
 def test_planted_block_sum_missing_an_entry_is_rejected(tmp_path):
@@ -313,8 +336,8 @@ def test_planted_block_sum_missing_an_entry_is_rejected(tmp_path):
 
 def test_planted_residual_at_the_wrong_position_is_rejected(tmp_path):
     """The driver takes the q row before the first rejection's for the residual."""
-    driver = planted(tmp_path, numba_rows, "q = q_rows[b][min(a, D - 1)]",
-                     "q = q_rows[b][max(min(a, D - 1) - 1, 0)]")
+    driver = planted(tmp_path, numba_rows, "q_rows[b][a], scratch.totals[a]",
+                     "q_rows[b][max(a - 1, 0)], scratch.totals[a]")
     assert any_difference(kernels(), driver)
 
 

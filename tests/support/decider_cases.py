@@ -4,6 +4,7 @@ q rows that sampled their drafts (fixed seeds through the caller's generator).""
 from __future__ import annotations
 
 import numpy as np
+from kernels_cases import received_dense
 
 from pp1q.core.q import MASS, build_row, sample
 from pp1q.core.rng import proposal_u24
@@ -15,7 +16,9 @@ from pp1q.wire.events import ProposalReady
 DEPTH = 3
 VOCAB = 23
 SLOTS = 4
-REGIMES = ("close", "far", "adversarial", "sparse", "equal")
+# "received": far drafts' full-support rows as a verifier holds a received dense REPLY
+# (FP32 read in place), so the residual pick reads q from the FP32 row
+REGIMES = ("close", "far", "adversarial", "sparse", "equal", "received")
 
 
 class TableTarget(TargetModel):
@@ -46,8 +49,11 @@ def make_round(g, regime: str, float32: bool):
         p = p.astype(np.float32).astype(np.float64)
     d = {"close": t[:DEPTH] + g.normal(0.0, 0.3, (DEPTH, VOCAB)),
          "far": g.normal(0.0, 2.0, (DEPTH, VOCAB)), "adversarial": -t[:DEPTH],
-         "sparse": t[:DEPTH] + g.normal(0.0, 1.0, (DEPTH, VOCAB)), "equal": t[:DEPTH]}[regime]
+         "sparse": t[:DEPTH] + g.normal(0.0, 1.0, (DEPTH, VOCAB)), "equal": t[:DEPTH],
+         "received": g.normal(0.0, 2.0, (DEPTH, VOCAB))}[regime]
     q = [build_row(d[i], top_k=4 if regime == "sparse" else None) for i in range(DEPTH)]
+    if regime == "received":
+        q = [received_dense(r) for r in q]
     if regime == "equal":  # p is exactly q: every draft accepted, the bonus decides
         p[:DEPTH] = np.stack([r.dense_counts() for r in q]) / MASS
     return p, q

@@ -7,7 +7,7 @@ import torch
 from pp1q_kernels.lookup import from_rows
 from pp1q_kernels.proposal import sample_counts
 
-from pp1q.core.q import MASS, build_row
+from pp1q.core.q import MASS, DyadicRow, build_row, dense_row_of_valid, validate_dense
 from pp1q.core.verify import RoundKeys
 
 
@@ -15,6 +15,14 @@ def target(g: np.random.Generator, shape, scale=2.0, dtype=torch.float32) -> tor
     """Target rows p: a float32 softmax of normal logits (as a GPU target produces)."""
     logits = torch.tensor(g.normal(0.0, scale, shape), dtype=torch.float32)
     return torch.softmax(logits, -1).to(dtype)
+
+
+def received_dense(row: DyadicRow) -> DyadicRow:
+    """``row`` as the verifier holds a received dense row (pp1q.wire.validate.Rows): its
+    FP32 q validated, read-only, read in place; the support extracted only if read."""
+    q = row.to_dense()
+    q.flags.writeable = False
+    return dense_row_of_valid(validate_dense(q, row.vocab), row.vocab)
 
 
 def drafts(g, lead, vocab, *, top_k=None, temperature=1.0, logits=None):

@@ -67,6 +67,34 @@ def test_dense_rows_are_parsed_lazily_and_exactly():
     assert list(lazy) == [frames[0][1], frames[1][1]] and None not in lazy._rows
 
 
+def test_a_received_dense_row_reads_its_frame_in_place_and_keeps_it_alive():
+    """The decision reads a received dense row's FP32 q where it arrived: the proposed
+    token's count without extracting the support; the row's view keeps the pooled buffer
+    from reuse; the support, extracted when read, equals the row that was sent."""
+    f1, sent = dense_frame(6)
+    d = FrameDecoder(LIM)
+    [a] = d.feed(f1)
+    row = Rows([a], [None], V)[0]
+    assert np.shares_memory(row.in_place_q(), a.q)
+    assert row.count_of(a.token) == sent.count_of(a.token) > 0
+    assert "ids" not in row.__dict__  # not extracted for it
+    token = a.token
+    del a
+    d.feed(dense_frame(7)[0])  # the first buffer is still viewed by the row: a new one
+    assert d.pool.allocations == 2
+    assert row == sent and row.count_of(token + 1) == sent.count_of(token + 1)
+
+
+def test_a_writeable_dense_array_is_extracted_at_once():
+    """A caller's writeable array could change under the row: parse_dense copies out."""
+    sent = dense_frame(8)[1]
+    q = sent.to_dense()
+    row = parse_dense(q, V)
+    assert row.in_place_q() is None
+    q[:] = 0
+    assert row == sent
+
+
 @pytest.mark.parametrize("where", [10, 33000, V - 1])
 def test_validate_dense_finds_a_fault_in_any_chunk(where):
     q = build_row(np.zeros(V)).to_dense()
