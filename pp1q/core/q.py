@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from pp1q.core import q_backend
 from pp1q.core.errors import DistributionError, Reason
 
 # the row type and the parsers live in their own modules; this one builds rows and is
@@ -25,7 +26,7 @@ from pp1q.core.q_parse import (  # noqa: F401 - re-exported
     parse_sparse_rows,
     validate_dense,
 )
-from pp1q.core.q_row import MASS, SEMANTIC_ID, DyadicRow  # noqa: F401 - re-exported
+from pp1q.core.q_row import _MASS_F32, MASS, SEMANTIC_ID, DyadicRow  # noqa: F401 - re-exported
 
 # ---------------------------------------------------------------------------
 # construction
@@ -181,5 +182,15 @@ def sample(row: DyadicRow, u24: int) -> int:
     """The first id whose cumulative count is strictly greater than ``u24``."""
     if isinstance(u24, bool) or not 0 <= int(u24) < MASS or int(u24) != u24:
         raise DistributionError(Reason.DRAW_OUT_OF_RANGE, f"u24 {u24!r} not in [0, 2^24)")
+    whole, scale = row.in_place_q(), _MASS_F32  # a received dense row: its FP32 q
+    if whole is None:
+        whole, scale = row.kept_dense_counts(), 1  # build_row's counts over the vocabulary
+    if whole is not None:
+        k = q_backend.kernels_for(whole)
+        if k is not None:  # one pass to the id: no support extracted, no cumsum written
+            i = k.first_past(whole, scale, int(u24))
+            if i >= row.vocab:  # unreachable for a row (its counts sum to MASS > u24)
+                raise DistributionError(Reason.WRONG_MASS, "row counts end below the draw")
+            return int(i)
     cum = np.cumsum(row.counts)
     return int(row.ids[int(np.searchsorted(cum, int(u24), side="right"))])

@@ -239,6 +239,23 @@ def scatter(row, ids, counts):
         row[ids[j]] = np.float32(counts[j]) / _MASS_F32
 
 
+# -- a draw over a whole vocabulary's counts -----------------------------------------
+
+
+@_jit
+def first_past(values, scale, u):
+    """The first index whose running sum of int64(values[i] * scale) exceeds ``u``
+    (values.size if none does): ``pp1q.core.q.sample`` over a row's whole vocabulary,
+    its FP32 q (scale 2^24: exact) or build_row's int32 counts (scale 1), without the
+    row's support extracted or a cumulative array written. Stops at the id."""
+    cum = np.int64(0)
+    for i in range(values.size):
+        cum += np.int64(values[i] * scale)
+        if cum > u:
+            return i
+    return values.size
+
+
 # -- a dense REPLY's q from a whole vocabulary's counts ------------------------------
 
 _INV_MASS_F32 = np.float32(1.0 / (1 << 24))  # times a count: count / 2^24, exactly
