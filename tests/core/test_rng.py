@@ -86,6 +86,37 @@ def test_draw_ranges_and_determinism():
     assert abs(u24.mean() - 2**23) < 6 * sigma
 
 
+def test_one_draw_equals_the_vectorised_words():
+    """proposal_u24 and uniform53 compute one position's words with Python integers:
+    the same as draw_words (held to Random123's answers above), over random and extreme
+    fields in every domain."""
+    g = np.random.default_rng(17)
+    top = 2**32 - 1
+    fields = [(0, 0, 0, 0), (2**64 - 1, 2**24 - 1, top, top), (2**63, 1, top, 0)]
+    fields += [(int(g.integers(0, 2**63)) * 2 + int(g.integers(0, 2)),
+                int(g.integers(0, 2**24)), int(g.integers(0, 2**32)),
+                int(g.integers(0, 2**32))) for _ in range(200)]
+    for seed, gen, rnd, pos in fields:
+        for domain in Domain:
+            w = draw_words(seed, gen, rnd, pos, domain)
+            assert uniform53(seed, gen, rnd, pos, domain) == int(u53_from_words(w))
+        w = draw_words(seed, gen, rnd, pos, Domain.PROPOSAL)
+        assert proposal_u24(seed, gen, rnd, pos) == int(u24_from_words(w))
+
+
+@pytest.mark.parametrize("bad", [dict(seed=True), dict(seed=-1), dict(seed=2**64),
+                                 dict(generation=1 << 24), dict(round_id=1 << 32),
+                                 dict(position=-1), dict(position=1 << 32),
+                                 dict(position=1.0), dict(generation=False)])
+def test_one_draw_refuses_what_draw_words_refuses(bad):
+    args = dict(seed=1, generation=0, round_id=0, position=0)
+    args.update(bad)
+    for draw in (lambda: proposal_u24(**args), lambda: uniform53(**args, domain=Domain.BONUS),
+                 lambda: draw_words(**args, domain=Domain.PROPOSAL)):
+        with pytest.raises(LocalProtocolError):
+            draw()
+
+
 def test_accepts_is_exact_and_strict():
     from fractions import Fraction as F
     half = 1 << 52
