@@ -8,7 +8,8 @@ pp1q.core.drawkey) on the rows the kernel decides with, floor(p * 2^61) / 2^61
 (pp1q.verifier.kernel_rounds), on either CPU decision path (numba, the default where it
 is installed, and the torch lazy step: pp1q_kernels.numba_rows). Regimes: close, far and
 adversarial (draft = -target) drafts, top-k supports, q = p (every draft accepted),
-dense q rows read in place as a received REPLY's, float64 target rows (the toy's) and float32-rounded ones (a GPU target's).
+dense q rows read in place as a received REPLY's, float64 target rows (the toy's) and
+float32-rounded ones (a GPU target's).
 """
 
 from __future__ import annotations
