@@ -108,12 +108,18 @@ def equal(what: str, got: int, want: int) -> list[str]:
 
 
 def reason_row(reason: str) -> Callable[[Deltas, int], list[str]]:
+    """Each injection fails its open step for ``reason`` (one invalid_reply fallback),
+    on the same connection. The failed step's later frames arrive for a reset generation:
+    discarded as stale_generation (how many depends on timing), never as duplicate_round,
+    which only a copy of a finished round of a live generation gets."""
     def expect(d: Deltas, n: int) -> list[str]:
         return (equal(f"validation_failures{{{reason}}}", d("validation_failures_total",
                                                              reason=reason), n)
                 + equal("fallbacks{invalid_reply}", d("fallbacks_total",
                                                       cause="invalid_reply"), n)
-                + equal("reconnects", d("reconnects_total"), 0))
+                + equal("reconnects", d("reconnects_total"), 0)
+                + equal("late_replies_discarded{duplicate_round}",
+                        d("late_replies_discarded_total", reason="duplicate_round"), 0))
     return expect
 
 
