@@ -35,7 +35,7 @@ class ProposalReady:
     """Verifier: every byte of a step validated, COMPLETION matched. Consumable now.
 
     ``q_rows[i]`` is the exact q that sampled ``draft_ids[i]`` (empty for a greedy
-    step; dense rows become DyadicRows on first access, see validate.Rows);
+    step; a dense row reads its FP32 payload in place, see validate.Rows);
     ``replies`` are the decoded frames: ``replies[i].q`` (FP32) and ``.ids`` (int32,
     sparse) are read-only zero-copy views, already validated.
     """

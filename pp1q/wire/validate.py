@@ -176,7 +176,7 @@ def check_reply(
         return None
     if reply.q is None:
         raise err(Reason.MISSING_Q, "reply without q values")
-    if want is _DENSE:  # validated in place; the DyadicRow is built only on demand
+    if want is _DENSE:  # validated in place; its DyadicRow reads it there (Rows)
         q = validate_dense(reply.q, vocab, q_checked)
         if not (reply.token < q.size and q[reply.token] > 0):  # never an IndexError
             raise RowValidationError(Reason.ZERO_Q_AT_TOKEN, f"q({reply.token}) = 0")

@@ -9,7 +9,8 @@ through the production pieces, and times each verifier stage of every round:
              VerifierEndpoint (one feed), less the row checks below
   q checks   the row checks inside that decode (pp1q.wire.validate.check_reply)
   q decode   the scheduler's re-derivation of every draft from its q
-             (rounds.proposal_matches; dense rows become DyadicRows here)
+             (rounds.proposal_matches: one keyed draw and one sample a row; a
+             dense row is sampled on its FP32 payload in place)
   forward    the model's forward inside HFTarget.score (CausalLM.forward)
   cache      the rest of HFTarget.score (rebuilding the request's cache, slicing the
              grown one back out) plus HFTarget.commit (the rollback)
