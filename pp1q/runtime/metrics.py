@@ -43,6 +43,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "generated_tokens": VERIFIER, "accepted_length": VERIFIER, "round_latency_seconds": BOTH,
     "fallbacks": VERIFIER, "validation_failures": BOTH, "watchdog_timeouts": VERIFIER,
     "generation_invalidations": BOTH, "late_replies_discarded": VERIFIER,
+    "proposals_streamed": VERIFIER,
     "reconnects": VERIFIER, "peers_refused": BOTH, "reply_bytes": BOTH, "requests": VERIFIER,
     "slots_in_use": BOTH, "rank_world_size": VERIFIER, "rank_failures": VERIFIER,
     "rank_exchanges": VERIFIER, "rank_decisions": VERIFIER, "rank_exchange_seconds": VERIFIER,
@@ -106,6 +107,10 @@ class Metrics:
             "late_replies_discarded", "Frames discarded unread, by reason: stale_generation "
             "(an invalidated generation), duplicate_round (a round already complete: a copy)",
             ("reason",))
+        self.proposals_streamed = counter(
+            "proposals_streamed", "Sampled sparse steps a worker answered row by row (REPLYs "
+            "and a COMPLETION) although one PROPOSAL fits them: legal, ~2 x depth frames "
+            "to check instead of one")
         self.reconnects = counter("reconnects", "Worker sessions re-established after a loss")
         self.peers_refused = counter(
             "peers_refused", "Peers this daemon refused before a session (TLS handshake or "

@@ -211,6 +211,8 @@ class WorkerLink:
     def on_events(self, events, stream_error: bool = False) -> None:
         for ev in events:
             if isinstance(ev, ProposalReady):
+                if ev.streamed_fitting:
+                    self.metrics.proposals_streamed.inc()
                 self._resolve(ev.slot, ev)
             elif isinstance(ev, ProposalFailed):
                 cause = FallbackCause.INVALID_REPLY if stream_error else classify(ev)

@@ -48,6 +48,10 @@ class ProposalReady:
     q_rows: Sequence[DyadicRow]
     replies: tuple[Reply, ...]
     greedy: bool
+    # a sampled sparse step answered row by row (REPLYs, COMPLETION) although one
+    # PROPOSAL fits it (``sizes.proposal_fits``): legal, but ~2 x depth frames instead of
+    # one for the verifier to check; a worker doing it always is worth an operator's look
+    streamed_fitting: bool = False
 
 
 @dataclass(frozen=True, slots=True)

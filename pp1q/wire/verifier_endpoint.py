@@ -36,6 +36,7 @@ from pp1q.wire.messages import (
     type_of,
 )
 from pp1q.wire.pool import PayloadPool
+from pp1q.wire.sizes import proposal_fits
 from pp1q.wire.table import (
     Conn,
     Dir,
@@ -266,6 +267,7 @@ class VerifierEndpoint(Endpoint):
             c.slot, c.generation, c.round_id, s.step.first_position,
             tuple([r.token for r in s.frames]),  # ints: msgspec decoded them as I32
             () if greedy else Rows(s.frames, s.rows, self.vocab), tuple(s.frames), greedy,
+            proposal_fits(s.step, self.limits),  # fits: a PROPOSAL would have carried it
         ))
         s.frames, s.rows = [], []
 

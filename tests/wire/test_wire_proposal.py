@@ -155,6 +155,25 @@ def test_a_proposal_hands_out_what_its_replies_would():
     assert out[0] == out[1]
 
 
+def test_a_fitting_step_answered_row_by_row_is_flagged_and_taken():
+    """A sparse step one PROPOSAL fits, answered with REPLYs and a COMPLETION, is legal
+    (taken, same rows) and flagged ``streamed_fitting`` (the verifier counts it,
+    pp1q_proposals_streamed_total); its PROPOSAL, a step too large for one (3 rows of
+    4 entries: 96 bytes over LIMITS' 80), a dense and a greedy step are not."""
+    wide, dense, greedy = step(top_k=4), step(top_k=0), step(temperature=0.0)
+    assert proposal_fits(SPARSE, LIMITS) and not proposal_fits(wide, LIMITS)
+    flags = {}
+    for name, st, answer in (("streamed", SPARSE, worker_frames),
+                             ("proposal", SPARSE, worker_proposal), ("wide", wide, worker_frames),
+                             ("dense", dense, worker_frames), ("greedy", greedy, worker_frames)):
+        v, w = stepped(st)
+        [ready] = v.receive_data(answer(w, st), 0.0)
+        assert isinstance(ready, ProposalReady) and len(ready.draft_ids) == st.depth
+        flags[name] = ready.streamed_fitting
+    assert flags == {"streamed": True, "proposal": False, "wide": False, "dense": False,
+                     "greedy": False}
+
+
 # -- refusals by the verifier: frame-aligned ---------------------------------------------
 
 
