@@ -64,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     return int(modules[args.command].run(args) or 0)
 
 
-
 def console() -> NoReturn:
     """The ``pp1q`` executable (and ``python -m pp1q.cli``): ``main`` with the process's
     arguments, its status as the exit status; the daemons skip interpreter teardown."""
