@@ -29,6 +29,7 @@ HALF = (1 << 31) - 1  # fixed.HALF: 31-bit halves keep every product below 2^62
 LO_MASK = (1 << WIDE_LIMB) - 1
 U53_BITS = 53
 MASS_BITS = 24
+_MASS = float(1 << MASS_BITS)  # a dense FP32 q times this: its integer count, exactly
 S_LIMIT = 1 << 62  # fixed.S_LIMIT: S below 2^62 keeps every wide operand below 2^62
 _LO32 = (1 << 32) - 1  # P splits into 32-bit halves so a row's sums cannot overflow
 _HI_LIMIT = 1 << 30  # high half sum >= 2^30 means S >= 2^62
@@ -159,7 +160,7 @@ def scan_round(p, c_x, draft, u_acc, psums, totals):
 
 @jit
 def _threshold(sums, s_total, u53):
-    """(t, w, underflow): the draw's threshold t in [0, W) over the residual block sums
+    """(t, underflow): the draw's threshold t in [0, W) over the residual block sums
     ``sums`` (fixed.draw_threshold); W == 0 (underflow) draws over P itself: the caller
     then restores ``sums`` from psums and walks P without q."""
     w = np.int64(0)
@@ -216,7 +217,7 @@ def pick(p, s_total, psums, sums, q_ids, q_counts, use_q, u53):
 @jit
 def _dense_count(q, j):
     """The count of entry j of a validated dense FP32 q row: q * 2^24, an exact integer."""
-    return np.int64(np.float64(q[j]) * 16777216.0)
+    return np.int64(np.float64(q[j]) * _MASS)
 
 
 @jit

@@ -233,7 +233,7 @@ class Rows(Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         row = self._rows[i]
         if row is None:
-            # validated in check_reply, in a read-only buffer: extracted, not re-checked
+            # validated in check_reply, in a read-only buffer: read in place, not re-checked
             reply = self._replies[i]
             row = self._rows[i] = dense_row_of_valid(reply.q, self._vocab, reply.token)
         return row
