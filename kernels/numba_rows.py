@@ -82,7 +82,7 @@ def warm_up() -> tuple[str, str, float]:
         mass = one << 24  # all of q on token 0
         dense = np.zeros(3, np.float32)
         dense[0] = 1.0
-        dense.flags.writeable = False  # read in place, as a received row is
+        dense.flags.writeable = False  # read where it is, as a received row's q is
         rows = (DyadicRow(3, np.zeros(1, np.int32), mass), dense_row_of_valid(dense, 3))
         for dtype in (np.float64, np.float32):
             p = np.full((2, 3), 1 / 3, dtype=dtype)
@@ -183,12 +183,13 @@ def decide_rows(k, p_rows: Sequence[np.ndarray], c_x: np.ndarray, q_rows, draft:
 
 
 def _residual_pick(k, p: np.ndarray, q: DyadicRow, s_total, psums, sums, u53):
-    """(id, underflow): the correction on a rejected row, max(p - q, 0) resampled. A dense
-    row validated in place is read as FP32 (no support extracted; ~20x faster than the
-    walk of its 129k ids); any other, or one of another vocabulary, by its ids. Bounds
-    before the kernel reads (it runs without bounds checks)."""
+    """(id, underflow): the correction on a rejected row, max(p - q, 0) resampled. A row
+    that holds its whole FP32 q (``DyadicRow.dense_q``: a received dense row validated
+    in place, or one build_row built) is read as FP32 (no support extracted; ~20x faster
+    than the walk of its 129k ids); any other, or one of another vocabulary, by its ids.
+    Bounds before the kernel reads (it runs without bounds checks)."""
     V = p.size
-    dense = q.in_place_q()
+    dense = q.dense_q()
     if dense is not None and q.vocab <= V <= dense.size and dense.ndim == 1 \
             and dense.dtype == np.float32:  # all its mass below V, V entries to read
         return k.pick_dense(p, s_total, psums, sums, dense, u53)

@@ -172,23 +172,33 @@ def build_row(logits, *, temperature: float = 1.0, top_k: int | None = None) -> 
     keep = np.flatnonzero(counts > 0)  # a bool mask: several times faster than on int64
     ids = keep if top_k is None else support[keep]
     row = DyadicRow(vocab=vocab, ids=ids, counts=counts[keep])
-    if top_k is None:  # the whole vocabulary's counts: a dense REPLY's q in one pass
-        counts.flags.writeable = False
-        object.__setattr__(row, "_dense", counts)
+    if top_k is None:  # the whole vocabulary's q: a dense REPLY's payload as it is sent
+        object.__setattr__(row, "_dense_q", _dense_q_of(counts))
     return row
+
+
+def _dense_q_of(counts: np.ndarray) -> np.ndarray:
+    """counts / 2^24 as a read-only FP32 row (exact: every count <= 2^24 is an FP32
+    integer and 2^-24 a power of two), in one pass where the kernels run."""
+    q = np.empty(counts.size, dtype=np.float32)
+    k = q_backend.kernels_for(counts)
+    if k is None:
+        np.divide(counts, _MASS_F32, out=q, casting="unsafe")
+    else:
+        k.dense_from_counts(q, counts)
+    q.flags.writeable = False
+    return q
 
 
 def sample(row: DyadicRow, u24: int) -> int:
     """The first id whose cumulative count is strictly greater than ``u24``."""
     if isinstance(u24, bool) or not 0 <= int(u24) < MASS or int(u24) != u24:
         raise DistributionError(Reason.DRAW_OUT_OF_RANGE, f"u24 {u24!r} not in [0, 2^24)")
-    whole, scale = row.in_place_q(), _MASS_F32  # a received dense row: its FP32 q
-    if whole is None:
-        whole, scale = row.kept_dense_counts(), 1  # build_row's counts over the vocabulary
+    whole = row.dense_q()  # a received dense row, or one build_row built: its FP32 q
     if whole is not None:
         k = q_backend.kernels_for(whole)
         if k is not None:  # one pass to the id: no support extracted, no cumsum written
-            i = k.first_past(whole, scale, int(u24))
+            i = k.first_past(whole, _MASS_F32, int(u24))
             if i >= row.vocab:  # unreachable for a row (its counts sum to MASS > u24)
                 raise DistributionError(Reason.WRONG_MASS, "row counts end below the draw")
             return int(i)

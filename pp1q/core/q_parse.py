@@ -118,7 +118,7 @@ def parse_dense(q, vocab: int) -> DyadicRow:
 def dense_row_of_valid(arr: np.ndarray, vocab: int, token: int | None = None) -> DyadicRow:
     """The ``DyadicRow`` of an FP32 row ``validate_dense`` returned, not checked again:
     the verifier validates each dense row on arrival (in a read-only frame buffer) and
-    reads it in place (``DyadicRow.in_place_q``): ids and counts are extracted only when
+    reads it in place (``DyadicRow.dense_q``): ids and counts are extracted only when
     something reads them (a writeable ``arr`` is extracted at once). ``token``: the
     proposed token (its q > 0 proven by the caller), whose count the row then answers
     without a search."""

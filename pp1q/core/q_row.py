@@ -32,20 +32,18 @@ class DyadicRow:
     vocab: int
     ids: np.ndarray
     counts: np.ndarray
-    # Not a field: build_row's own int32 counts over the whole vocabulary, kept (read-only)
-    # on a row it built with full support, so a dense REPLY is written in one sequential
-    # pass instead of a scatter of the support (pp1q.wire.pool.ZeroRow). Equality,
-    # validation and dataclasses.replace ignore it; rows parsed from the wire, top-k rows
-    # and rows built any other way lack it (None).
-    _dense: ClassVar[np.ndarray | None] = None
-    # Not a field either: (token, count) for the token this row's parser proved it holds
+    # Not a field: (token, count) for the token this row's parser proved it holds
     # (a PROPOSAL's proposed token), so ``count_of`` answers the verifier's ratio test for
-    # it without a search. Ignored like ``_dense``; None on every other row.
+    # it without a search. Equality, validation and dataclasses.replace ignore it (and
+    # ``_dense_q``); None on every other row.
     _drawn: ClassVar[tuple[int, int] | None] = None
-    # Not a field either: the validated FP32 q a dense row was read from in place
-    # (pp1q.core.q_parse.dense_row_of_valid). Such a row's ids and counts are extracted
-    # from it on first read (``__getattr__``): a verifier's decision reads one dense row
-    # of a request in full at most, and the kernels read this array directly instead.
+    # Not a field either: the row's read-only FP32 q over its whole vocabulary (count =
+    # q * 2^24 at each id, 0 elsewhere), where it has one: a received dense row's
+    # validated payload, read in place (pp1q.core.q_parse.dense_row_of_valid: its ids and
+    # counts are extracted on first read, ``__getattr__``), or the q build_row wrote for
+    # a full-support row (ids and counts set as well). A dense REPLY sends it as it is,
+    # and the kernels (draws, the verifier's residual pick) read it instead of the
+    # support. None on every other row (top-k, parsed sparse, built any other way).
     _dense_q: ClassVar[np.ndarray | None] = None
 
     def __post_init__(self) -> None:
@@ -95,9 +93,9 @@ class DyadicRow:
         d["ids"], d["counts"] = d["_extract"](d["_dense_q"], d["vocab"])
         return d[name]
 
-    def in_place_q(self) -> np.ndarray | None:
-        """The validated dense FP32 q this row reads in place (count = q * 2^24 at each
-        id), or None for a row that holds its ids and counts (see ``_dense_q``)."""
+    def dense_q(self) -> np.ndarray | None:
+        """The row's read-only FP32 q over its whole vocabulary (count = q * 2^24 at each
+        id), or None where it holds its support only (see ``_dense_q``)."""
         return self._dense_q
 
     def __eq__(self, other: object) -> bool:
@@ -122,6 +120,9 @@ class DyadicRow:
             return drawn[1]
         if not 0 <= token < self.vocab:  # outside every support (ids are in range)
             return 0
+        whole = self._dense_q
+        if whole is not None:  # one read: no search, and an in-place row extracts nothing
+            return int(whole[token] * _MASS_F32)  # exact: an FP32 integer <= 2^24
         # an int32 needle: a Python int makes numpy cast the whole int32 id array to
         # int64 first (15 us for a dense row's 86k ids, 2 us this way)
         i = int(self.ids.searchsorted(np.int32(token)))
@@ -141,11 +142,6 @@ class DyadicRow:
         if c == 0:
             raise RowValidationError(Reason.ZERO_Q_AT_TOKEN, f"q({token}) = 0")
         return c
-
-    def kept_dense_counts(self) -> np.ndarray | None:
-        """The read-only int32 counts of every id (``vocab`` of them) build_row computed
-        for this row, or None where it kept none (see ``_dense``)."""
-        return self._dense
 
     def dense_counts(self) -> np.ndarray:
         out = np.zeros(self.vocab, dtype=np.int64)

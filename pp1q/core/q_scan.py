@@ -246,8 +246,8 @@ def scatter(row, ids, counts):
 def first_past(values, scale, u):
     """The first index whose running sum of int64(values[i] * scale) exceeds ``u``
     (values.size if none does): ``pp1q.core.q.sample`` over a row's whole vocabulary,
-    its FP32 q (scale 2^24: exact) or build_row's int32 counts (scale 1), without the
-    row's support extracted or a cumulative array written. Stops at the id."""
+    its FP32 q (scale 2^24: exact) or integer counts (scale 1), without the row's
+    support extracted or a cumulative array written. Stops at the id."""
     cum = np.int64(0)
     for i in range(values.size):
         cum += np.int64(values[i] * scale)
@@ -263,9 +263,10 @@ _INV_MASS_F32 = np.float32(1.0 / (1 << 24))  # times a count: count / 2^24, exac
 
 @_jit
 def dense_from_counts(row, counts):
-    """row[i] = counts[i] / 2^24 for i < counts.size, 0 after (the padding): a dense
-    REPLY's q written in one sequential pass from build_row's own dense counts, with
-    nothing cleared first and no scatter (``scatter`` is for rows without them). Exact,
+    """row[i] = counts[i] / 2^24 for i < counts.size, 0 after (any padding): build_row's
+    FP32 q of a full-support row (a dense REPLY's payload as it is sent) in one
+    sequential pass from its whole vocabulary's counts, nothing cleared first and no
+    scatter (``scatter`` is for rows given by their support). Exact,
     the same bits as ``scatter``: a count (<= 2^24) is an FP32 integer and 2^-24 a power
     of two. Bounds checks are not compiled in: counts longer than the row are refused."""
     if counts.size > row.size:

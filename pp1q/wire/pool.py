@@ -66,14 +66,14 @@ class ZeroRow:
     """One dense FP32 row reused for building dense REPLYs.
 
     A fresh zeroed 517 KB row per REPLY costs a calloc (page faults when it is mmap'd)
-    and a full pass. A row build_row kept its whole vocabulary's counts for
-    (``DyadicRow.kept_dense_counts``: every dense row the worker drafts) is written over
-    the whole length in one sequential pass, nothing cleared first. Any other row is
-    scattered from its support into zeros: the previous fill's support is cleared first
-    (or the whole row with one memset when that support was wide or unknown). Each
-    write is one numba pass where pp1q.core.q_backend chose numba (numpy's fancy-index
-    store of an 86k-entry support took 0.29 ms, the bulk of a dense REPLY), else
-    numpy's; all write the same bits: count / 2^24 is exact in FP32.
+    and a full pass. A row that holds its whole FP32 q (``DyadicRow.dense_q``: every
+    dense row the worker drafts, build_row wrote it) is sent as it is: ``fill`` returns
+    that read-only q itself when it is already ``n`` long, or copies it over this row
+    and zeroes the padding after it. Any other row is scattered from its support into
+    zeros: the previous fill's support is cleared first (or the whole row with one
+    memset when that support was wide or unknown), one numba pass where
+    pp1q.core.q_backend chose numba (numpy's fancy-index store of an 86k-entry support
+    took 0.29 ms), else numpy's; both write the same bits: count / 2^24 is exact in FP32.
     The row returned is valid until the next ``fill``: encode the frame before that.
     """
 
@@ -84,23 +84,16 @@ class ZeroRow:
     def fill(self, n: int, row: DyadicRow) -> np.ndarray:
         """The ``n`` values of ``row``'s dense q: q = count / 2^24 at its ids, zero
         elsewhere (``n >= row.vocab``, the caller's check)."""
-        dense = row.kept_dense_counts()
-        if dense is not None:
-            return self._write_whole(n, dense)
-        return self._scatter(n, row.ids, row.counts)
-
-    def _write_whole(self, n: int, dense: np.ndarray) -> np.ndarray:
+        whole = row.dense_q()
+        if whole is None:
+            return self._scatter(n, row.ids, row.counts)
+        if whole.size == n:
+            return whole  # read-only and never rewritten: nothing to copy
         if self._row.size != n:
             self._row = np.empty(n, dtype="<f4")  # every entry is written below
         self._ids = _WHOLE  # set first: a failed write leaves a row cleared by memset next
-        k = q_backend.kernels_for(dense)
-        if k is None:
-            v = dense.size
-            np.copyto(self._row[:v], dense, casting="unsafe")  # exact: counts <= 2^24
-            self._row[:v] /= _MASS_F32
-            self._row[v:] = 0
-        else:
-            k.dense_from_counts(self._row, dense)
+        self._row[:whole.size] = whole
+        self._row[whole.size:] = 0
         return self._row
 
     def _scatter(self, n: int, ids: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """A drafted row written as a REPLY: ``reply_from_row`` builds the Reply that carries a
 q row exactly (sparse: its ids and q; dense: q for every entry, padded with zeros to
 ``dense_len``; token-only: no q), refusing a token the row could not have drawn. The
-worker's sparse fast path (``WorkerEndpoint.send_row``) writes the same bytes without
+worker's direct path (``WorkerEndpoint.send_row``) writes the same bytes without
 building one; a PROPOSAL's rows: pp1q.wire.proposal.
 """
 

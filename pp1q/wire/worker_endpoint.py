@@ -32,6 +32,7 @@ from pp1q.wire.framing import (
     Frame,
     encode,
     encode_fields,
+    encode_fields_parts,
     encode_parts,
     payload_checksum_of,
 )
@@ -83,6 +84,7 @@ from pp1q.wire.worker_sends import (
 )
 
 _SPARSE = int(Form.SPARSE)  # a REPLY head's form field, as the int msgpack writes
+_DENSE = int(Form.DENSE)
 _NATIVE_LE = sys.byteorder == "little"  # numpy's native arrays are already the wire's LE
 
 
@@ -307,13 +309,16 @@ class WorkerEndpoint(Endpoint):
                  form: Form, dense_row: ZeroRow | None = None) -> tuple:
         """The REPLY of row ``index`` of the outstanding ``step``, as drafted: what
         ``send_parts(reply_from_row(...))`` returns for it, the head filled in from the
-        STEP. A sparse row (without our own row checks) is written straight into one
-        frame, no Reply built; ``dense_row`` as for ``reply_from_row``."""
+        STEP. Without our own row checks a drafted row (sparse, or dense into
+        ``dense_row``) is framed straight from its fields, no Reply built: a sparse one
+        in one buffer, a dense one as (header + control, q) with q read from
+        ``dense_row`` (as for ``reply_from_row``: frame it before its next fill)."""
         try:  # a drafter's numpy integer is no msgpack int; a float is never cut to one
             token = operator.index(token)
         except TypeError:
             raise LocalProtocolError(Reason.MALFORMED_CONTROL, f"token {token!r}") from None
-        if form is not Form.SPARSE or self.check_outgoing or row is None:
+        dense = form is Form.DENSE and dense_row is not None
+        if self.check_outgoing or row is None or not (dense or form is Form.SPARSE):
             return self.send_parts(reply_from_row(
                 session=self.session, slot=step.slot, generation=step.generation,
                 round_id=step.round_id, index=index, position=step.first_position + index - 1,
@@ -322,14 +327,26 @@ class WorkerEndpoint(Endpoint):
         s = self._live_slot(step.slot, step.generation, step.round_id)
         check_order(index, s)
         require_own_token(row, token)  # never ship a token its own q could not have drawn
-        ids, q = row.to_sparse()  # int32 ids (DyadicRow casts them), FP32 q: LE on LE hosts
-        frame, payload_sum = encode_fields(MsgType.REPLY, (
-            self.session, step.slot, step.generation, step.round_id, index,
-            step.first_position + index - 1, token, _SPARSE, ids.size),
-            (ids, q) if _NATIVE_LE else (ids.astype("<i4"), q.astype("<f4")))
+        head = (self.session, step.slot, step.generation, step.round_id, index,
+                step.first_position + index - 1, token)
+        if dense:
+            n = self.limits.dense_len
+            if n < row.vocab:
+                raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"dense_len {n} < vocab")
+            q = dense_row.fill(n, row)  # native FP32, C-contiguous
+            parts, payload_sum = encode_fields_parts(
+                MsgType.REPLY, (*head, _DENSE, n),
+                (memoryview(q if _NATIVE_LE else q.astype("<f4")).cast("B"),))
+            nbytes = len(parts[0]) + 4 * n
+        else:
+            ids, q = row.to_sparse()  # int32 ids (DyadicRow casts them), FP32 q: LE on LE
+            frame, payload_sum = encode_fields(
+                MsgType.REPLY, (*head, _SPARSE, ids.size),
+                (ids, q) if _NATIVE_LE else (ids.astype("<i4"), q.astype("<f4")))
+            parts, nbytes = (frame,), len(frame)
         slot_event(self.role, s, Dir.SEND, MsgType.REPLY)  # once every check above passed
-        book_reply(s, token, len(frame), payload_sum)
-        return (frame,)
+        book_reply(s, token, nbytes, payload_sum)
+        return parts
 
     def send_proposal(self, step: Step, tokens, rows) -> bytes:
         """The PROPOSAL of the outstanding sparse ``step``: ``rows[i]`` the q that sampled

@@ -181,29 +181,43 @@ def test_build_row_invariants_and_round_trips(logits, temperature, top_k):
     assert np.all(np.abs(row.dense_counts() - share) < 1.0 + 1e-6)
     assert parse_dense(row.to_dense(), row.vocab) == row
     assert parse_sparse(*row.to_sparse(), row.vocab) == row
-    kept = row.kept_dense_counts()  # a full-support row keeps its whole counts, exactly
-    assert (kept is None) == (top_k is not None)
-    if kept is not None:
-        assert kept.dtype == np.int32 and np.array_equal(kept, row.dense_counts())
+    whole = row.dense_q()  # a full-support row holds its FP32 q, exactly
+    assert (whole is None) == (top_k is not None)
+    if whole is not None:
+        assert whole.dtype == np.float32
+        assert np.array_equal(whole.view(np.uint32), row.to_dense().view(np.uint32))
 
 
-def test_kept_dense_counts_are_read_only_and_private_to_build_row():
-    """The counts build_row keeps for a dense REPLY cannot be written, and nothing else
-    reads or carries them: equality ignores them, a parsed or replaced row has none."""
+def test_a_built_rows_dense_q_is_read_only_and_private_to_build_row():
+    """The FP32 q build_row keeps for a dense REPLY cannot be written, and nothing else
+    carries it: equality ignores it, a parsed or replaced row has none of its own."""
     import dataclasses
 
     row = build_row(np.random.default_rng(3).normal(size=200))
-    kept = row.kept_dense_counts()
+    whole = row.dense_q()
     with pytest.raises(ValueError):
-        kept[0] = 1
-    parsed = parse_dense(row.to_dense(), row.vocab)
+        whole[0] = 1
+    parsed = parse_dense(row.to_dense(), row.vocab)  # a writeable array: extracted
     bare = dataclasses.replace(row)
     assert parsed == row == bare
-    assert parsed.kept_dense_counts() is None and bare.kept_dense_counts() is None
-    assert "_dense" not in repr(row) and "_dense" not in {f.name for f in dataclasses.fields(row)}
+    assert parsed.dense_q() is None and bare.dense_q() is None
+    assert "_dense_q" not in repr(row)
+    assert "_dense_q" not in {f.name for f in dataclasses.fields(row)}
     other = build_row(np.random.default_rng(3).normal(size=200))
-    object.__setattr__(other, "_dense", np.roll(kept, 1))
-    assert other == row  # equality reads the support only: the REPLY tests catch a bad cache
+    object.__setattr__(other, "_dense_q", np.roll(whole, 1))
+    assert other == row  # equality reads the support only: the REPLY tests catch a bad q
+
+
+def test_count_of_reads_a_rows_dense_q_where_it_has_one():
+    """count_of answers from the FP32 q (no search) and agrees with the support for
+    every id; a planted q shows it is what was read."""
+    row = build_row(np.random.default_rng(4).normal(size=500) * 3.0)
+    plain = DyadicRow(row.vocab, row.ids, row.counts)
+    assert [row.count_of(t) for t in range(-1, 501)] == [plain.count_of(t)
+                                                          for t in range(-1, 501)]
+    object.__setattr__(row, "_dense_q", np.roll(row.dense_q(), 1))
+    t = int(row.ids[0])
+    assert row.count_of(t + 1) == plain.count_of(t) != plain.count_of(t + 1)
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,5 +1,5 @@
 """``pp1q.core.q.sample`` over a whole vocabulary: a received dense row read in place (its
-FP32 q) and a row build_row kept its dense counts for are drawn from by one kernel pass
+FP32 q) and a full-support row build_row built (its FP32 q too) are drawn from by one kernel pass
 (pp1q.core.q_scan.first_past); every form of the same row gives the same id as the
 cumulative search over its support, draws on every cumulative boundary included."""
 
@@ -14,12 +14,13 @@ from pp1q.core.q import MASS, DyadicRow, build_row, dense_row_of_valid, sample, 
 
 
 def forms(row: DyadicRow) -> dict[str, DyadicRow]:
-    """The same q as a plain row (support only), as build_row kept it (its dense counts)
-    and as a verifier holds a received dense REPLY (FP32, read-only, in place)."""
+    """The same q as a plain row (support only), as build_row built it (its FP32 q over
+    the vocabulary) and as a verifier holds a received dense REPLY (FP32, read-only, in
+    place)."""
     q = row.to_dense()
     q.flags.writeable = False
     received = dense_row_of_valid(validate_dense(q, row.vocab), row.vocab)
-    assert row.kept_dense_counts() is not None and received.in_place_q() is not None
+    assert row.dense_q() is not None and received.dense_q() is not None
     return {"plain": DyadicRow(row.vocab, row.ids.copy(), row.counts.copy()), "built": row,
             "received": received}
 

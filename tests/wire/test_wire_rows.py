@@ -75,7 +75,7 @@ def test_a_received_dense_row_reads_its_frame_in_place_and_keeps_it_alive():
     d = FrameDecoder(LIM)
     [a] = d.feed(f1)
     row = Rows([a], [None], V)[0]
-    assert np.shares_memory(row.in_place_q(), a.q)
+    assert np.shares_memory(row.dense_q(), a.q)
     assert row.count_of(a.token) == sent.count_of(a.token) > 0
     assert "ids" not in row.__dict__  # not extracted for it
     token = a.token
@@ -90,7 +90,7 @@ def test_a_writeable_dense_array_is_extracted_at_once():
     sent = dense_frame(8)[1]
     q = sent.to_dense()
     row = parse_dense(q, V)
-    assert row.in_place_q() is None
+    assert row.dense_q() is None
     q[:] = 0
     assert row == sent
 

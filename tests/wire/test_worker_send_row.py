@@ -1,9 +1,12 @@
 """The worker's direct frames (issue 13): ``WorkerEndpoint.send_row`` writes a sparse
-REPLY straight from its row, and ``send_completion`` the step's COMPLETION, without
-building the messages. The bytes must be exactly those of ``send_parts(reply_from_row)``
-and ``send(completion)``, every form and every row, and the same refusals must hold."""
+REPLY straight from its row, a dense one from the row's FP32 q (or a reused ZeroRow), and
+``send_completion`` the step's COMPLETION, without building the messages. The bytes must
+be exactly those of ``send_parts(reply_from_row)`` and ``send(completion)``, every form
+and every row, and the same refusals must hold."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.q import build_row
 from pp1q.wire import Reset, Status, reply_from_row
 from pp1q.wire.events import ProposalReady
+from pp1q.wire.pool import ZeroRow
 from pp1q.wire.validate import step_form
 
 SEEDS = 24  # rows of every support size the limits allow (1..4 of 16), many tokens
@@ -49,10 +53,12 @@ def test_direct_frames_are_the_message_frames_byte_for_byte(seed, top_k):
     st = step(slot=seed % 4, round_id=1 + seed, depth=1 + seed % 5, seed=seed,
               top_k=0 if greedy else top_k, temperature=0.0 if greedy else 0.8)
     v, w, w2 = _both(st)
-    direct = []
+    direct, dense_row = [], ZeroRow()  # reused: each frame is joined before the next fill
     for i, (token, row, form) in enumerate(rows_for(st, seed), start=1):
         drafted = np.int64(token) if seed % 2 else token  # a drafter's numpy integer too
-        got = b"".join(w.send_row(st, i, drafted, row, form))
+        if row is not None and seed % 3 == 1:  # a row given by its support only
+            row = dataclasses.replace(row)  # (dense: scattered into the ZeroRow)
+        got = b"".join(w.send_row(st, i, drafted, row, form, dense_row=dense_row))
         assert got == _by_message(w2, st, i, token, row)
         direct.append(got)
     done = w.send_completion(st.slot)
@@ -69,28 +75,33 @@ def test_an_aborted_completion_is_the_message_frame():
             == w2.send(w2.completion(0, Status.ABORTED, Reason.ZERO_MASS)))
 
 
-def test_direct_frames_keep_every_refusal():
-    st = step(top_k=3)
+@pytest.mark.parametrize("top_k", [3, 0])  # sparse, dense (its reused ZeroRow given)
+def test_direct_frames_keep_every_refusal(top_k):
+    st = step(top_k=top_k)
     v, w = pair()
     _direct(w).receive_data(v.send(st, now=0.0), 0.0)
     (t1, r1, f), (t2, r2, _), *_ = rows_for(st)
+
+    def send_row(index, token, row):
+        return w.send_row(st, index, token, row, f, dense_row=ZeroRow())
+
     with pytest.raises(LocalProtocolError) as e:  # rows leave in order
-        w.send_row(st, 2, t2, r2, f)
+        send_row(2, t2, r2)
     assert e.value.reason == Reason.OUT_OF_ORDER
-    zero = next(t for t in range(16) if r1.count_of(t) == 0)
+    logits = np.where(np.arange(16) == 5, -np.inf, np.arange(16.0))  # q(5) = 0
     with pytest.raises(LocalProtocolError) as e:  # never a token its q could not draw
-        w.send_row(st, 1, zero, r1, f)
+        send_row(1, 5, build_row(logits, top_k=top_k or None))
     assert e.value.reason == Reason.ZERO_Q_AT_TOKEN
     with pytest.raises(LocalProtocolError) as e:  # not before every row
         w.send_completion(0)
     assert e.value.reason == Reason.UNEXPECTED_SIZE
     with pytest.raises(LocalProtocolError) as e:  # a token id is an integer, never cut
-        w.send_row(st, 1, t1 + 0.5, r1, f)
+        send_row(1, t1 + 0.5, r1)
     assert e.value.reason == Reason.MALFORMED_CONTROL
-    w.send_row(st, 1, t1, r1, f)  # the refusals changed nothing: row 1 still goes
+    send_row(1, t1, r1)  # the refusals changed nothing: row 1 still goes
     w.receive_data(v.send(Reset(session=SESSION, slot=0, generation=1,
                                 reason=Reason.STEP_TIMEOUT)), 0.0)
-    for send in (lambda: w.send_row(st, 2, t2, r2, f), lambda: w.send_completion(0)):
+    for send in (lambda: send_row(2, t2, r2), lambda: w.send_completion(0)):
         with pytest.raises(LocalProtocolError) as e:  # a reset step sends nothing more
             send()
         assert e.value.reason == Reason.STALE_GENERATION

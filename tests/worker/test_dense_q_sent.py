@@ -1,14 +1,15 @@
-"""A dense REPLY written from build_row's kept whole-vocabulary counts (no scatter) carries
-the q that sampled, and a row whose kept counts disagree with its support is caught.
+"""A dense REPLY sends the FP32 q build_row wrote for the row (``DyadicRow.dense_q``) as
+it is, no copy and no scatter: it arrives as the q that sampled, and a row whose q
+disagrees with its support is caught.
 
 The plant enters through the worker's drafting seam (a Proposer, as
-tests/support/planted_worker.py does): rows built by build_row whose private kept
-counts are then replaced, so the bytes leave through the same ZeroRow path production
-takes. A lost count is refused by the verifier's row checks (and by the worker's own,
-with check_outgoing); a valid but different q (every count moved one id up) passes the
-row checks and is caught by the verifier's re-derivation of each draft from its q and
-the proposal key (pp1q.verifier.rounds.proposal_matches), the check the scheduler falls
-back on."""
+tests/support/planted_worker.py does): rows built by build_row whose private FP32 q is
+then replaced, so the bytes leave through the same path production takes (ZeroRow.fill
+hands the row's own q to the frame). A lost count is refused by the verifier's row
+checks (and by the worker's own, with check_outgoing); a valid but different q (every
+value moved one id up) passes the row checks and is caught by the verifier's
+re-derivation of each draft from its q and the proposal key
+(pp1q.verifier.rounds.proposal_matches), the check the scheduler falls back on."""
 
 from __future__ import annotations
 
@@ -34,23 +35,24 @@ numba_missing = pytest.mark.skipif(q_backend.importlib.util.find_spec("numba") i
 BACKENDS = ["numpy", pytest.param("numba", marks=numba_missing)]
 
 
-def honest(dense):
-    return dense
+def honest(q):
+    return q
 
 
-def one_count_lost(dense):
-    bad = dense.copy()
-    bad[int(np.argmax(bad))] -= 1  # still dyadic, mass 2^24 - 1
+def one_count_lost(q):
+    bad = q.copy()
+    bad[int(np.argmax(bad))] -= np.float32(2.0 ** -24)  # still dyadic, mass 2^24 - 1
+    bad.flags.writeable = False
     return bad
 
 
-def moved_up_one_id(dense):
-    return np.roll(dense, 1)  # a valid q (mass 2^24), not the one that sampled
+def moved_up_one_id(q):
+    return np.roll(q, 1)  # a valid q (mass 2^24), not the one that sampled
 
 
-class KeptCounts(Proposer):
+class PlantedQ(Proposer):
     """Drafts as the worker leader does (token from the PROPOSAL-domain draw of the row),
-    then swaps the row's kept dense counts for ``plant(kept)``."""
+    then swaps the row's FP32 q for ``plant(q)``."""
 
     def __init__(self, plant) -> None:
         super().__init__(None)
@@ -63,14 +65,14 @@ class KeptCounts(Proposer):
             row = build_row(rng.normal(size=VOCAB) * 2.0, temperature=step.temperature)
             token = sample(row, proposal_u24(step.seed, step.generation, step.round_id,
                                              step.first_position + i))
-            object.__setattr__(row, "_dense", self.plant(row.kept_dense_counts()))
+            object.__setattr__(row, "_dense_q", self.plant(row.dense_q()))
             self.sent.setdefault(step.slot, []).append((token, row))
             yield token, row
 
 
 @pytest.fixture(params=BACKENDS)
 def chosen(request, monkeypatch):
-    """The ZeroRow's writer and the verifier's checks on one backend (PP1Q_VALIDATE)."""
+    """build_row's FP32 q writer and the verifier's checks on one backend (PP1Q_VALIDATE)."""
     monkeypatch.setenv(q_backend.ENV, request.param)
     monkeypatch.setattr(q_backend.CHOICE, "_chosen", None)
     assert q_backend.backend() == request.param
@@ -81,24 +83,23 @@ def _keys(e) -> RoundKeys:
     return RoundKeys(e.slot, e.generation, e.round_id, e.first_position)  # seed = slot
 
 
-async def test_rows_with_kept_counts_arrive_as_the_q_that_sampled(chosen):
-    proposer = KeptCounts(honest)
+async def test_rows_sent_as_built_arrive_as_the_q_that_sampled(chosen):
+    proposer = PlantedQ(honest)
     events, _ = await run_round(proposer, vocab=VOCAB, slots=SLOTS, depth=DEPTH, drains=True)
     ready = [e for e in events if isinstance(e, ProposalReady)]
     assert len(ready) == SLOTS, events
     for e in ready:
         sent = proposer.sent[e.slot]
-        assert all(row.kept_dense_counts() is not None for _, row in sent)  # the new path ran
+        assert all(row.dense_q() is not None for _, row in sent)  # the path under test ran
         assert list(e.q_rows) == [row for _, row in sent]
         for reply, (_, row) in zip(e.replies, sent, strict=True):
-            assert np.array_equal(reply.q[:VOCAB].view(np.uint32), row.to_dense().view(np.uint32))
-            assert not reply.q[VOCAB:].any()  # the padding
+            assert np.array_equal(reply.q.view(np.uint32), row.to_dense().view(np.uint32))
         assert proposal_matches(e.q_rows, e.draft_ids, _keys(e))
 
 
 @pytest.mark.parametrize("check_outgoing", [False, True])
-async def test_kept_counts_that_lost_a_count_are_refused(chosen, check_outgoing):
-    events, _ = await run_round(KeptCounts(one_count_lost), vocab=VOCAB, slots=SLOTS,
+async def test_a_q_that_lost_a_count_is_refused(chosen, check_outgoing):
+    events, _ = await run_round(PlantedQ(one_count_lost), vocab=VOCAB, slots=SLOTS,
                                 depth=DEPTH, drains=True, check_outgoing=check_outgoing)
     failed = [e for e in events if isinstance(e, ProposalFailed)]
     assert not [e for e in events if isinstance(e, ProposalReady)]
@@ -110,8 +111,8 @@ async def test_kept_counts_that_lost_a_count_are_refused(chosen, check_outgoing)
         assert {e.reason for e in failed} == {Reason.WRONG_MASS}
 
 
-async def test_kept_counts_of_another_q_fail_the_proposal_check(chosen):
-    proposer = KeptCounts(moved_up_one_id)
+async def test_another_valid_q_fails_the_proposal_check(chosen):
+    proposer = PlantedQ(moved_up_one_id)
     events, _ = await run_round(proposer, vocab=VOCAB, slots=SLOTS, depth=DEPTH, drains=True)
     ready = [e for e in events if isinstance(e, ProposalReady)]
     assert len(ready) == SLOTS, events  # every row check passes: a valid dyadic q
@@ -120,9 +121,10 @@ async def test_kept_counts_of_another_q_fail_the_proposal_check(chosen):
         assert not proposal_matches(e.q_rows, e.draft_ids, _keys(e))
 
 
-async def test_the_worker_keeps_no_kept_counts_past_the_send(chosen):
-    """Kept counts are 517 KB a row: once a round's REPLYs have left, nothing on the
-    worker (drafting, the reused rows, the connection) still holds any of them."""
+async def test_the_worker_keeps_no_sent_q_past_the_send(chosen):
+    """A row's q is 517 KB and the frame sends it without a copy: once a round's REPLYs
+    have left, nothing on the worker (drafting, the reused rows, the connection) still
+    holds any of them."""
 
     class Watched(Proposer):
         def __init__(self) -> None:
@@ -133,7 +135,7 @@ async def test_the_worker_keeps_no_kept_counts_past_the_send(chosen):
             rng = np.random.default_rng(step.slot)
             for _ in range(step.depth):
                 row = build_row(rng.normal(size=VOCAB) * 2.0)
-                self.refs.append(weakref.ref(row.kept_dense_counts()))
+                self.refs.append(weakref.ref(row.dense_q()))
                 yield sample(row, int(rng.integers(1 << 24))), row
 
     proposer = Watched()
