@@ -20,6 +20,7 @@ from pp1q.core.errors import DistributionError, Reason
 # the row type and the parsers live in their own modules; this one builds rows and is
 # the stable import path of all of them (pp1q.q is this module)
 from pp1q.core.q_parse import (  # noqa: F401 - re-exported
+    _support_of_valid,
     dense_row_of_valid,
     parse_dense,
     parse_sparse,
@@ -168,13 +169,19 @@ def build_row(logits, *, temperature: float = 1.0, top_k: int | None = None) -> 
         support = _top_k_ids(w, int(top_k))
         w = w[support]
         w = w / w.sum()
-    counts = _allocate(w)
-    keep = np.flatnonzero(counts > 0)  # a bool mask: several times faster than on int64
-    ids = keep if top_k is None else support[keep]
-    row = DyadicRow(vocab=vocab, ids=ids, counts=counts[keep])
-    if top_k is None:  # the whole vocabulary's q: a dense REPLY's payload as it is sent
-        object.__setattr__(row, "_dense_q", _dense_q_of(counts))
-    return row
+    counts = _allocate(w)  # checked there: they sum to MASS, none negative
+    # Every invariant of a row holds by construction, so it is not checked again (that
+    # took 0.2 ms of a dense row's 1.4): ids ascending (flatnonzero, or the top-k
+    # support sorted) and in range, counts positive, summing to MASS.
+    if top_k is not None:
+        keep = np.flatnonzero(counts > 0)  # a bool mask: several times faster than on int64
+        return DyadicRow._proven(vocab, support[keep].astype(np.int32),
+                                 counts[keep].astype(np.int64))
+    # the whole vocabulary's q (a dense REPLY's payload as it is sent), and the support
+    # read from it as from a received dense row: one kernel pass each where numba runs
+    q = _dense_q_of(counts)
+    ids, kept = _support_of_valid(q, vocab)
+    return DyadicRow._proven(vocab, ids, kept, dense_q=q)
 
 
 def _dense_q_of(counts: np.ndarray) -> np.ndarray:

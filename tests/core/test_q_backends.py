@@ -360,6 +360,41 @@ def test_the_kernels_check_their_own_bounds():
 
 
 @pytest.mark.parametrize("name", BACKENDS)
+def test_build_row_is_the_checked_row_on_every_backend(name):
+    """build_row skips the constructor's checks (its rows hold them by construction) and
+    reads a full-support row's support from the FP32 q it wrote (numba's extract or
+    numpy's): the row is the one the checking constructor makes from the allocation's
+    counts, int32 ids and int64 counts, with q bit for bit count / 2^24; -inf logits
+    (zero counts inside the vocabulary) and top-k rows included."""
+    from pp1q.core import q as q_module
+    from pp1q.core.q import DyadicRow
+
+    g = np.random.default_rng(63)
+    with backend(name):
+        for n in range(15):
+            logits = g.normal(size=(1, 2, 255, 256, 3000)[n % 5]) * (0.5, 3.0, 60.0)[n % 3]
+            if n % 4 == 3:
+                logits[g.integers(logits.size, size=logits.size // 3)] = -np.inf
+                logits[0] = 0.0  # at least one finite logit
+            top_k = 7 if n % 5 == 4 else None
+            row = build_row(logits, top_k=top_k)
+            w = q_module._weights(logits, 1.0)
+            if top_k is not None:
+                support = q_module._top_k_ids(w, top_k)
+                w = w[support] / w[support].sum()
+            counts = q_module._allocate(w)
+            ids = np.flatnonzero(counts > 0)
+            checked = DyadicRow(row.vocab, ids if top_k is None else support[ids],
+                                counts[ids])
+            assert row == checked
+            assert row.ids.dtype == np.int32 and row.counts.dtype == np.int64
+            whole = row.dense_q()
+            assert (whole is None) == (top_k is not None)
+            if whole is not None:
+                assert np.array_equal(whole.view(np.uint32), checked.to_dense().view(np.uint32))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 def test_dense_replies_from_the_reused_row_are_byte_identical(name):
     """The worker's dense REPLY (a reused zero row, written by numba's scatter or numpy's
     store) is byte for byte the one built from a fresh row, through wide supports
