@@ -117,10 +117,24 @@ def _allocate(w: np.ndarray) -> np.ndarray:
     """Floor plus largest remainders of w * MASS (w normalised, FP64), ties by lowest index.
 
     Consumes ``w``: it is scaled in place into the remainders (one buffer, no temporaries).
+    Where the kernels run, one call (pp1q.core.q_scan.allocate: four passes instead of
+    about twelve); the same counts either way (tests/core/test_q_alloc.py).
     """
+    k = q_backend.kernels_for(w)
+    if k is not None:
+        counts = np.empty(w.size, dtype=np.int32)
+        remaining = k.allocate(w, counts)
+        if remaining == -1:
+            raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
+                                    f"remaining tickets not in [0, {MASS})")
+        if remaining == -2:
+            raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
+                                    f"more tickets than the {int(np.count_nonzero(w >= 0))} "
+                                    "positive entries")
+        return _checked_total(counts)
     frac = np.multiply(w, MASS, out=w)  # exact: a power-of-two scale
-    # truncation is floor (frac >= 0); int32 holds every count (<= 2^24), converts a
-    # third as fast as int64 and halves the dense counts build_row keeps on the row
+    # truncation is floor (frac >= 0); int32 holds every count (<= 2^24) and converts a
+    # third as fast as int64
     counts = frac.astype(np.int32)
     remaining = MASS - int(counts.sum())
     if not 0 <= remaining < MASS:
@@ -131,7 +145,8 @@ def _allocate(w: np.ndarray) -> np.ndarray:
         frac -= counts  # the fractional remainders, exactly (counts <= 2^24)
         # The remaining-th largest remainder over every entry: entries with w = 0 have
         # remainder 0, so when it is positive it is also the one among w > 0 entries.
-        kth = _kth_largest(frac, remaining)
+        # (more tickets than entries: only the refusal below can follow)
+        kth = _kth_largest(frac, remaining) if remaining <= frac.size else 0.0
         if kth > 0:
             above = frac > kth
             counts += above
@@ -149,6 +164,10 @@ def _allocate(w: np.ndarray) -> np.ndarray:
             counts[above] += 1
             tied = eligible[f == kth][: remaining - above.size]
         counts[tied] += 1
+    return _checked_total(counts)
+
+
+def _checked_total(counts: np.ndarray) -> np.ndarray:
     if int(counts.sum()) != MASS or int(counts.min()) < 0:
         raise DistributionError(Reason.ALLOCATION_INCONSISTENT, "final counts do not sum to MASS")
     return counts

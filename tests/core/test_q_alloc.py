@@ -1,13 +1,19 @@
-"""build_row's fast allocation path against a plain sort-based statement of the rule.
+"""build_row's allocation, on both backends (numpy's passes with the subsample-bounded
+k-th largest selection, numba's four-pass kernel pp1q.core.q_scan.allocate), against a
+plain sort-based statement of the rule.
 
 tests/core/test_q.py covers small rows; here rows are long enough (>= 4096 entries) for the
-subsample-bounded k-th largest selection in pp1q.core.q to be used.
+subsampled selection, and crafted weights reach the corners: no remainder at all, more
+tickets than positive remainders (zero remainders of w > 0 then win, lowest id first),
+more tickets than positive entries (refused).
 """
 
 import numpy as np
 import pytest
+from test_q_backends import BACKENDS, backend
 
-from pp1q.core.q import MASS, _kth_largest, build_row
+from pp1q.core.errors import DistributionError, Reason
+from pp1q.core.q import MASS, _allocate, _kth_largest, build_row
 
 
 def _plain_counts(logits, temperature=1.0, top_k=None):
@@ -31,8 +37,42 @@ def _plain_counts(logits, temperature=1.0, top_k=None):
     return out
 
 
+def _plain_allocation(w):
+    scaled = w * MASS
+    counts = np.floor(scaled).astype(np.int64)
+    remaining = MASS - int(counts.sum())
+    eligible = np.flatnonzero(w > 0)
+    frac = (scaled - np.floor(scaled))[eligible]
+    counts[eligible[np.lexsort((eligible, -frac))[:remaining]]] += 1
+    return counts
+
+
+CRAFTED = {
+    "no remainder": [0.5, 0.25, 0.125, 0.125],
+    "one ticket": [0.5, 0.25, 0.125, 0.125 - 3e-9, 3e-9],
+    "zero remainders win": [0.5, 0.0, 0.25, 0.25 - 2.0 ** -23],  # 2 tickets, none > 0
+    "ties by lowest id": [1 / 3, 0.0, 1 / 3, 1 / 3],
+}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_crafted_weights_match_the_plain_rule(name, case):
+    w = np.array(CRAFTED[case])
+    with backend(name):
+        assert np.array_equal(_allocate(w.copy()), _plain_allocation(w))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_more_tickets_than_positive_entries_are_refused(name):
+    with backend(name), pytest.raises(DistributionError) as e:
+        _allocate(np.array([0.5, 0.0, 0.25]))  # 2^22 tickets for 2 entries
+    assert e.value.reason == Reason.ALLOCATION_INCONSISTENT
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("case", range(12))
-def test_long_rows_match_the_plain_rule(case):
+def test_long_rows_match_the_plain_rule(name, case):
     rng = np.random.default_rng(case)
     vocab = int(rng.integers(4096, 40000))
     x = rng.normal(size=vocab) * rng.uniform(0.5, 8.0)
@@ -42,7 +82,8 @@ def test_long_rows_match_the_plain_rule(case):
         x[rng.random(vocab) < 0.3] = -np.inf
     temperature = [1.0, 0.7, 1.6][case % 3]
     top_k = [None, 32, 3000, None][case % 4]
-    row = build_row(x, temperature=temperature, top_k=top_k)
+    with backend(name):
+        row = build_row(x, temperature=temperature, top_k=top_k)
     assert np.array_equal(row.dense_counts(), _plain_counts(x, temperature, top_k))
 
 
