@@ -243,18 +243,33 @@ def scatter(row, ids, counts):
 # -- a draw over a whole vocabulary's counts -----------------------------------------
 
 
+_DRAW_BLOCK = 256  # entries summed at once (vectorised) before the draw looks inside
+
+
 @_jit
 def first_past(values, scale, u):
     """The first index whose running sum of int64(values[i] * scale) exceeds ``u``
     (values.size if none does): ``pp1q.core.q.sample`` over a row's whole vocabulary,
     its FP32 q (scale 2^24: exact) or integer counts (scale 1), without the row's
-    support extracted or a cumulative array written. Stops at the id."""
+    support extracted or a cumulative array written. Blocks of _DRAW_BLOCK entries are
+    summed whole (no branch inside: LLVM vectorises it) until the one where the sum
+    passes ``u``, which is walked entry by entry: 6 us instead of 47 at V = 129280."""
+    n = values.size
     cum = np.int64(0)
-    for i in range(values.size):
+    start = 0
+    while start + _DRAW_BLOCK <= n:
+        block = np.int64(0)
+        for i in range(start, start + _DRAW_BLOCK):
+            block += np.int64(values[i] * scale)
+        if cum + block > u:
+            break
+        cum += block
+        start += _DRAW_BLOCK
+    for i in range(start, n):
         cum += np.int64(values[i] * scale)
         if cum > u:
             return i
-    return values.size
+    return n
 
 
 # -- a dense REPLY's q from a whole vocabulary's counts ------------------------------
