@@ -123,10 +123,11 @@ def _allocate(w: np.ndarray) -> np.ndarray:
     k = q_backend.kernels_for(w)
     if k is not None:
         counts = np.empty(w.size, dtype=np.int32)
-        remaining = k.allocate(w, counts)
+        remaining = k.allocate(w, w.view(np.uint64), counts)
         if remaining == -1:
             raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
-                                    f"remaining tickets not in [0, {MASS})")
+                                    f"weights outside [0, 1] or remaining tickets not in "
+                                    f"[0, {MASS})")
         if remaining == -2:
             raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
                                     f"more tickets than the {int(np.count_nonzero(w >= 0))} "

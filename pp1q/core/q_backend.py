@@ -82,7 +82,8 @@ def warm_up() -> tuple[str, str, float]:
                       np.empty(8, np.float32))  # the worker's PROPOSAL rows
         k.scatter(np.zeros(8, np.float32), ids, np.ones(8, np.int64))  # dense REPLYs
         k.dense_from_counts(np.zeros(8, np.float32), np.ones(4, np.int32))  # and from counts
-        k.allocate(np.full(4, 0.25), np.empty(4, np.int32))  # build_row's counts
+        w = np.full(4, 0.25)
+        k.allocate(w, w.view(np.uint64), np.empty(4, np.int32))  # build_row's counts
         for whole, scale in ((row, np.float32(1 << 24)), (np.ones(4, np.int32), 1)):
             for arr in (whole, np.frombuffer(whole.tobytes(), whole.dtype)):
                 k.first_past(arr, scale, 0)  # draws over a received or a built dense row

@@ -51,6 +51,7 @@ CRAFTED = {
     "no remainder": [0.5, 0.25, 0.125, 0.125],
     "one ticket": [0.5, 0.25, 0.125, 0.125 - 3e-9, 3e-9],
     "zero remainders win": [0.5, 0.0, 0.25, 0.25 - 2.0 ** -23],  # 2 tickets, none > 0
+    "a negative zero": [0.5, -0.0, 0.5],  # a zero weight, as 0.0 is
     "ties by lowest id": [1 / 3, 0.0, 1 / 3, 1 / 3],
 }
 
@@ -67,6 +68,16 @@ def test_crafted_weights_match_the_plain_rule(name, case):
 def test_more_tickets_than_positive_entries_are_refused(name):
     with backend(name), pytest.raises(DistributionError) as e:
         _allocate(np.array([0.5, 0.0, 0.25]))  # 2^22 tickets for 2 entries
+    assert e.value.reason == Reason.ALLOCATION_INCONSISTENT
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("w", [[2.0, -1.0], [float("nan"), 1.0], [1e300, 0.0], [-0.5, 1.5]])
+def test_weights_outside_zero_to_one_are_refused(name, w):
+    """build_row passes normalised weights only; anything else is refused, never
+    converted (the kernel's int32 conversion is meaningless outside [0, 1])."""
+    with backend(name), pytest.raises(DistributionError) as e, np.errstate(invalid="ignore"):
+        _allocate(np.array(w))
     assert e.value.reason == Reason.ALLOCATION_INCONSISTENT
 
 
