@@ -15,10 +15,15 @@ import time
 
 import numpy as np
 
+from pp1q.core import q_backend
+
 TITLE = "Hot-path goals: each ratio against its target, measured in this run"
 
 VOCAB = 129280
 REQUESTS, DEPTH, TOP_K = 4, 5, 32
+# (ours, raw) alternations behind each round goal of the service's checker: one pair's
+# ratio moved 1.8-2.8x between back-to-back runs on the shared 2-core machine
+ALTERNATIONS = 3
 
 
 def _interleaved(cases: dict, reps: int) -> dict[str, float]:
@@ -111,29 +116,55 @@ def _raw_again(raws: list[float], form: str, rounds: int) -> float:
     return (raws[-2] + raws[-1]) / 2
 
 
-def _row(goal: str, ratio: float, target: float) -> str:
-    return f"{goal:<52} {ratio:>8.2f}x  <= {target:g}x  {'met' if ratio <= target else 'MISSED'}"
+def _pairs(form: str, rounds: int, checker: str, raws: list[float], times: int):
+    """``times`` alternations of ours then raw again: [(ours ms, + verification ms, raw ms
+    either side)], each ratio read against the raw runs around it."""
+    from pp1q.tools.bench.round import time_ours
+
+    out = []
+    for _ in range(times):
+        ours, full = time_ours(form, rounds, checker=checker)
+        out.append((ours, full, _raw_again(raws, form, rounds)))
+    return out
+
+
+def _median_ratio(pairs, at: int) -> tuple[float, tuple, str]:
+    """(median of the pairs' [at] / raw, the pair it came from, "n runs: lo-hi" when
+    there is more than one pair; the median of an odd count is one of them)."""
+    ranked = sorted(pairs, key=lambda p: p[at] / p[2])
+    mid = ranked[len(ranked) // 2]
+    spread = (f"  ({len(ranked)} runs: {ranked[0][at] / ranked[0][2]:.2f}-"
+              f"{ranked[-1][at] / ranked[-1][2]:.2f}x)" if len(ranked) > 1 else "")
+    return mid[at] / mid[2], mid, spread
+
+
+def _row(goal: str, ratio: float, target: float, note: str = "") -> str:
+    return (f"{goal:<52} {ratio:>8.2f}x  <= {target:g}x  "
+            f"{'met' if ratio <= target else 'MISSED'}{note}")
 
 
 def run(quick: bool) -> list[str]:
-    from pp1q.tools.bench.round import time_ours, time_ours_two_batches, time_raw
+    from pp1q.tools.bench.round import time_ours_two_batches, time_raw
     from pp1q.tools.bench.wire import checkers
 
     lines = [f"{'goal (issue 13)':<52} {'ratio':>9}  target"]
+    service = q_backend.backend()  # the checker the daemons run here
     for form, rounds, target, target_full in (("sparse", 30 if quick else 300, 1.5, 5.0),
                                               ("dense", 8 if quick else 40, 2.0, 3.0)):
         # raw is timed again after each of ours and each ratio takes the mean of the raw
         # runs either side of it: the shared machine's load drifts within a run, and the
-        # dense raw floor (10 MB a round) moved 1.9-5.6 ms between runs
+        # dense raw floor (10 MB a round) moved 1.9-5.6 ms between runs; the service's
+        # checker is alternated with raw ALTERNATIONS times and the median ratio taken
         raws = [time_raw(form, rounds)]
         for checker in checkers():
-            ours, full = time_ours(form, rounds, checker=checker)
-            raw = _raw_again(raws, form, rounds)
-            by = f", {checker}"
-            lines.append(_row(f"{form} round / raw ({ours:.2f} / {raw:.2f} ms{by})",
-                              ours / raw, target))
-            lines.append(_row(f"{form} round + verification and COMMIT / raw{by}", full / raw,
-                              target_full))
+            times = ALTERNATIONS if checker == service and not quick else 1
+            pairs = _pairs(form, rounds, checker, raws, times)
+            ratio, (ours, _, raw), spread = _median_ratio(pairs, 0)
+            lines.append(_row(f"{form} round / raw ({ours:.2f} / {raw:.2f} ms, {checker})",
+                              ratio, target, spread))
+            ratio, _, spread = _median_ratio(pairs, 1)
+            lines.append(_row(f"{form} round + verification and COMMIT / raw, {checker}",
+                              ratio, target_full, spread))
         two = time_ours_two_batches(form, rounds)
         lines.append(_row(f"{form} + verification, 2 batches in flight / raw",
                           two / _raw_again(raws, form, rounds), target_full))
