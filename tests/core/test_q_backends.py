@@ -417,13 +417,14 @@ def test_dense_replies_from_the_reused_row_are_byte_identical(name):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-def test_dense_replies_from_kept_counts_equal_the_scatter_bit_for_bit(name):
-    """A row build_row kept its whole counts for is written over the row in one pass
-    (nothing cleared, no scatter); the same row without them (dataclasses.replace keeps
-    none) is scattered into zeros, and a fresh row is the plain store: the three REPLYs
-    are the same bytes, and the q is row.to_dense() bit for bit with zero padding, over
-    narrow and wide supports, top-k rows between (a scatter after a whole write must
-    clear it all) and a change of row length."""
+def test_dense_replies_of_a_built_q_equal_the_scatter_bit_for_bit(name):
+    """A row that keeps its FP32 q (build_row's, full support) is sent as it is when the
+    frame is as long as the row, copied over a reused row with zero padding when it is
+    longer; the same row without it (dataclasses.replace keeps none) is scattered into
+    zeros, and a fresh row is the plain store: the three REPLYs are the same bytes, and
+    the q is row.to_dense() bit for bit with zero padding, over narrow and wide
+    supports, top-k rows between (a scatter after a whole write must clear it all) and
+    a change of row length."""
     import dataclasses
 
     from pp1q.wire.framing import encode
