@@ -84,9 +84,8 @@ def warm_up() -> tuple[str, str, float]:
         k.dense_from_counts(np.zeros(8, np.float32), np.ones(4, np.int32))  # and from counts
         w = np.full(4, 0.25)
         k.allocate(w, w.view(np.uint64), np.empty(4, np.int32))  # build_row's counts
-        for whole, scale in ((row, np.float32(1 << 24)), (np.ones(4, np.int32), 1)):
-            for arr in (whole, np.frombuffer(whole.tobytes(), whole.dtype)):
-                k.first_past(arr, scale, 0)  # draws over a received or a built dense row
+        for arr in (row, np.frombuffer(row.tobytes(), np.float32)):
+            k.first_past(arr, np.float32(1 << 24), 0)  # draws over a built or received q
         fed = bytes(1) + row.tobytes()  # a payload where a frame put it: any alignment,
         for buf in (fed, bytearray(fed)):  # in read-only bytes or a writable buffer
             for at in (0, 1):

@@ -115,17 +115,15 @@ def parse_dense(q, vocab: int) -> DyadicRow:
     return dense_row_of_valid(validate_dense(q, vocab), vocab)
 
 
-def dense_row_of_valid(arr: np.ndarray, vocab: int, token: int | None = None) -> DyadicRow:
+def dense_row_of_valid(arr: np.ndarray, vocab: int) -> DyadicRow:
     """The ``DyadicRow`` of an FP32 row ``validate_dense`` returned, not checked again:
     the verifier validates each dense row on arrival (in a read-only frame buffer) and
-    reads it in place (``DyadicRow.dense_q``): ids and counts are extracted only when
-    something reads them (a writeable ``arr`` is extracted at once). ``token``: the
-    proposed token (its q > 0 proven by the caller), whose count the row then answers
-    without a search."""
-    drawn = None if token is None else (token, int(arr[token] * _MASS_F32))
+    reads it in place (``DyadicRow.dense_q``: any token's count is one read of it): ids
+    and counts are extracted only when something reads them (a writeable ``arr`` is
+    extracted at once)."""
     if arr.flags.writeable:  # its owner could change it under the row: extract now
-        return DyadicRow._proven(vocab, *_support_of_valid(arr, vocab), drawn)
-    return DyadicRow._in_place(vocab, arr, _support_of_valid, drawn)
+        return DyadicRow._proven(vocab, *_support_of_valid(arr, vocab))
+    return DyadicRow._in_place(vocab, arr, _support_of_valid)
 
 
 def _support_of_valid(arr: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:

@@ -78,13 +78,12 @@ class DyadicRow:
         return row
 
     @classmethod
-    def _in_place(cls, vocab: int, q: np.ndarray, extract,
-                  drawn: tuple[int, int] | None = None) -> DyadicRow:
+    def _in_place(cls, vocab: int, q: np.ndarray, extract) -> DyadicRow:
         """A row over a dense FP32 ``q`` its parser validated (every invariant of
         ``__post_init__`` holds for its support); ``extract(q, vocab)`` gives (ids,
-        counts) when first read."""
+        counts) when first read; ``count_of`` reads ``q`` itself."""
         row = object.__new__(cls)
-        row.__dict__.update(vocab=vocab, _dense_q=q, _extract=extract, _drawn=drawn)
+        row.__dict__.update(vocab=vocab, _dense_q=q, _extract=extract)
         return row
 
     def __getattr__(self, name: str):

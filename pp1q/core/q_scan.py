@@ -250,8 +250,8 @@ _DRAW_BLOCK = 256  # entries summed at once (vectorised) before the draw looks i
 def first_past(values, scale, u):
     """The first index whose running sum of int64(values[i] * scale) exceeds ``u``
     (values.size if none does): ``pp1q.core.q.sample`` over a row's whole vocabulary,
-    its FP32 q (scale 2^24: exact) or integer counts (scale 1), without the row's
-    support extracted or a cumulative array written. Blocks of _DRAW_BLOCK entries are
+    its FP32 q (``DyadicRow.dense_q``, scale 2^24: exact), without the row's support
+    extracted or a cumulative array written. Blocks of _DRAW_BLOCK entries are
     summed whole (no branch inside: LLVM vectorises it) until the one where the sum
     passes ``u``, which is walked entry by entry: 6 us instead of 47 at V = 129280."""
     n = values.size

@@ -234,8 +234,7 @@ class Rows(Sequence):
         row = self._rows[i]
         if row is None:
             # validated in check_reply, in a read-only buffer: read in place, not re-checked
-            reply = self._replies[i]
-            row = self._rows[i] = dense_row_of_valid(reply.q, self._vocab, reply.token)
+            row = self._rows[i] = dense_row_of_valid(self._replies[i].q, self._vocab)
         return row
 
     def __iter__(self):
