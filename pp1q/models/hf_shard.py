@@ -15,11 +15,11 @@ head, which the shard would silently skip): at construction it runs the full mod
 on PROBE_TOKENS ids and requires bit equality with the decoder times the whole head.
 Sliding-window attention is refused at construction too (its caches crop differently:
 pp1q.models.hf.CausalLM), so a model the shard cannot serve never joins a group.
-The slice's product then differs from the full row's ids only by the matmul's blocking:
-measured on the 2-core CPU with SmolLM2-135M (float32), bit-identical on every split
-tried (the balanced 2- and 3-way splits of its 49152 ids, and a cut at 20000) and
-3.8e-6 apart on one odd split ([100, 49151), 6 rows); tests/models/test_hf_shard.py
-bounds it by 1e-5. The rank group's decisions are bit-identical to one rank deciding from the
+The slice's product then differs from the full row's ids only by the matmul's blocking,
+which depends on the row count and the CPU (SmolLM2-135M, float32: bit-identical on the
+balanced 2- and 3-way splits on both reference CPUs, up to 3.8e-6 or 2.7e-5 apart on
+others); tests/models/test_hf_shard.py holds it to the float32 dot-product error bound
+(docs/operations.md). The rank group's decisions are bit-identical to one rank deciding from the
 concatenation of the shards' logits whatever the split (the exact integer sampler).
 
 KV cache per slot, with no event mirroring: each slot keeps the tokens it holds K/V for;
