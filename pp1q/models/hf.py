@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,16 +133,9 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     identity = _identity(path, digest)
     if path.is_file() and gguf_cache is not None:
         entry = gguf_cache_entry(path, gguf_cache, digest)
-        if not (entry / EXPORT_MARKER).is_file():
-            # de-quantize once at float32 (whatever dtype is asked for now), then write
-            full = _load(path, "cpu", "float32", identity)
-            tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
-            export_folder(full, tmp)
-            with contextlib.suppress(OSError):  # another process may have won the race
-                os.replace(tmp, entry)
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not (entry / EXPORT_MARKER).is_file():  # entries only appear by rename
-                raise FileExistsError(f"{entry}: not a pp1q export; remove it")
+        # de-quantize once at float32 (whatever dtype is asked for now), then write
+        export_once(entry, lambda tmp: export_folder(_load(path, "cpu", "float32", identity),
+                                                     tmp))
         path_to_load = entry
     else:
         path_to_load = path
@@ -149,6 +143,40 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     ckpt.path = path
     ckpt.load_seconds = time.perf_counter() - t0
     return ckpt
+
+
+def export_once(entry: Path, export: Callable[[Path], object]) -> None:
+    """Make the cache folder ``entry`` with ``export(tmp)`` (which writes a whole export,
+    EXPORT_MARKER included, into the new folder ``tmp``) unless it exists already.
+    Processes asking at once export once: an exclusive lock beside the entry keeps the
+    others waiting (a daemon pair's first start, or parallel test workers: two
+    de-quantizations at once took twice as long on two cores), and they then find the
+    entry. An entry only ever appears whole, by rename, so a process killed mid-export
+    leaves at most a stray temporary folder; where no lock exists (fcntl is POSIX)
+    processes may export side by side and the first rename wins."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(entry.with_name(f"{entry.name}.lock")):
+        if (entry / EXPORT_MARKER).is_file():
+            return
+        tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
+        export(tmp)
+        with contextlib.suppress(OSError):  # another process may have won the race
+            os.replace(tmp, entry)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not (entry / EXPORT_MARKER).is_file():  # entries only appear by rename
+        raise FileExistsError(f"{entry}: not a pp1q export; remove it")
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path):
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, the rename alone keeps entries whole
+        yield
+        return
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        yield
 
 
 MAX_STEM_CHARS = 40  # with the early exit and adapter tags, an identity fits HELLO's 128

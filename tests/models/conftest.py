@@ -2,8 +2,8 @@
 
 Loading parses the GGUF (tokenizer and weights, about 20 s on the 2-core CPU) once per
 test run: the first xdist worker to need the model writes it de-quantized into a folder
-the run's workers share (``load_checkpoint``'s ``gguf_cache``, race-safe), and the others
-load that in about 0.3 s, the same weights and identity.
+the run's workers share (``load_checkpoint``'s ``gguf_cache``: one export, the others
+wait for it), and the others load that in about 0.5 s, the same weights and identity.
 
 ``smol64`` is the same checkpoint in float64, for the cache/rollback/batching checks:
 in float32 a cached forward differs from an uncached one by 4e-5 to 1.1e-4 on this
