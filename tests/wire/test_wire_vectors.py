@@ -102,6 +102,42 @@ def test_buffered_protocol_path_receives_payload_in_place():
     assert b"".join(encode(m) for m in out) == stream
 
 
+def _buffered_frames(d, data, rng):
+    """``data`` through the BufferedProtocol hooks in random read sizes: every frame."""
+    pos, out = 0, []
+    while pos < len(data):
+        buf = d.get_buffer(-1)
+        n = min(len(buf), int(rng.integers(1, 90)), len(data) - pos)
+        buf[:n] = data[pos:pos + n]
+        pos += n
+        out += d.buffer_updated(n)
+    return out
+
+
+WITH_PAYLOAD = [n for n in NAMES if read_header(VECTORS[n]).payload_len > 0]
+
+
+@pytest.mark.parametrize("name", WITH_PAYLOAD)
+def test_a_flipped_payload_byte_fails_its_frame_at_any_chunking(name):
+    """The payload checksum, hashed whole or read by read as the bytes land, catches one
+    flipped payload byte wherever the reads cut the frame: that frame fails alone with
+    checksum_mismatch and the stream goes on."""
+    data = VECTORS[name]
+    payload_at = len(data) - read_header(data).payload_len
+    rng = np.random.default_rng(payload_at)
+    for _ in range(10):
+        bad = bytearray(data)
+        bad[int(rng.integers(payload_at, len(data)))] ^= 0x10
+        stream = bytes(bad) + data  # a good copy after it: the decoder carries on
+        d = decoder()
+        fed = [f for chunk in splits(stream, rng) for f in d.feed_frames(chunk)]
+        for frames in (fed, _buffered_frames(decoder(), stream, rng)):
+            assert len(frames) == 2
+            assert frames[0].error is not None and frames[0].error.reason.value == (
+                "checksum_mismatch")
+            assert frames[1].error is None and encode(frames[1].message) == data
+
+
 def test_decoded_rows_are_read_only_views_of_one_payload_buffer():
     [r] = decoder().feed(VECTORS["reply_sparse"])
     assert not r.q.flags.writeable and not r.ids.flags.writeable
