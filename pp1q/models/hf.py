@@ -154,6 +154,8 @@ def export_once(entry: Path, export: Callable[[Path], object]) -> None:
     entry. An entry only ever appears whole, by rename, so a process killed mid-export
     leaves at most a stray temporary folder; where no lock exists (fcntl is POSIX)
     processes may export side by side and the first rename wins."""
+    if (entry / EXPORT_MARKER).is_file():  # no lock to find it: a read-only cache serves
+        return
     entry.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(entry.with_name(f"{entry.name}.lock")):
         if (entry / EXPORT_MARKER).is_file():

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from pp1q.models import hf
 from pp1q.models.hf import EXPORT_MARKER, export_once
 
 
@@ -60,3 +61,18 @@ def test_a_folder_that_is_no_export_is_refused(tmp_path):
     with pytest.raises(FileExistsError, match="not a pp1q export"):
         export_once(entry, export)
     assert (entry / "notes.txt").read_text() == "mine"
+
+
+
+def test_an_existing_entry_is_found_without_taking_the_lock(tmp_path, monkeypatch):
+    """A read-only cache (no lock file can be made there) still serves its entries."""
+    entry = tmp_path / "model-abc"
+    export_once(entry, _slow_export([]))
+
+    def no_lock(path):
+        raise PermissionError(f"{path}: read-only")
+
+    monkeypatch.setattr(hf, "_exclusive", no_lock)
+    export_once(entry, _slow_export([]))  # found: nothing exported, nothing locked
+    with pytest.raises(PermissionError):
+        export_once(tmp_path / "model-def", _slow_export([]))  # a new one needs the lock
