@@ -10,10 +10,11 @@ same arguments, environment, working directory, stdout pipe and stderr file, and
 exit status comes back as Popen's ``returncode`` (a signal as its negative number).
 
 What stays exec'd, so the real start-up stays tested (the demo and README tests, the
-rank groups a verifier spawns, planted daemons): anything but ``[sys.executable, "-m", "pp1q.cli", ...]`` with the
-options DaemonProcess passes, and any command whose environment differs from the
-zygote's in a variable read at interpreter or library start (``_AT_START``): those
-would not take effect in a forked child. ``PP1Q_TEST_ZYGOTE=0`` turns the zygote off
+rank groups a verifier spawns, planted daemons): anything but
+``[sys.executable, "-m", "pp1q.cli", ...]`` with the options DaemonProcess passes, and
+any command whose environment differs from the zygote's in a variable read at
+interpreter or library start (``_AT_START``): those would not take effect in a forked
+child. ``PP1Q_TEST_ZYGOTE=0`` turns the zygote off
 (every daemon exec'd, as before).
 
 The protocol on the zygote's Unix socket, one connection per child: the test side sends
