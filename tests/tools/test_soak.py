@@ -1,4 +1,4 @@
-"""A bounded soak in CI (pp1q.tools.chaos.soak): 4 concurrent requests for 20 seconds
+"""A bounded soak in CI (pp1q.tools.chaos.soak): 4 concurrent requests for 30 seconds
 against real daemons with random frame and stream faults and one worker crash. No
 request may fail or come back short, the wire audit must find nothing (sparse
 requests' PROPOSAL frames take faults too and their commits are audited), no slot may be
@@ -33,9 +33,9 @@ from pp1q.wire.sizes import proposal_fits
 
 daemons = pytest.mark.daemons  # starts real daemon processes or servers
 
-CI_SECONDS = 20  # the default suite is near its 10-minute budget; a worker crash at 10 s
+CI_SECONDS = 30  # a worker crash at 15 s; the default suite's share, kept small (~7 min)
 SLOW_SECONDS = 300
-STREAMED_CI_SECONDS = 5  # the default suite is near its budget: a few seconds of load
+STREAMED_CI_SECONDS = 5  # a few seconds of load: the default soak covers the rest
 STREAMED_SLOW_SECONDS = 120
 
 
@@ -62,7 +62,7 @@ def _soak(tmp_path, seconds: float, crash_every_s: float):
 
 
 @daemons
-def test_soak_twenty_seconds(tmp_path):
+def test_soak_thirty_seconds(tmp_path):
     _soak(tmp_path, CI_SECONDS, crash_every_s=CI_SECONDS / 2)
 
 
