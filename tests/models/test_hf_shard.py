@@ -51,7 +51,11 @@ def _head_bound(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     row count and the CPU: bit-identical on one machine, 2.7e-5 apart on another): each
     is within gamma_K * sum_i |h_i w_i| of the exact value, gamma_K = K u / (1 - K u),
     u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms, 3.1), so the two
-    are within twice that. Machine-independent, and a wrong row is far outside it."""
+    are within twice that. Machine-independent; the shards here differ from the full rows
+    by 0.5% of it at most. A wrong row and a head rounded to bfloat16 or float16 are
+    outside it; a head scaled by 1 + 1e-4 is not (a bound of 4 sqrt(K) u sum|h w|, 24x
+    tighter, would catch that too, but holds only for rounding errors that behave as
+    random, which no ordering promises)."""
     k = h.shape[-1]
     gamma = k * 2.0 ** -24 / (1 - k * 2.0 ** -24)
     return 2 * gamma * (h.double().abs() @ weight.double().abs().T)
@@ -77,6 +81,14 @@ def test_shard_logits_are_the_full_rows_ids(smol, story_ids):
     # is outside it
     off = _shard(smol, 20001, 49152).logits(0, prefix, drafts)
     assert not _within_head_bound(off, full[:, 20000:49151], bound[:, 20000:49151])
+    # and a head kept at a lower precision by mistake: the shard's rows rounded to
+    # bfloat16 or float16 (logits 0.08 and 0.016 off at most) are outside it too
+    for dtype in (torch.bfloat16, torch.float16):
+        low = _shard(smol, 0, 20000)
+        with torch.no_grad():
+            low.weight.copy_(low.weight.to(dtype).float())
+        got = low.logits(0, prefix, drafts)
+        assert not _within_head_bound(got, full[:, :20000], bound[:, :20000]), dtype
 
 
 def test_the_head_is_its_own_slice_and_the_embedding_stays_whole(smol):
