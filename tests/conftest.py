@@ -1,6 +1,8 @@
 import os
+from pathlib import Path
 
 import pytest
+from collection import deselects_every_test
 
 
 def pytest_addoption(parser):
@@ -8,6 +10,17 @@ def pytest_addoption(parser):
         "--runslow", action="store_true", default=False,
         help="run the long statistical/soak variants (bounded variants always run)",
     )
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """Under ``-m``, a module whose own marks deselect every test it could hold is not
+    imported at all (tests/support/collection.py): the inner loop's collection skips the
+    daemon, model and experiment modules and their imports (openai, transformers)."""
+    markexpr = config.option.markexpr
+    if markexpr and collection_path.suffix == ".py" and collection_path.name.startswith("test_") \
+            and deselects_every_test(collection_path, markexpr):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -30,6 +30,8 @@ from pp1q.core.rng import Domain, draw_words, proposal_u24, u24_from_words, u53_
 from pp1q.core.verify import DenseQ, decide
 from pp1q.models.processors import processed_probs
 
+pytestmark = pytest.mark.experiment  # many-round chi-square runs
+
 SEED = 0x5EED_0001
 GEN = 1
 FIRST_POSITION = 1000

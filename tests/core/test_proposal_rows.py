@@ -49,6 +49,7 @@ def _check_counts_at_tokens(case, rows) -> None:
         assert row.require_token(token) == searched.count_of(token)
 
 
+@pytest.mark.experiment
 @numba_missing
 @settings(max_examples=300, deadline=None)
 @given(proposals())

@@ -193,6 +193,7 @@ def rows(draw):
     return q, vocab
 
 
+@pytest.mark.experiment
 @numba_missing
 @settings(max_examples=400, deadline=None)
 @given(rows())
@@ -287,6 +288,7 @@ def sparse_rows(draw):
     return ids, q, vocab
 
 
+@pytest.mark.experiment
 @numba_missing
 @settings(max_examples=400, deadline=None)
 @given(sparse_rows())
@@ -466,6 +468,7 @@ def test_warm_up_loads_the_kernels():
         assert name == "numba" and why == "PP1Q_VALIDATE=numba" and seconds >= 0
 
 
+@pytest.mark.daemons
 def test_a_daemon_with_a_bad_choice_refuses_to_start_with_one_line():
     """The daemons choose (and load) the checker before serving: a bad PP1Q_VALIDATE
     ends the start with status 2 and one line, like any other setting."""

@@ -308,6 +308,7 @@ def dyadic_rounds(draw):
     return p, rows, drafts, acc, corr, draw(edge_draws)
 
 
+@pytest.mark.experiment
 @settings(max_examples=300, deadline=None)
 @given(dyadic_rounds())
 def test_fast_path_equals_oracle_on_edge_draws(case):

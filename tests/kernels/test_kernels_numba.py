@@ -10,7 +10,10 @@ the seam the service uses: the kernels module handed to ``decide_rows``) are rej
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +85,7 @@ def any_difference(k, driver=numba_rows, seed=60, n=150, dense=False) -> bool:
                                    for r in random_rounds(seed, n)))
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("dense", [False, True], ids=["rows", "dense-in-place"])
 def test_numba_equals_torch_on_random_rounds(dense):
     k = kernels()
@@ -290,53 +294,70 @@ def test_choice_and_fallback(monkeypatch):
 # planted bugs: a copy of a production file with one change, through the same seam
 
 
-def planted(tmp_path, module, old: str, new: str):
-    """``module`` loaded from a copy of its file with ``old`` replaced by ``new``."""
+@pytest.fixture
+def planted_dir(request, tmp_path) -> Path:
+    """Where planted copies are written: a folder in pytest's cache that outlives the run,
+    so numba's own cache beside each copy (same path, same text, same mtime) serves the
+    next run its compiled kernels (5-8 s a planted module to compile); tmp_path when the
+    cache plugin is off (``-p no:cacheprovider``)."""
+    cache = getattr(request.config, "cache", None)
+    return tmp_path if cache is None else cache.mkdir("planted-kernels")
+
+
+def planted(folder: Path, module, old: str, new: str):
+    """``module`` loaded from a copy of its file with ``old`` replaced by ``new``: the copy
+    is named by its text's digest and written once (atomically: xdist workers share it)."""
     src = Path(module.__file__).read_text()
     assert src.count(old) == 1, old
-    path = tmp_path / f"planted_{module.__name__.rpartition('.')[2]}.py"
-    path.write_text(src.replace(old, new))
+    text = src.replace(old, new)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = folder / f"planted_{module.__name__.rpartition('.')[2]}_{digest}.py"
+    if not path.exists():
+        part = path.with_suffix(f".{os.getpid()}.part")
+        part.write_text(text)
+        os.replace(part, path)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = mod  # numba's cache finds a cached kernel's module by name
     spec.loader.exec_module(mod)
     return mod
 
 
-def test_planted_ratio_test_off_by_one_is_rejected(tmp_path):
+def test_planted_ratio_test_off_by_one_is_rejected(planted_dir):
     """Equality accepts (``<=``): only draws exactly on the boundary can tell."""
-    k = planted(tmp_path, kernels(), "(e_hi == r_hi) and (e_lo < r_lo)",
+    k = planted(planted_dir, kernels(), "(e_hi == r_hi) and (e_lo < r_lo)",
                 "(e_hi == r_hi) and (e_lo <= r_lo)")
     assert boundary_difference(k)
 
 
-def test_planted_pick_off_by_one_is_rejected(tmp_path):
-    k = planted(tmp_path, kernels(), "e += 1\n        cum += r\n        if cum > t:",
+def test_planted_pick_off_by_one_is_rejected(planted_dir):
+    k = planted(planted_dir, kernels(), "e += 1\n        cum += r\n        if cum > t:",
                 "e += 1\n        cum += r\n        if cum >= t:")
     assert boundary_difference(k)
 
 
-def test_planted_dense_pick_off_by_one_is_rejected(tmp_path):
-    k = planted(tmp_path, kernels(), "s_total))\n        cum += r\n        if cum > t:",
+def test_planted_dense_pick_off_by_one_is_rejected(planted_dir):
+    k = planted(planted_dir, kernels(), "s_total))\n        cum += r\n        if cum > t:",
                 "s_total))\n        cum += r\n        if cum >= t:")
     assert not boundary_difference(k)  # rows read by their ids: the dense pick unused
     assert boundary_difference(k, dense=True)
 
 
-def test_planted_dense_overlap_missing_an_entry_is_rejected(tmp_path):
-    k = planted(tmp_path, kernels(), "_dense_overlap(p[lo:hi], q[lo:hi], s_total)",
+def test_planted_dense_overlap_missing_an_entry_is_rejected(planted_dir):
+    k = planted(planted_dir, kernels(), "_dense_overlap(p[lo:hi], q[lo:hi], s_total)",
                 "_dense_overlap(p[lo:hi - 1], q[lo:hi - 1], s_total)")
     assert any_difference(k, dense=True)
 
 
-def test_planted_block_sum_missing_an_entry_is_rejected(tmp_path):
-    k = planted(tmp_path, kernels(), "_block(p[k * BLOCK : min(v, (k + 1) * BLOCK)])",
+def test_planted_block_sum_missing_an_entry_is_rejected(planted_dir):
+    k = planted(planted_dir, kernels(), "_block(p[k * BLOCK : min(v, (k + 1) * BLOCK)])",
                 "_block(p[k * BLOCK : min(v, (k + 1) * BLOCK - 1)])")
     assert any_difference(k)
 
 
-def test_planted_residual_at_the_wrong_position_is_rejected(tmp_path):
+def test_planted_residual_at_the_wrong_position_is_rejected(planted_dir):
     """The driver takes the q row before the first rejection's for the residual."""
-    driver = planted(tmp_path, numba_rows, "q_rows[b][a], scratch.totals[a]",
+    driver = planted(planted_dir, numba_rows, "q_rows[b][a], scratch.totals[a]",
                      "q_rows[b][max(a - 1, 0)], scratch.totals[a]")
     assert any_difference(kernels(), driver)
 

@@ -60,6 +60,7 @@ def bit_identical_run(n_rounds: int) -> dict:
     return seen
 
 
+@pytest.mark.experiment
 def test_two_and_three_uneven_shards_decide_as_one_rank_and_the_kernels():
     seen = bit_identical_run(ROUNDS)
     assert seen["correction"] > ROUNDS // 4 and seen["bonus"] > ROUNDS // 20  # both paths
@@ -162,6 +163,7 @@ def local_normaliser(reqs, every=False):
     return out
 
 
+@pytest.mark.experiment
 def test_first_token_is_distributed_as_target_only_and_a_local_normaliser_is_caught():
     # the narrow regime of ANCHORS (vocab tens of ids, q = the target's negated logits:
     # heavy rejection); drafts drawn afresh from q each round, so the first token a round

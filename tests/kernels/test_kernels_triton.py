@@ -53,6 +53,7 @@ def test_tl_philox_gives_the_words_of_pp1q_rng():
     assert words[3].tolist() == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("vocab", [5, 37, 64])
 def test_residual_bit_for_bit(vocab):
     g = np.random.default_rng(vocab)
@@ -118,6 +119,7 @@ def test_verify_step_bit_for_bit_with_per_request_seeds(sparse):
     assert same(first, vs.StepResult(want.accepted[:1], want.token[:1], want.underflow[:1]))
 
 
+@pytest.mark.experiment
 def test_allocation_bit_for_bit():
     g = np.random.default_rng(43)
     x = torch.tensor(g.normal(0, 3, (4, 40)))

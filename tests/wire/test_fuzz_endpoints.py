@@ -16,6 +16,7 @@ import importlib.util
 from pathlib import Path
 
 import msgspec
+import pytest
 import wire_vectors
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -47,6 +48,8 @@ from pp1q.wire.events import (
 from pp1q.wire.framing import HEADER_BYTES
 from pp1q.wire.limits import MAX_CONTROL_BYTES
 from pp1q.wire.messages import MsgType
+
+pytestmark = pytest.mark.experiment  # many-case fuzzing in process
 
 V = wire_vectors.build()
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

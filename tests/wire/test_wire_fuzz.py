@@ -4,6 +4,7 @@ state machine drives both endpoints through their tables with clean traffic."""
 
 import msgspec
 import numpy as np
+import pytest
 import wire_vectors
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -43,6 +44,8 @@ from pp1q.wire.framing import HEADER, HEADER_BYTES
 from pp1q.wire.messages import MsgType
 from pp1q.wire.proposal import row_checksum
 from pp1q.wire.sizes import proposal_fits
+
+pytestmark = pytest.mark.experiment  # many-case fuzzing in process
 
 V = wire_vectors.load()
 FRAMES = [V[n] for n in sorted(V)] + proposal_frames()  # revision 3's PROPOSAL too

@@ -16,6 +16,8 @@ from pp1q.core.errors import Reason
 from pp1q.wire import Discarded, MsgType, ProposalReady, Reset, VerifierEndpoint
 from pp1q.wire.sizes import proposal_fits
 
+pytestmark = pytest.mark.experiment  # many-frame floods in process
+
 LIVE = step(top_k=2, depth=5)  # five rows of two entries: the vectors' 80-byte cap exactly
 COPIES = 6000  # per reason: 12,000 frames of 112 bytes, 1.3 MB a verifier must not keep
 BATCH = 200  # frames a read: a socket read of ~22 KB

@@ -125,6 +125,7 @@ def run_distribution(n: int) -> None:
     assert not chi_square(bad_alone, p).rejected
 
 
+@pytest.mark.experiment
 def test_rounds_and_target_only_follow_the_processed_target():
     run_distribution(N)
 
