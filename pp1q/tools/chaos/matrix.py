@@ -51,6 +51,7 @@ PROMPT = [3, 7]
 ROW_REQUESTS = 8  # per row, 4 at a time (bounded CI size)
 ROW_TOKENS = 16
 WAVE = 4  # requests per wave in rows that lose the connection (one fault per wave)
+FLUSH_WAVES = 3  # fault-free waves that release replayed copies still held after a row
 INJECTIONS = 3  # deterministic injections per row
 EVERY = 4  # fire on every 4th matching frame: each injection hits another proposal
 SETTLE_S = 15.0  # bound on waiting for late frames / counters after a row's requests
@@ -260,6 +261,8 @@ def run_case(rig: Rig, case: Case, requests: int = ROW_REQUESTS, first_seed: int
         answers, crashes = _run_load(rig, case, bodies)
     finally:
         rig.proxy.set_rules([])
+    answers += _release_replays(rig, first_seed + len(bodies), tokens, case.top_k)
+    requests = len(answers)
     injected = crashes if case.crash else rig.proxy.injections[case.kind] - inj0[case.kind]
     d = _settle(rig, case, before, injected)
     row.injected, row.requests = injected, requests
@@ -287,6 +290,22 @@ def run_case(rig: Rig, case: Case, requests: int = ROW_REQUESTS, first_seed: int
     if by_proposal != (commits if case.proposals else 0):
         row.problems.append(f"{by_proposal} of {commits} commits came as one PROPOSAL frame")
     return row
+
+
+def _release_replays(rig: Rig, first_seed: int, tokens: int, top_k) -> list[dict]:
+    """A replayed copy goes out before its slot's next generation: one held from a slot's
+    last request of the row waits for a request the row may never send (which slot
+    serves which request is the daemons' timing). Waves of WAVE more requests, fault-free,
+    until none is held (at most FLUSH_WAVES): each wave moves every slot to a new
+    generation."""
+    answers: list[dict] = []
+    for _ in range(FLUSH_WAVES):
+        if not rig.proxy.held_replays():
+            break
+        seed = first_seed + len(answers)
+        answers += generate(rig, [{"max_tokens": tokens, "seed": seed + i, "top_k": top_k}
+                                  for i in range(WAVE)])
+    return answers
 
 
 def _settle(rig: Rig, case: Case, before: Samples, injected: int) -> Deltas:

@@ -130,6 +130,11 @@ class FaultProxy:
         before it reads counters, so none lands in the next run's)."""
         return sum(len(c.delayed) for c in self._conns if not c.closed)
 
+    def held_replays(self) -> int:
+        """Stale copies still waiting for a later generation of their slot (a run sends
+        more requests until none is left, so each lands in the row that made it)."""
+        return sum(len(c.replays) for c in self._conns if not c.closed)
+
     def reset_all(self) -> int:
         """RST every wire connection between frames; returns how many."""
         conns = [c for c in self._conns if not c.closed]
@@ -345,6 +350,6 @@ class ThreadedProxy:
 
 
 _LOOP_METHODS = {"pause", "unpause", "blackhole", "unblackhole", "set_latency", "reset_all",
-                 "delayed"}
+                 "delayed", "held_replays"}
 
 __all__ = ["FaultProxy", "ThreadedProxy", "MsgType"]
