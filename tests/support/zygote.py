@@ -14,13 +14,13 @@ rank groups a verifier spawns, planted daemons): anything but
 ``[sys.executable, "-m", "pp1q.cli", ...]`` with the options DaemonProcess passes, and
 any command whose environment differs from the zygote's in a variable read at
 interpreter or library start (``_AT_START``): those would not take effect in a forked
-child. ``PP1Q_TEST_ZYGOTE=0`` turns the zygote off
-(every daemon exec'd, as before).
+child. ``PP1Q_TEST_ZYGOTE=0`` turns the zygote off (every daemon exec'd, as before).
 
 The protocol on the zygote's Unix socket, one connection per child: the test side sends
-one JSON request (module, argv, cwd, env) with two descriptors (the stdout pipe's write end and
-the stderr file); the zygote answers the child's pid as one line, then, when the child
-exits, its Popen-style return code as a second line, and closes the connection.
+one JSON request (module, argv, cwd, env) with two descriptors (the stdout pipe's write
+end and the stderr file); the zygote answers the child's pid as one line, then, when
+the child exits, its Popen-style return code as a second line, and closes the
+connection.
 """
 
 from __future__ import annotations
