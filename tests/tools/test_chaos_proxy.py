@@ -278,6 +278,28 @@ async def test_replay_comes_back_once_its_generation_is_dead():
     assert proxy.injections == {FaultKind.REPLAY: 1}
 
 
+async def test_a_replayed_copy_is_held_until_its_slot_moves_on():
+    """proxy.held_replays: what the chaos matrix waits out after a row (more requests
+    until every copy is released)."""
+    held: list[int] = []
+
+    async def gen_one_first(writer, proxy):
+        held.append(proxy.held_replays())
+        writer.write(frames(reply(1), reply(2)))
+        await writer.drain()
+        for _ in range(int(TIMEOUT_S / 0.01)):  # until the proxy has read and held it
+            if proxy.held_replays():
+                break
+            await asyncio.sleep(0.01)
+        held.append(proxy.held_replays())
+
+    data, proxy = await _through([Rule(Replay(), msg_type=REPLY, where={"index": 1})],
+                                 frames(reply(1, generation=2)), between=gen_one_first)
+    assert held == [0, 1]
+    assert indices(data) == [(1, 1), (1, 2), (1, 1), (2, 1)]  # released by generation 2
+    assert proxy.injections == {FaultKind.REPLAY: 1}
+
+
 async def test_truncate_and_disconnect():
     data, proxy = await _through([Rule(Truncate(keep=4), msg_type=REPLY, nth=2)], THREE)
     assert len(data) == len(THREE) - (4 * LIMITS.dense_len - 4)  # payload cut to 4 bytes
