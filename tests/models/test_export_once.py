@@ -63,7 +63,6 @@ def test_a_folder_that_is_no_export_is_refused(tmp_path):
     assert (entry / "notes.txt").read_text() == "mine"
 
 
-
 def test_an_existing_entry_is_found_without_taking_the_lock(tmp_path, monkeypatch):
     """A read-only cache (no lock file can be made there) still serves its entries."""
     entry = tmp_path / "model-abc"
