@@ -4,6 +4,12 @@ Follows pp1q.core.q.build_row step by step: FP64 x = logits / T, global max, e =
 total, w = e / total, (top-k support, renormalise), then floor(w * 2^24) plus one ticket
 for each of the ``remaining`` largest fractional remainders, ties by lowest global id.
 
+On the CPU, where pp1q.core.q_backend's choice is numba (the one that runs build_row's
+allocation), the total's limbs come from one numba pass (numba_counts.sum_limbs) and the
+counts from build_row's own kernel, a row at a time (``allocate_rows``; dispatch.allocate
+picks it): the same integers as the torch forms below, which stay the reference (and
+the path everywhere else).
+
 Numerics. The max, floors, fractions, remainder order and tie rule are exact, so given
 the same FP64 weights the counts equal build_row's bit for bit on every backend and
 sharding. The total is ``fixed.exact_sum`` (order-independent limbs, so shards and
@@ -17,12 +23,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
+from pp1q.core import q_backend
 from pp1q.core.errors import DistributionError, Reason
 from pp1q.core.q import MASS
 
-from .fixed import exact_sum
+from .fixed import SUM_MAX_ENTRIES, exact_sum, limbs_to_float
 from .lookup import SparseCounts, compact
 from .topk import topk_support
 
@@ -66,7 +74,7 @@ def softmax_weights(logits: torch.Tensor, temperature=1.0) -> torch.Tensor:
     x, gmax = scaled_logits(logits, temperature)
     check_max(gmax)
     e = torch.exp(x.sub_(gmax))
-    total = exact_sum(e).unsqueeze(-1)
+    total = _exact_total(e).unsqueeze(-1)
     check_total(total)
     return e / total
 
@@ -75,7 +83,7 @@ def logsumexp(logits: torch.Tensor, temperature=1.0) -> torch.Tensor:
     """Global log-normaliser max + log(total) of logits / T (FP64)."""
     x, gmax = scaled_logits(logits, temperature)
     check_max(gmax)
-    return (gmax + torch.log(exact_sum(torch.exp(x - gmax)).unsqueeze(-1))).squeeze(-1)
+    return (gmax + torch.log(_exact_total(torch.exp(x - gmax)).unsqueeze(-1))).squeeze(-1)
 
 
 # ---------------------------------------------------------------------------
@@ -163,9 +171,55 @@ def allocate(w: torch.Tensor) -> torch.Tensor:
     return counts
 
 
+def allocate_rows(kernels, w: torch.Tensor, consume: bool = False) -> torch.Tensor:
+    """``allocate``'s counts from build_row's kernel (pp1q.core.q_scan.allocate, the
+    ``kernels`` module), a row at a time into the int64 result: CPU weights only. The
+    kernel turns its input into remainders: each row is copied into one reused scratch
+    row first, unless ``consume`` (the caller's own temporary ``w``, float64 and
+    contiguous, may be overwritten). Refuses what ``allocate`` refuses, and weights
+    outside [0, 1] as well (build_row's check)."""
+    n = w.shape[-1]
+    rows = w.detach().reshape(-1, n)
+    if rows.dtype != torch.float64 or not rows.is_contiguous():
+        rows, consume = rows.to(torch.float64).contiguous(), True  # a copy of our own
+    src = rows.numpy()
+    out = torch.empty(rows.shape, dtype=torch.int64)
+    scratch = None if consume else np.empty(n, np.float64)
+    for r, counts in enumerate(out.numpy()):
+        row = src[r]
+        if scratch is not None:
+            scratch[:] = row
+            row = scratch
+        remaining = kernels.allocate(row, row.view(np.uint64), counts)
+        if remaining < 0:  # -1: outside [0, 1] or remaining not in [0, MASS); -2: too few
+            raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
+                                    "weights outside [0, 1], remaining tickets out of range "
+                                    "or more tickets than entries")
+    if not bool((out.sum(-1) == MASS).all()):
+        raise DistributionError(Reason.ALLOCATION_INCONSISTENT, "counts do not sum to MASS")
+    return out.reshape(w.shape)
+
+
+def _exact_total(x: torch.Tensor) -> torch.Tensor:
+    """fixed.exact_sum of rows of float64 values in [0, 1]; on the CPU where numba runs
+    build_row's allocation, its limbs from one numba pass (the same limbs, so the same
+    float64)."""
+    k = q_backend.kernels() if x.device.type == "cpu" else None
+    n = x.shape[-1]
+    if k is None or x.dtype != torch.float64 or n > SUM_MAX_ENTRIES:
+        return exact_sum(x)  # refuses a row too wide for its limbs, as before
+    from . import numba_counts  # numba is importable: q_backend chose it
+
+    rows = x.detach().reshape(-1, n).contiguous().numpy()
+    hi, lo = np.empty(rows.shape[0], np.int64), np.empty(rows.shape[0], np.int64)
+    numba_counts.sum_limbs(rows, hi, lo)
+    lead = x.shape[:-1]
+    return limbs_to_float(torch.from_numpy(hi).reshape(lead), torch.from_numpy(lo).reshape(lead))
+
+
 def support_counts(ws: torch.Tensor, ids: torch.Tensor, vocab: int) -> SparseCounts:
     """Counts on a top-k support (weights ws at ids): renormalise, allocate, drop zeros."""
-    total = exact_sum(ws).unsqueeze(-1)
+    total = _exact_total(ws).unsqueeze(-1)
     check_total(total)
     counts = allocate(ws / total)
     return compact(ids, counts, counts > 0, vocab)

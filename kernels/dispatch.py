@@ -1,4 +1,5 @@
-"""Backend choice for the hot kernels: Triton on CUDA tensors, torch everywhere else.
+"""Backend choice for the hot kernels: Triton on CUDA tensors, torch everywhere else
+(count allocation on the CPU: build_row's numba kernel where it runs, see ``allocate``).
 
 Both backends return bit-identical results (exact integer arithmetic; tests compare
 them under TRITON_INTERPRET=1), so the choice is about speed only. Override with the
@@ -13,6 +14,7 @@ import os
 
 import torch
 
+from pp1q.core import q_backend
 from pp1q.core.errors import LocalProtocolError, Reason
 
 from . import counts, residual
@@ -49,18 +51,29 @@ def residual_sample(p, q, u53, *, use_q=None, validate=True, backend=None):
 
 
 def allocate(w, *, backend=None):
-    """Counts of normalised FP64 weight rows: counts.allocate on the chosen backend."""
-    if backend_for(w, backend) == "triton":
-        from .triton_counts import allocate as run
-    else:
-        run = counts.allocate
-    return run(w)
+    """Counts of normalised FP64 weight rows: counts.allocate on the chosen backend. On
+    the CPU under ``auto``, where pp1q.core.q_backend's choice is numba, build_row's own
+    kernel a row at a time (counts.allocate_rows: the same integers, several times
+    faster); ``backend="torch"`` (or PP1Q_KERNEL_BACKEND=torch) keeps torch's."""
+    return _allocator(w, backend)(w)
 
 
 def build_counts(logits, temperature=1.0, top_k=None, *, backend=None):
     """q rows from logits (dense counts, or SparseCounts with top_k)."""
+    # the weights build_counts hands its allocator are its own temporary: consumed
     return counts.build_counts(logits, temperature, top_k,
-                               allocator=lambda w: allocate(w, backend=backend))
+                               allocator=lambda w: _allocator(w, backend, consume=True)(w))
+
+
+def _allocator(w, backend, consume: bool = False):
+    if backend_for(w, backend) == "triton":
+        from .triton_counts import allocate as run
+        return run
+    requested = backend or os.environ.get(BACKEND_ENV, "auto")
+    k = q_backend.kernels() if requested == "auto" and w.device.type == "cpu" else None
+    if k is not None:
+        return lambda x: counts.allocate_rows(k, x, consume)
+    return counts.allocate
 
 
 def verify(p, q, draft, keys, *, validate=True, backend=None):
