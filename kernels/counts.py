@@ -48,7 +48,9 @@ def scaled_logits(logits: torch.Tensor, temperature):
     t = torch.as_tensor(temperature, dtype=torch.float64, device=logits.device)
     if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
         raise DistributionError(Reason.BAD_TEMPERATURE, f"temperature {temperature!r}")
-    x = logits.to(torch.float64) / (t.unsqueeze(-1) if t.dim() else t)
+    # one fresh FP64 copy, divided in place: a whole-row temporary less (each is
+    # megabytes of fresh pages a batch); the caller owns x
+    x = logits.to(torch.float64, copy=True).div_(t.unsqueeze(-1) if t.dim() else t)
     xmax = x.amax(-1, keepdim=True)  # NaN propagates through amax
     if not bool((xmax < math.inf).all()):
         if bool(torch.isnan(logits).any()):
@@ -73,17 +75,17 @@ def softmax_weights(logits: torch.Tensor, temperature=1.0) -> torch.Tensor:
     """Normalised FP64 weights w [..., V] (the sharded form is in shard_emulator)."""
     x, gmax = scaled_logits(logits, temperature)
     check_max(gmax)
-    e = torch.exp(x.sub_(gmax))
+    e = x.sub_(gmax).exp_()  # in place: x is scaled_logits' own copy
     total = _exact_total(e).unsqueeze(-1)
     check_total(total)
-    return e / total
+    return e.div_(total)
 
 
 def logsumexp(logits: torch.Tensor, temperature=1.0) -> torch.Tensor:
     """Global log-normaliser max + log(total) of logits / T (FP64)."""
     x, gmax = scaled_logits(logits, temperature)
     check_max(gmax)
-    return (gmax + torch.log(_exact_total(torch.exp(x - gmax)).unsqueeze(-1))).squeeze(-1)
+    return (gmax + torch.log(_exact_total(x.sub_(gmax).exp_()).unsqueeze(-1))).squeeze(-1)
 
 
 # ---------------------------------------------------------------------------
