@@ -109,8 +109,13 @@ def test_select_positions_equal_torch_on_ties(numba_rows):
         n = int(g.integers(1, 300))
         v = torch.tensor(g.integers(0, 5, (3, n)) / 4.0)  # few distinct values: many ties
         k = int(g.integers(1, n + 1))
-        got = topk.select_positions(v, k)
-        assert torch.equal(got, torch_forms(lambda v=v, k=k: topk.select_positions(v, k)))
+        want = torch_forms(lambda v=v, k=k: topk.select_positions(v, k))
+        assert torch.equal(topk.select_positions(v, k), want)
+        # the numba pass itself, not its fallback to torch's form: k positions every row
+        out = torch.empty(3, k, dtype=torch.int64)
+        kth = torch.topk(v, k, dim=-1).values[:, -1].contiguous()
+        assert numba_counts.take_top(v.numpy(), kth.numpy(), k, out.numpy()) == 0
+        assert torch.equal(out, want)
 
 
 def test_select_positions_with_nan_behaves_as_torch(numba_rows):
