@@ -48,8 +48,8 @@ def scaled_logits(logits: torch.Tensor, temperature):
     t = torch.as_tensor(temperature, dtype=torch.float64, device=logits.device)
     if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
         raise DistributionError(Reason.BAD_TEMPERATURE, f"temperature {temperature!r}")
-    # one fresh FP64 copy, divided in place: a whole-row temporary less (each is
-    # megabytes of fresh pages a batch); the caller owns x
+    # one fresh FP64 copy, divided in place: a whole-batch temporary (a write and a
+    # read of megabytes) less; the caller owns x
     x = logits.to(torch.float64, copy=True).div_(t.unsqueeze(-1) if t.dim() else t)
     xmax = x.amax(-1, keepdim=True)  # NaN propagates through amax
     if not bool((xmax < math.inf).all()):

@@ -1,14 +1,17 @@
-"""build_counts' exact total on the CPU in numba: ``fixed.sum_limbs`` row by row, one pass.
+"""build_counts' CPU passes in numba: its exact total's limbs and its top-k positions.
 
-The same limbs as the torch form, operation for operation (a = x 2^45, hi = floor(a), lo
-= floor((a - hi) 2^45), each exact, summed as integers), so the total ``limbs_to_float``
-makes of them is the same float64 bit for bit: the torch form makes about six passes
-over a float64 row and writes three temporaries (0.68 ms a 129280-entry row on the
-reference machine; this, one read). tests/kernels/test_kernels_counts.py holds the two
-to equal limbs.
+``sum_limbs``: ``fixed.sum_limbs`` row by row in one pass, the same limbs operation for
+operation (a = x 2^45, hi = floor(a), lo = floor((a - hi) 2^45), each exact, summed as
+integers), so the total ``limbs_to_float`` makes of them is the same float64 bit for
+bit; the torch form makes about six passes over a float64 row and writes three
+temporaries (0.6-0.7 ms a 129280-entry row on the reference machine; this, one read).
+``take_top``: ``topk.select_positions``' rule after torch.topk's k-th value, one pass a
+row instead of five whole-row temporaries. tests/kernels/test_kernels_counts_cpu.py
+holds each to its torch form.
 
-Imported only by pp1q_kernels.counts, when pp1q.core.q_backend's choice is numba (the
-choice that runs build_row's allocation: build_counts on the CPU follows it).
+Imported only by pp1q_kernels.counts and pp1q_kernels.topk, when pp1q.core.q_backend's
+choice is numba (the choice that runs build_row's allocation: build_counts on the CPU
+follows it).
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ def sum_limbs(x, hi, lo):
 def take_top(values, kth, k, out):
     """out[r]: the positions (ascending) of row r's values above kth[r], then of its
     values equal to kth[r] from the lowest position, k in all (topk.select_positions'
-    rule, in one pass a row). Returns how many rows had fewer than k such values (kth
-    not a value of the row, NaN: the caller's torch form then says why)."""
+    rule, in one pass a row). Returns how many rows did not give exactly k (kth not a
+    value of the row, NaN: the caller's torch form then says why)."""
     short = 0
     for r in range(values.shape[0]):
         t = kth[r]
