@@ -75,6 +75,7 @@ def _cases():
         return numba_rows.decide_rows(k, p_rows, c_x.numpy(), chains, draft.numpy(),
                                       *(d.numpy() for d in draws))
 
+    logits64 = logits.to(torch.float64)
     return [
         ("torch softmax fp32 (baseline)", lambda: torch.softmax(logits, -1)),
         ("residual, sparse q top-32", residual(q_sparse)),
@@ -87,6 +88,9 @@ def _cases():
          lambda: dispatch.verify(p_all, q_step, draft, keys, validate=False)),
         ("lazy step, torch (CPU without numba)", lazy_torch),
         *([("lazy step, numba (the service's CPU path)", lazy_numba)] if k else []),
+        # build_counts' first step and its floor: the FP64 softmax the design asks for
+        ("torch softmax fp64 (same precision)", lambda: torch.softmax(logits64, -1)),
+        ("counts: FP64 weights alone (softmax_weights)", lambda: counts.softmax_weights(logits)),
         ("counts: allocate (given FP64 weights)", lambda: dispatch.allocate(w)),
         ("counts: build_counts dense (from logits)", lambda: dispatch.build_counts(logits)),
         ("counts: build_counts top-32", lambda: dispatch.build_counts(logits, top_k=TOP_K)),
