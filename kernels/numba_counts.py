@@ -5,9 +5,9 @@ operation (a = x 2^45, hi = floor(a), lo = floor((a - hi) 2^45), each exact, sum
 integers), so the total ``limbs_to_float`` makes of them is the same float64 bit for
 bit; the torch form makes about six passes over a float64 row and writes three
 temporaries (0.6-0.7 ms a 129280-entry row on the reference machine; this, one read).
-``take_top``: ``topk.select_positions``' rule after torch.topk's k-th value, one pass a
-row instead of five whole-row temporaries. tests/kernels/test_kernels_counts_cpu.py
-holds each to its torch form.
+``top_positions``: ``topk.select_positions``' rule in one pass a row (a heap of the k
+best, checked 64 values at a time), instead of torch.topk and five whole-row
+temporaries. tests/kernels/test_kernels_counts_cpu.py holds each to its torch form.
 
 Imported only by pp1q_kernels.counts and pp1q_kernels.topk, when pp1q.core.q_backend's
 choice is numba (the choice that runs build_row's allocation: build_counts on the CPU
@@ -39,27 +39,95 @@ def sum_limbs(x, hi, lo):
         lo[r] = l_sum
 
 
+# heap insertions a row may make, n // _INSERT_SHARE + _INSERT_PER_K * k, before torch's
+# topk decides it: a row in random order makes about k ln(n / k) (266 for k = 32 of
+# 129280), one sorted ascending n (n log k sifts)
+_INSERT_SHARE = 16
+_INSERT_PER_K = 16
+_BLOCK = 64  # values checked at once (one vector pass) before any is looked at alone
+
+
 @jit
-def take_top(values, kth, k, out):
-    """out[r]: the positions (ascending) of row r's values above kth[r], then of its
-    values equal to kth[r] from the lowest position, k in all (topk.select_positions'
-    rule, in one pass a row). Returns how many rows did not give exactly k (kth not a
-    value of the row, NaN: the caller's torch form then says why)."""
-    short = 0
+def _worse(v, i, w, j):
+    """(v, i) ranks below (w, j): a smaller value, or an equal one at a higher position."""
+    return v < w or (v == w and i > j)
+
+
+@jit
+def _sift_down(hv, hp, k):
+    """Restore the heap (its worst entry at 0) after the root was replaced."""
+    a = 0
+    while True:
+        lo = 2 * a + 1
+        if lo >= k:
+            return
+        c = lo
+        if lo + 1 < k and _worse(hv[lo + 1], hp[lo + 1], hv[lo], hp[lo]):
+            c = lo + 1
+        if not _worse(hv[c], hp[c], hv[a], hp[a]):
+            return
+        hv[a], hv[c] = hv[c], hv[a]
+        hp[a], hp[c] = hp[c], hp[a]
+        a = c
+
+
+@jit
+def top_positions(values, k, out):
+    """out[r]: the positions (ascending) of row r's k largest values, ties by lowest
+    position (topk.select_positions' rule), in one pass a row: a heap of the k best so
+    far, whose worst entry a later value replaces only by being larger (a later equal
+    value sits at a higher position). Returns how many rows it gave up on (a NaN, which
+    torch.topk ranks above everything, or more insertions than its budget above);
+    the caller's torch form decides those."""
+    n = values.shape[1]
+    hv = np.empty(k, values.dtype)
+    hp = np.empty(k, np.int64)
+    given_up = 0
     for r in range(values.shape[0]):
-        t = kth[r]
-        above = 0
-        for i in range(values.shape[1]):  # counted first: how many ties are taken
-            above += values[r, i] > t
-        ties = k - above
-        j = 0
-        for i in range(values.shape[1]):
-            v = values[r, i]
-            if v > t or (v == t and ties > 0):
-                if j < k:
-                    out[r, j] = i
-                j += 1
-                if v == t:
-                    ties -= 1
-        short += j != k
-    return short
+        row = values[r]
+        nan = False
+        for i in range(k):  # the first k, then heapified
+            hv[i] = row[i]
+            hp[i] = i
+            nan |= row[i] != row[i]
+        for a in range(k // 2 - 1, -1, -1):
+            b = a
+            while True:  # sift down from b (the heap is built bottom-up)
+                lo = 2 * b + 1
+                if lo >= k:
+                    break
+                c = lo
+                if lo + 1 < k and _worse(hv[lo + 1], hp[lo + 1], hv[lo], hp[lo]):
+                    c = lo + 1
+                if not _worse(hv[c], hp[c], hv[b], hp[b]):
+                    break
+                hv[b], hv[c] = hv[c], hv[b]
+                hp[b], hp[c] = hp[c], hp[b]
+                b = c
+        inserts, budget = 0, n // _INSERT_SHARE + _INSERT_PER_K * k
+        worst = hv[0]
+        for start in range(k, n, _BLOCK):
+            end = min(start + _BLOCK, n)
+            beats = 0
+            for i in range(start, end):  # vectorised: does anything here beat the worst?
+                beats += not row[i] <= worst  # (NaN too)
+            if beats == 0:  # the usual case once the heap holds large values
+                continue
+            for i in range(start, end):
+                v = row[i]
+                if not v <= worst:
+                    if v != v:
+                        nan = True
+                        break
+                    hv[0] = v
+                    hp[0] = i
+                    _sift_down(hv, hp, k)
+                    worst = hv[0]
+                    inserts += 1
+            if nan or inserts > budget:
+                break
+        if nan or inserts > budget:
+            given_up += 1
+            continue
+        out[r, :] = np.sort(hp)
+    return given_up

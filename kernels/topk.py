@@ -8,8 +8,8 @@ global winner it owns, so the exact global top-k is the top-k of the merged cand
 (candidates listed in ascending global id, so position order is id order).
 
 On the CPU, where pp1q.core.q_backend's choice is numba (build_counts follows build_row
-there), the positions come from one numba pass a row after torch.topk's k-th value
-(numba_counts.take_top): the same positions, without torch's five whole-row temporaries.
+there), the positions come from one numba pass a row (numba_counts.top_positions: a heap
+of the k best): the same positions, without torch.topk and five whole-row temporaries.
 """
 
 from __future__ import annotations
@@ -25,17 +25,16 @@ def select_positions(values: torch.Tensor, k: int) -> torch.Tensor:
     n = values.shape[-1]
     if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= n:
         raise DistributionError(Reason.BAD_TOP_K, f"top_k {k!r} for {n} entries")
-    kth = torch.topk(values, k, dim=-1).values[..., -1:]
     if values.device.type == "cpu" and values.dtype == torch.float64 \
             and q_backend.kernels() is not None:
         from . import numba_counts  # numba is importable: q_backend chose it
 
         rows = values.detach().reshape(-1, n).contiguous()
         out = torch.empty(rows.shape[0], k, dtype=torch.int64)
-        if numba_counts.take_top(rows.numpy(), kth.reshape(-1).contiguous().numpy(), k,
-                                 out.numpy()) == 0:
+        if numba_counts.top_positions(rows.numpy(), k, out.numpy()) == 0:
             return out.reshape(*values.shape[:-1], k)
-        # a row without k such values (a NaN k-th value): torch's form below refuses it
+        # a row with a NaN, or one that kept replacing its heap: torch's form below
+    kth = torch.topk(values, k, dim=-1).values[..., -1:]
     above = values > kth
     tied = values == kth
     need = k - above.sum(-1, keepdim=True)

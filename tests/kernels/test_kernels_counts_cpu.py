@@ -107,16 +107,27 @@ def test_build_counts_auto_equals_torch_backend(numba_rows, top_k):
 def test_select_positions_equal_torch_on_ties(numba_rows):
     g = np.random.default_rng(4)
     for _ in range(60):
-        n = int(g.integers(1, 300))
+        n = int(g.integers(1, 3000))
         v = torch.tensor(g.integers(0, 5, (3, n)) / 4.0)  # few distinct values: many ties
         k = int(g.integers(1, n + 1))
         want = torch_forms(lambda v=v, k=k: topk.select_positions(v, k))
         assert torch.equal(topk.select_positions(v, k), want)
-        # the numba pass itself, not its fallback to torch's form: k positions every row
+        # the numba pass itself, not its fallback to torch's form
         out = torch.empty(3, k, dtype=torch.int64)
-        kth = torch.topk(v, k, dim=-1).values[:, -1].contiguous()
-        assert numba_counts.take_top(v.numpy(), kth.numpy(), k, out.numpy()) == 0
+        assert numba_counts.top_positions(v.numpy(), k, out.numpy()) == 0
         assert torch.equal(out, want)
+
+
+def test_top_positions_on_wide_rows_and_its_fallbacks(numba_rows):
+    g = np.random.default_rng(5)
+    w = counts.softmax_weights(torch.tensor(g.normal(0.0, 4.0, (2, 129280))))
+    out = torch.empty(2, 32, dtype=torch.int64)
+    assert numba_counts.top_positions(w.numpy(), 32, out.numpy()) == 0
+    assert torch.equal(out, torch_forms(lambda: topk.select_positions(w, 32)))
+    ascending = torch.arange(5000, dtype=torch.float64).repeat(2, 1)  # replaces its heap
+    assert numba_counts.top_positions(ascending.numpy(), 8, torch.empty(2, 8, dtype=torch.int64)
+                                      .numpy()) == 2  # gives up: torch's form decides
+    assert topk.select_positions(ascending, 8).tolist() == [list(range(4992, 5000))] * 2
 
 
 def test_select_positions_with_nan_behaves_as_torch(numba_rows):
