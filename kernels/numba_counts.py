@@ -54,9 +54,9 @@ def _worse(v, i, w, j):
 
 
 @jit
-def _sift_down(hv, hp, k):
-    """Restore the heap (its worst entry at 0) after the root was replaced."""
-    a = 0
+def _sift_down(hv, hp, k, a):
+    """Move entry ``a`` down the heap (its worst entry at 0) until it ranks below neither
+    child: after the root was replaced, or to build the heap bottom-up."""
     while True:
         lo = 2 * a + 1
         if lo >= k:
@@ -90,20 +90,11 @@ def top_positions(values, k, out):
             hv[i] = row[i]
             hp[i] = i
             nan |= row[i] != row[i]
+        if nan:  # no order to keep: torch's form ranks the NaN
+            given_up += 1
+            continue
         for a in range(k // 2 - 1, -1, -1):
-            b = a
-            while True:  # sift down from b (the heap is built bottom-up)
-                lo = 2 * b + 1
-                if lo >= k:
-                    break
-                c = lo
-                if lo + 1 < k and _worse(hv[lo + 1], hp[lo + 1], hv[lo], hp[lo]):
-                    c = lo + 1
-                if not _worse(hv[c], hp[c], hv[b], hp[b]):
-                    break
-                hv[b], hv[c] = hv[c], hv[b]
-                hp[b], hp[c] = hp[c], hp[b]
-                b = c
+            _sift_down(hv, hp, k, a)
         inserts, budget = 0, n // _INSERT_SHARE + _INSERT_PER_K * k
         worst = hv[0]
         for start in range(k, n, _BLOCK):
@@ -121,7 +112,7 @@ def top_positions(values, k, out):
                         break
                     hv[0] = v
                     hp[0] = i
-                    _sift_down(hv, hp, k)
+                    _sift_down(hv, hp, k, 0)
                     worst = hv[0]
                     inserts += 1
             if nan or inserts > budget:

@@ -130,11 +130,13 @@ def test_top_positions_on_wide_rows_and_its_fallbacks(numba_rows):
     assert topk.select_positions(ascending, 8).tolist() == [list(range(4992, 5000))] * 2
 
 
-def test_select_positions_with_nan_behaves_as_torch(numba_rows):
+@pytest.mark.parametrize("k", [1, 2])  # the NaN after the heap's first k values, or in them
+def test_select_positions_with_nan_behaves_as_torch(numba_rows, k):
     v = torch.tensor([[0.5, float("nan"), 0.25, 0.5]], dtype=torch.float64)
+    assert numba_counts.top_positions(v.numpy(), k, np.empty((1, k), np.int64)) == 1
     outcomes = []
-    for run in (lambda: topk.select_positions(v, 2),
-                lambda: torch_forms(lambda: topk.select_positions(v, 2))):
+    for run in (lambda: topk.select_positions(v, k),
+                lambda: torch_forms(lambda: topk.select_positions(v, k))):
         try:
             outcomes.append(run().tolist())
         except Exception as e:  # noqa: BLE001 - whatever torch's form does, both do
