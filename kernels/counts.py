@@ -192,11 +192,7 @@ def allocate_rows(kernels, w: torch.Tensor, consume: bool = False) -> torch.Tens
         if scratch is not None:
             scratch[:] = row
             row = scratch
-        remaining = kernels.allocate(row, row.view(np.uint64), counts)
-        if remaining < 0:  # -1: outside [0, 1] or remaining not in [0, MASS); -2: too few
-            raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
-                                    "weights outside [0, 1], remaining tickets out of range "
-                                    "or more tickets than entries")
+        q_backend.allocate_fused(kernels, row, counts)  # raises build_row's refusals
     if not bool((out.sum(-1) == MASS).all()):
         raise DistributionError(Reason.ALLOCATION_INCONSISTENT, "counts do not sum to MASS")
     return out.reshape(w.shape)

@@ -31,7 +31,7 @@ def triton_available() -> bool:
 
 def backend_for(t: torch.Tensor, backend: str | None = None) -> str:
     """'triton' or 'torch' for tensors on t's device."""
-    choice = backend or os.environ.get(BACKEND_ENV, "auto")
+    choice = _requested(backend)
     if choice not in BACKENDS:
         raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, f"kernel backend {choice!r}")
     if choice == "auto":
@@ -39,6 +39,11 @@ def backend_for(t: torch.Tensor, backend: str | None = None) -> str:
     if choice == "triton" and not triton_available():
         raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE, "triton is not installed")
     return choice
+
+
+def _requested(backend: str | None) -> str:
+    """The backend asked for: ``backend=``, else PP1Q_KERNEL_BACKEND, else auto."""
+    return backend or os.environ.get(BACKEND_ENV, "auto")
 
 
 def residual_sample(p, q, u53, *, use_q=None, validate=True, backend=None):
@@ -69,8 +74,8 @@ def _allocator(w, backend, consume: bool = False):
     if backend_for(w, backend) == "triton":
         from .triton_counts import allocate as run
         return run
-    requested = backend or os.environ.get(BACKEND_ENV, "auto")
-    k = q_backend.kernels() if requested == "auto" and w.device.type == "cpu" else None
+    auto_on_cpu = _requested(backend) == "auto" and w.device.type == "cpu"
+    k = q_backend.kernels() if auto_on_cpu else None  # numba loads only when it may run
     if k is not None:
         return lambda x: counts.allocate_rows(k, x, consume)
     return counts.allocate

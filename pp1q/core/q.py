@@ -123,15 +123,7 @@ def _allocate(w: np.ndarray) -> np.ndarray:
     k = q_backend.kernels_for(w)
     if k is not None:
         counts = np.empty(w.size, dtype=np.int32)
-        remaining = k.allocate(w, w.view(np.uint64), counts)
-        if remaining == -1:
-            raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
-                                    f"weights outside [0, 1] or remaining tickets not in "
-                                    f"[0, {MASS})")
-        if remaining == -2:
-            raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
-                                    f"more tickets than the {int(np.count_nonzero(w >= 0))} "
-                                    "positive entries")
+        q_backend.allocate_fused(k, w, counts)
         return _checked_total(counts)
     frac = np.multiply(w, MASS, out=w)  # exact: a power-of-two scale
     # truncation is floor (frac >= 0); int32 holds every count (<= 2^24) and converts a

@@ -29,7 +29,8 @@ import time
 import numpy as np
 
 from pp1q.core.backend_choice import BackendChoice
-from pp1q.core.errors import Reason, RowValidationError
+from pp1q.core.errors import DistributionError, Reason, RowValidationError
+from pp1q.core.q_row import MASS
 
 ENV = "PP1Q_VALIDATE"
 CHOICE = BackendChoice(ENV, "numpy", lambda: importlib.import_module("pp1q.core.q_scan"))
@@ -134,6 +135,22 @@ def parse_sparse_fused(k, ids: np.ndarray, q: np.ndarray, vocab: int,
         raise RowValidationError(Reason.ZERO_Q_AT_TOKEN, f"q({token}) = 0")
     reason, what = k.FAILURES[code]
     raise RowValidationError(reason, f"{what} at index {i}: {(ids[i], q[i])!r}")
+
+
+def allocate_fused(k, w: np.ndarray, counts: np.ndarray) -> int:
+    """build_row's count allocation in one kernel call (``k.allocate``) into ``counts``
+    (int32 or int64, w's size), ``w`` (normalised FP64, C-contiguous) consumed into its
+    remainders; ``remaining``, or the refusal the kernel's verdict names."""
+    remaining = k.allocate(w, w.view(np.uint64), counts)
+    if remaining == -1:
+        raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
+                                f"weights outside [0, 1] or remaining tickets not in "
+                                f"[0, {MASS})")
+    if remaining == -2:
+        raise DistributionError(Reason.ALLOCATION_INCONSISTENT,
+                                f"more tickets than the {int(np.count_nonzero(w >= 0))} "
+                                "positive entries")
+    return remaining
 
 
 def extract(k, arr: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
