@@ -24,3 +24,27 @@ def test_one_batch_and_two_batches_in_flight_commit_every_round() -> None:
         peer.close()
     assert all(ms > 0 for ms in (*one, *two))
     assert one[1] >= one[0]  # the decision and COMMITs come after the transport
+
+
+def test_side_by_side_runs_one_raw_round_before_each_round_of_ours(monkeypatch) -> None:
+    # every round of ours gets its raw round (time_side_by_side's claim: the medians
+    # come from rounds taken in turn); a raw client that never ran would still return
+    # medians from time_ours, so count the raw rounds through the client's own seam
+    calls = []
+    real_round = bench_round._RawClient.round
+
+    def counted(self) -> float:
+        calls.append(self)
+        return real_round(self)
+
+    monkeypatch.setattr(bench_round._RawClient, "round", counted)
+    t = bench_round.time_side_by_side("sparse", 4)
+    assert len(calls) == 4 and len(set(calls)) == 1  # one connection, a round per round
+    assert set(t) == {"raw", "ours", "full"}  # no pyzmq column unless asked for
+    assert all(ms > 0 for ms in t.values())
+    assert t["full"] >= t["ours"]
+
+
+def test_between_needs_one_batch() -> None:
+    with pytest.raises(ValueError):
+        asyncio.run(bench_round._ours(1, "sparse", 1, batches=2, between=lambda: None))

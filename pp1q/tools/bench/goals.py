@@ -1,8 +1,8 @@
 """The hot-path goals (issue 13) side by side in one run: each a ratio, with its target.
 
 Every ratio is measured in this run against its own baseline (same rows, same bytes,
-repetitions interleaved where both run in this process): the round against raw
-sockets sending the frames ours sends (pp1q.tools.bench.round), decode + validate
+repetitions interleaved): the round against raw sockets sending the frames ours sends,
+one raw round before each of ours (pp1q.tools.bench.round), decode + validate
 against np.copy (wire), the service's verification step against one torch softmax
 pass over the same 20 rows, and the worker's count allocation (build_row) against one
 numpy softmax pass over the same row. The full suites (q, wire, kernels, round) give
@@ -21,9 +21,6 @@ TITLE = "Hot-path goals: each ratio against its target, measured in this run"
 
 VOCAB = 129280
 REQUESTS, DEPTH, TOP_K = 4, 5, 32
-# (ours, raw) alternations behind each round goal of the service's checker: one pair's
-# ratio moved 1.8-2.8x between back-to-back runs on the shared 2-core machine
-ALTERNATIONS = 3
 
 
 def _interleaved(cases: dict, reps: int) -> dict[str, float]:
@@ -107,74 +104,39 @@ def _wire(reps: int) -> tuple[dict[str, float], float]:
     return best, best.pop("baseline")
 
 
-def _raw_again(raws: list[float], form: str, rounds: int) -> float:
-    """Time raw once more (appended to ``raws``): the mean of the last two raw runs, the
-    ones either side of the measurement just made."""
-    from pp1q.tools.bench.round import time_raw
-
-    raws.append(time_raw(form, rounds))
-    return (raws[-2] + raws[-1]) / 2
-
-
-def _pairs(form: str, rounds: int, checker: str, raws: list[float], times: int):
-    """``times`` alternations of ours then raw again: [(ours ms, + verification ms, raw ms
-    either side)], each ratio read against the raw runs around it."""
-    from pp1q.tools.bench.round import time_ours
-
-    out = []
-    for _ in range(times):
-        ours, full = time_ours(form, rounds, checker=checker)
-        out.append((ours, full, _raw_again(raws, form, rounds)))
-    return out
-
-
-def _median_ratio(pairs, at: int) -> tuple[float, tuple, str]:
-    """(median of the pairs' [at] / raw, the pair it came from, "n runs: lo-hi" when
-    there is more than one pair; the median of an odd count is one of them)."""
-    ranked = sorted(pairs, key=lambda p: p[at] / p[2])
-    mid = ranked[len(ranked) // 2]
-    spread = (f"  ({len(ranked)} runs: {ranked[0][at] / ranked[0][2]:.2f}-"
-              f"{ranked[-1][at] / ranked[-1][2]:.2f}x)" if len(ranked) > 1 else "")
-    return mid[at] / mid[2], mid, spread
-
-
 def _row(goal: str, ratio: float, target: float, note: str = "") -> str:
     return (f"{goal:<52} {ratio:>8.2f}x  <= {target:g}x  "
             f"{'met' if ratio <= target else 'MISSED'}{note}")
 
 
 def run(quick: bool) -> list[str]:
-    from pp1q.tools.bench.round import time_ours_two_batches, time_raw
+    from pp1q.tools.bench.round import time_ours_two_batches, time_raw, time_side_by_side
     from pp1q.tools.bench.wire import checkers
 
     lines = [f"{'goal (issue 13)':<52} {'ratio':>9}  target"]
     service = q_backend.backend()  # the checker the daemons run here
     for form, rounds, target, target_full in (("sparse", 30 if quick else 300, 1.5, 5.0),
-                                              ("dense", 8 if quick else 40, 2.0, 3.0)):
-        # raw is timed again after each of ours and each ratio takes the mean of the raw
-        # runs either side of it: the shared machine's load drifts within a run, and the
-        # dense raw floor (10 MB a round) moved 1.9-5.6 ms between runs; the service's
-        # checker is alternated with raw ALTERNATIONS times and the median ratio taken
-        raws = [time_raw(form, rounds)]
+                                              ("dense", 8 if quick else 60, 2.0, 3.0)):
+        # one raw round before each of ours (time_side_by_side): until 2 Dec 2026 raw ran
+        # in blocks of its own, back to back, and a pair of blocks moved 1.8-2.8x between
+        # runs on the shared 2-core machine; the service's checker gets twice the rounds
         for checker in checkers():
-            times = ALTERNATIONS if checker == service and not quick else 1
-            pairs = _pairs(form, rounds, checker, raws, times)
-            ratio, (ours, _, raw), spread = _median_ratio(pairs, 0)
-            lines.append(_row(f"{form} round / raw ({ours:.2f} / {raw:.2f} ms, {checker})",
-                              ratio, target, spread))
-            ratio, _, spread = _median_ratio(pairs, 1)
+            n = rounds * 2 if checker == service and not quick else rounds
+            t = time_side_by_side(form, n, checker)
+            lines.append(_row(f"{form} round / raw ({t['ours']:.2f} / {t['raw']:.2f} ms, "
+                              f"{checker})", t["ours"] / t["raw"], target))
             lines.append(_row(f"{form} round + verification and COMMIT / raw, {checker}",
-                              ratio, target_full, spread))
+                              t["full"] / t["raw"], target_full))
+        hot = time_raw(form, rounds)  # back to back, as the two batches run
         two = time_ours_two_batches(form, rounds)
-        lines.append(_row(f"{form} + verification, 2 batches in flight / raw",
-                          two / _raw_again(raws, form, rounds), target_full))
-        lines.append(f"  (raw {form} rounds before and after each of ours: "
-                     f"{', '.join(f'{r:.3f}' for r in raws)} ms)")
+        lines.append(_row(f"{form} + verification, 2 batches in flight / raw", two / hot,
+                          target_full, "  (both back to back)"))
+        lines.append(f"  (raw {form} rounds back to back, a hot ping-pong whose peer never "
+                     f"sleeps: {hot:.3f} ms)")
         if form == "sparse":  # raw's floor fell with revision 3's 4 frames a round
             rows = time_raw(form, rounds, per_row=True)
             lines.append(f"  (raw is the 4 PROPOSAL frames ours sends; raw sending revision "
-                         f"2's 24 frames a round: {rows:.2f} ms, ours / that "
-                         f"{ours / rows:.2f}x)")
+                         f"2's 24 frames a round, back to back: {rows:.2f} ms)")
     t_val, t_copy = _wire(3 if quick else 15)
     for checker, t in t_val.items():
         lines.append(_row(f"dense decode + validate / np.copy, {checker}", t / t_copy, 3.0))

@@ -3,8 +3,9 @@
 One round = 4 requests x depth 5 at vocabulary 129280: 4 STEPs out; back, dense: 20
 REPLY frames (FP32 q) and 4 COMPLETIONs; sparse (top-32): 4 PROPOSAL frames (wire v2
 revision 3: a step's rows and totals in one frame). Every column sends the same row
-bytes, grouped alike, over loopback TCP to this process from a child process, in the
-same run:
+bytes, grouped alike, over loopback TCP to this process from a child process, one round
+of each in turn (``time_side_by_side``: every peer idle between its rounds, as a worker
+is during the target's forward, and the machine's drifting load shared alike):
 
 - raw: blocking sockets, header and payload in one sendmsg per frame, recv_into one
   preallocated buffer (the physical floor for these bytes through the kernel);
@@ -17,7 +18,9 @@ same run:
   target rows and the COMMITs. Model compute is excluded on both sides (canned q rows,
   canned target p). "two batches" runs 8 requests as two batches of 4 at once, as the
   design sizes the link (two STEP batches in flight): while the verifier decides and
-  commits one batch, the worker drafts the other's rows; timed per batch-round.
+  commits one batch, the worker drafts the other's rows; timed per batch-round in a
+  block of its own, against raw rounds timed back to back (a blocking raw round between
+  its rounds would stall the other batch).
 
 Then tokens/s of the demo pair (real models), speculative vs target-only.
 """
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -73,74 +77,123 @@ def _median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
 
-def time_raw(form: str, rounds: int, per_row: bool = False) -> float:
-    """Median ms a round of raw sockets sending ours' frames (``per_row``: a sparse
-    round framed as wire revision 2 did, a REPLY a row and a COMPLETION a request)."""
-    parts = frames(form, per_row)
-    total = sum(len(h) + len(p) for h, p in parts)
-    buf = memoryview(bytearray(total))
-    step = bytes(STEP_BYTES_RAW)
-    peer = _Peer("raw-rows" if per_row else "raw", form)
-    try:
-        sock = socket.create_connection(("127.0.0.1", peer.port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        times = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            sock.sendall(step)
-            got = 0
-            while got < total:
-                got += sock.recv_into(buf[got:])
-            times.append(time.perf_counter() - t0)
-        sock.close()
-    finally:
-        peer.close()
-    return _median_ms(times[1:])
+class _RawClient:
+    """Raw rounds over one connection to a raw peer: the STEP stand-in out, then every
+    byte of the round's frames received into one preallocated buffer."""
+
+    def __init__(self, form: str, per_row: bool = False) -> None:
+        self.total = sum(len(h) + len(p) for h, p in frames(form, per_row))
+        self.buf = memoryview(bytearray(self.total))
+        self.step = bytes(STEP_BYTES_RAW)
+        self.peer = _Peer("raw-rows" if per_row else "raw", form)
+        try:
+            self.sock = socket.create_connection(("127.0.0.1", self.peer.port))
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            self.peer.close()
+            raise
+
+    def round(self) -> float:
+        t0 = time.perf_counter()
+        self.sock.sendall(self.step)
+        got = 0
+        while got < self.total:
+            got += self.sock.recv_into(self.buf[got:])
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.sock.close()
+        self.peer.close()
 
 
-def time_zmq(form: str, rounds: int) -> float | None:
-    try:
+class _ZmqClient:
+    """pyzmq rounds (PAIR sockets, zero-copy multipart, msgspec headers) to a zmq peer."""
+
+    def __init__(self, form: str) -> None:
         import msgspec
         import zmq
-    except ImportError:
-        return None
-    peer = _Peer("zmq", form)
-    ctx = zmq.Context()
+
+        self.sparse = form != "dense"
+        self.dec = msgspec.msgpack.Decoder(RequestHeader if self.sparse else RowHeader)
+        self.peer = _Peer("zmq", form)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PAIR)
+        self.sock.connect(f"tcp://127.0.0.1:{self.peer.port}")
+
+    def round(self) -> float:
+        t0 = time.perf_counter()
+        self.sock.send(bytes(STEP_BYTES_RAW))
+        for _ in range(REQUESTS if self.sparse else REQUESTS * DEPTH):
+            msg = self.sock.recv_multipart(copy=False)
+            head = self.dec.decode(msg[0].buffer)
+            if self.sparse:  # a request's rows: each its ids, then its q
+                for i, n in enumerate(head.entries):
+                    np.frombuffer(msg[1 + 2 * i].buffer, dtype="<i4", count=n)
+                    np.frombuffer(msg[2 + 2 * i].buffer, dtype="<f4", count=n)
+            else:
+                np.frombuffer(msg[-1].buffer, dtype="<f4", count=head.entries)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+        self.peer.close()
+
+
+def _block(client, rounds: int) -> float:
+    """Median ms of ``rounds`` rounds back to back (the first dropped: connection warm-up)."""
     try:
-        sock = ctx.socket(zmq.PAIR)
-        sock.connect(f"tcp://127.0.0.1:{peer.port}")
-        sparse = form != "dense"
-        dec = msgspec.msgpack.Decoder(RequestHeader if sparse else RowHeader)
-        times = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            sock.send(bytes(STEP_BYTES_RAW))
-            for _ in range(REQUESTS if sparse else REQUESTS * DEPTH):
-                msg = sock.recv_multipart(copy=False)
-                head = dec.decode(msg[0].buffer)
-                if sparse:  # a request's rows: each its ids, then its q
-                    for i, n in enumerate(head.entries):
-                        np.frombuffer(msg[1 + 2 * i].buffer, dtype="<i4", count=n)
-                        np.frombuffer(msg[2 + 2 * i].buffer, dtype="<f4", count=n)
-                else:
-                    np.frombuffer(msg[-1].buffer, dtype="<f4", count=head.entries)
-            times.append(time.perf_counter() - t0)
-        sock.close(linger=0)
+        return _median_ms([client.round() for _ in range(rounds)][1:])
     finally:
-        ctx.term()
-        peer.close()
-    return _median_ms(times[1:])
+        client.close()
+
+
+def time_raw(form: str, rounds: int, per_row: bool = False) -> float:
+    """Median ms a round of raw sockets sending ours' frames, back to back (``per_row``:
+    a sparse round framed as wire revision 2 did, a REPLY a row and a COMPLETION a
+    request)."""
+    return _block(_RawClient(form, per_row), rounds)
+
+
+def time_side_by_side(form: str, rounds: int, checker: str | None = None,
+                      with_zmq: bool = False, check_outgoing: bool = False) -> dict[str, float]:
+    """Median ms per round of raw sockets (and pyzmq: ``with_zmq``, where installed), ours
+    and ours + verification and COMMIT ("raw", "zmq", "ours", "full"), one round of each
+    in turn: before every round of ours, one raw round (and one pyzmq round), each on its
+    own connection. Every peer is then idle between its rounds, as a worker is while the
+    target runs its forward, and the machine's load, which drifts within seconds here,
+    falls on all of them alike. ``time_raw`` instead times raw rounds back to back: a hot
+    ping-pong whose peer never sleeps, a floor no service round meets."""
+    clients = {"raw": _RawClient(form)}
+    try:
+        if with_zmq and not _zmq_missing():
+            clients["zmq"] = _ZmqClient(form)
+        times: dict[str, list[float]] = {name: [] for name in clients}
+
+        def between() -> None:
+            for name, client in clients.items():
+                times[name].append(client.round())
+
+        ours, full = time_ours(form, rounds, check_outgoing, checker, between=between)
+    finally:
+        for client in clients.values():
+            client.close()
+    out = {name: _median_ms(t[1:]) for name, t in times.items()}
+    out.update(ours=ours, full=full)
+    return out
 
 
 def time_ours(form: str, rounds: int, check_outgoing: bool = False,
               checker: str | None = None, decide: str | None = None,
-              batches: int = 1) -> tuple[float, float]:
+              batches: int = 1, between: Callable[[], None] | None = None,
+              ) -> tuple[float, float]:
     """(transport + validation, + verification and commit) median ms per round.
     ``check_outgoing``: the worker's own REPLY checks (off: the worker daemon's default).
     ``checker``: the q-row checker both ends use (pp1q.core.q_backend; None: this
     process's choice, PP1Q_VALIDATE or auto); ``decide``: the verifier's CPU decision
     path (pp1q_kernels.numba_rows: numba or torch; None: PP1Q_DECIDE or auto);
-    ``batches``: batches of 4 requests in flight at once (see ``_ours``)."""
+    ``batches``: batches of 4 requests in flight at once (see ``_ours``); ``between``:
+    called before each round, untimed (one batch only: ``time_side_by_side``)."""
     import uvloop
     from pp1q_kernels import numba_rows
 
@@ -152,7 +205,7 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = False,
     try:
         q_backend.warm_up()
         numba_rows.warm_up()
-        return uvloop.run(_ours(peer.port, form, rounds, batches))
+        return uvloop.run(_ours(peer.port, form, rounds, batches, between))
     finally:
         peer.close()
         if before:
@@ -169,11 +222,15 @@ def time_ours_two_batches(form: str, rounds: int) -> float:
     return time_ours(form, rounds, batches=2)[1]
 
 
-async def _ours(port: int, form: str, rounds: int,
-                batches: int = 1) -> tuple[float, float]:
+async def _ours(port: int, form: str, rounds: int, batches: int = 1,
+                between: Callable[[], None] | None = None) -> tuple[float, float]:
     """(transport + validation, + verification and commit) median ms per round of one
     batch; with ``batches`` > 1 the batches run at once, each on its own slots, and the
-    second figure is the whole run's ms per batch-round (the first is then per batch)."""
+    second figure is the whole run's ms per batch-round (the first is then per batch).
+    ``between``: called before each round, outside its time (one batch only: with two,
+    a blocking call would stall the other batch's round)."""
+    if between is not None and batches != 1:
+        raise ValueError("between runs only with one batch")
     from pp1q.models.toy import ToySpec, softmax64
     from pp1q.runtime.metrics import Metrics
     from pp1q.verifier.kernel_rounds import KernelRounds
@@ -193,7 +250,8 @@ async def _ours(port: int, form: str, rounds: int,
     kernel = KernelRounds()  # the service's decision path, one call for a batch's requests
     t0 = time.perf_counter()
     timed = await asyncio.gather(*(
-        _batch_rounds(link, range(b * REQUESTS, (b + 1) * REQUESTS), form, rounds, p, kernel)
+        _batch_rounds(link, range(b * REQUESTS, (b + 1) * REQUESTS), form, rounds, p, kernel,
+                      between)
         for b in range(batches)))
     elapsed = time.perf_counter() - t0
     stop.set()
@@ -204,10 +262,12 @@ async def _ours(port: int, form: str, rounds: int,
     return _median_ms(wire_t[1:]), elapsed / (batches * rounds) * 1e3
 
 
-async def _batch_rounds(link, slots: range, form: str, rounds: int, p: list,
-                        kernel) -> tuple[list[float], list[float]]:
+async def _batch_rounds(link, slots: range, form: str, rounds: int, p: list, kernel,
+                        between: Callable[[], None] | None = None,
+                        ) -> tuple[list[float], list[float]]:
     """One batch's rounds on ``slots``: ([transport + validation s], [+ decision and
-    COMMIT s]) per round."""
+    COMMIT s]) per round; ``between()`` first, untimed, before each (the previous round's
+    COMMITs are still queued then: they leave with the STEPs, as they do without it)."""
     from pp1q.core.prefix import Prefix
     from pp1q.core.verify import RoundKeys
     from pp1q.wire import Commit, Step
@@ -223,6 +283,8 @@ async def _batch_rounds(link, slots: range, form: str, rounds: int, p: list,
                       first_position=prefix.last_position + 1, prefix_digest=prefix.digest,
                       depth=DEPTH, temperature=1.0, top_k=top_k, context_version=0, seed=s)
                  for s, prefix in prefixes.items()]
+        if between is not None:
+            between()
         t0 = time.perf_counter()
         ready = await asyncio.gather(*(link.propose(st) for st in steps))
         t1 = time.perf_counter()
@@ -270,27 +332,31 @@ def demo_rates(quick: bool, target_delay_ms: float) -> tuple[float, float, float
 def run(quick: bool) -> list[str]:
     from pp1q.tools.bench.wire import checkers
 
-    lines = [f"{'form':<7}{'raw ms':>9}{'zmq ms':>9}{'ours ms':>9}{'+verify':>9}"
+    lines = ["one round of raw, pyzmq and ours in turn (time_side_by_side); ratios to the "
+             "raw rounds of the same run",
+             f"{'form':<7}{'raw ms':>9}{'zmq ms':>9}{'ours ms':>9}{'+verify':>9}"
              f"{'zmq/raw':>9}{'ours/raw':>10}{'+verify/raw':>12}  self-check  rows checked by"]
     for form in ("dense", "sparse"):
         rounds = (8 if quick else 40) if form == "dense" else (30 if quick else 300)
-        raw = time_raw(form, rounds)
-        zmq = time_zmq(form, rounds)
-        zmq_ms = f"{zmq:9.3f}" if zmq is not None else f"{'n/a':>9}"
-        zmq_ratio = f"{zmq / raw:9.2f}" if zmq is not None else f"{'n/a':>9}"
         for check in (True, False):
             for checker in checkers():  # both ends, worker and verifier
-                ours, full = time_ours(form, rounds, check, checker)
-                lines.append(f"{form:<7}{raw:9.3f}{zmq_ms}{ours:9.3f}{full:9.3f}{zmq_ratio}"
-                             f"{ours / raw:10.2f}{full / raw:12.2f}  "
+                t = time_side_by_side(form, rounds, checker, with_zmq=True, check_outgoing=check)
+                raw, zmq = t["raw"], t.get("zmq")
+                zmq_ms = f"{zmq:9.3f}" if zmq is not None else f"{'n/a':>9}"
+                zmq_ratio = f"{zmq / raw:9.2f}" if zmq is not None else f"{'n/a':>9}"
+                lines.append(f"{form:<7}{raw:9.3f}{zmq_ms}{t['ours']:9.3f}{t['full']:9.3f}"
+                             f"{zmq_ratio}{t['ours'] / raw:10.2f}{t['full'] / raw:12.2f}  "
                              f"{'on' if check else 'off':<10}  {checker}")
+        # back to back: raw's hot ping-pong, and the two batches (a block of their own)
+        hot = time_raw(form, rounds)
         two = time_ours_two_batches(form, rounds)
-        lines.append(f"{form:<7}two batches in flight (the design's link): +verify "
-                     f"{two:.3f} ms per batch-round = {two / raw:.2f}x raw")
+        lines.append(f"{form:<7}back to back: raw {hot:.3f} ms; two batches in flight (the "
+                     f"design's link): +verify {two:.3f} ms per batch-round = "
+                     f"{two / hot:.2f}x that raw")
         if form == "sparse":  # the floor before revision 3, for the history's ratios
             rows = time_raw(form, rounds, per_row=True)
             lines.append(f"{form:<7}raw sockets sending a frame a row (revision 2's framing, "
-                         f"24 frames): {rows:.3f} ms; ours / that = {ours / rows:.2f}x")
+                         f"24 frames), back to back: {rows:.3f} ms")
     if _zmq_missing():
         lines.append("zmq: pyzmq not installed (pip install pyzmq) -- column skipped")
     lines.append("medians per round; 'ours' = transport + validation, '+verify' adds "
