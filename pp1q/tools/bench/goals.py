@@ -113,7 +113,9 @@ def run(quick: bool) -> list[str]:
     from pp1q.tools.bench.round import time_ours_two_batches, time_raw, time_side_by_side
     from pp1q.tools.bench.wire import checkers
 
-    lines = [f"{'goal (issue 13)':<52} {'ratio':>9}  target"]
+    lines = [f"{'goal (issue 13)':<52} {'ratio':>9}  target",
+             "  (each round goal: one raw round before each round of ours, medians over "
+             "the same rounds)"]
     service = q_backend.backend()  # the checker the daemons run here
     for form, rounds, target, target_full in (("sparse", 30 if quick else 300, 1.5, 5.0),
                                               ("dense", 8 if quick else 60, 2.0, 3.0)):
