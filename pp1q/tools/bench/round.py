@@ -117,8 +117,13 @@ class _ZmqClient:
         self.dec = msgspec.msgpack.Decoder(RequestHeader if self.sparse else RowHeader)
         self.peer = _Peer("zmq", form)
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PAIR)
-        self.sock.connect(f"tcp://127.0.0.1:{self.peer.port}")
+        try:
+            self.sock = self.ctx.socket(zmq.PAIR)
+            self.sock.connect(f"tcp://127.0.0.1:{self.peer.port}")
+        except zmq.ZMQError:
+            self.ctx.term()
+            self.peer.close()
+            raise
 
     def round(self) -> float:
         t0 = time.perf_counter()
