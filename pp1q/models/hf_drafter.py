@@ -19,15 +19,14 @@ processors line up (acceptance ~100%).
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 
 import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
-from pp1q.models.engine import Drafter, RequestKey, lookup
+from pp1q.models.engine import Drafter, RequestKey
 from pp1q.models.exit_adapter import AdaptedNorm, ExitAdapter, check_fits
 from pp1q.models.hf import Checkpoint, HFRole, crop, load_checkpoint
-from pp1q.models.ledger import Ledger
+from pp1q.models.hf_requests import LedgerCaches
 
 
 def _decoder(model):
@@ -94,9 +93,10 @@ def early_exit_view(model, k: int, adapter: ExitAdapter | None = None):
     return view
 
 
-class HFDrafter(HFRole, Drafter):
+class HFDrafter(LedgerCaches, HFRole, Drafter):
     """An incremental drafter over a causal LM (a checkpoint, or an early-exit view).
-    ``_requests``: request -> (Ledger, its KV cache)."""
+    ``_requests``: request -> (Ledger, its KV cache); open, commit, reset and close are
+    LedgerCaches' (hf_requests.py), shared with the target."""
 
     # -- construction (from_checkpoint: HFRole) ------------------------------
 
@@ -118,17 +118,6 @@ class HFDrafter(HFRole, Drafter):
 
     # -- the seam ----------------------------------------------------------
 
-    def _get(self, request: RequestKey) -> tuple[Ledger, object]:
-        return lookup(self._requests, request)
-
-    def open(self, request: RequestKey, committed: Sequence[int]) -> None:
-        ledger = Ledger.start(committed)
-        cache = self.lm.new_cache()
-        if len(ledger.committed) > 1:  # prefill now; the first row feeds one token
-            self.lm.forward(torch.tensor([ledger.committed[:-1]]), cache, last=1)
-            ledger.cached = len(ledger.committed) - 1
-        self._requests[request] = (ledger, cache)
-
     def append(self, request: RequestKey, token: int) -> None:
         ledger, _ = self._get(request)
         ledger.spec.append(int(token))
@@ -143,14 +132,3 @@ class HFDrafter(HFRole, Drafter):
         logits = self.lm.forward(torch.tensor([feed]), cache, last=1)[0, -1]
         ledger.cached = len(ledger.committed) + len(ledger.spec)
         return logits
-
-    def commit(self, request: RequestKey, accepted: int, token: int) -> None:
-        ledger, cache = self._get(request)
-        crop(cache, ledger.commit(accepted, token))
-
-    def reset(self, request: RequestKey) -> None:
-        ledger, cache = self._get(request)
-        crop(cache, ledger.reset())
-
-    def close(self, request: RequestKey) -> None:
-        self._requests.pop(request, None)

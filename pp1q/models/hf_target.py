@@ -35,8 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
-from pp1q.models.engine import RequestKey, Target, lookup
+from pp1q.models.engine import RequestKey, Target
 from pp1q.models.hf import HFRole, crop, forward_stacked, kv_tensors
+from pp1q.models.hf_requests import LedgerCaches
 from pp1q.models.ledger import Ledger
 
 
@@ -52,20 +53,10 @@ class _Plan:
     rows: int  # len(drafts) + 1: the last ``rows`` fed positions give the logits
 
 
-class HFTarget(HFRole, Target):
+class HFTarget(LedgerCaches, HFRole, Target):
     """Batched target scoring over a causal LM. ``_requests``: request -> (Ledger, the
-    DynamicCache of its committed tokens)."""
-
-    def _get(self, request: RequestKey) -> tuple[Ledger, object]:
-        return lookup(self._requests, request)
-
-    def open(self, request: RequestKey, prompt: Sequence[int]) -> None:
-        ledger = Ledger.start(prompt)
-        cache = self.lm.new_cache()
-        if len(ledger.committed) > 1:
-            self.lm.forward(torch.tensor([ledger.committed[:-1]]), cache, last=1)
-            ledger.cached = len(ledger.committed) - 1
-        self._requests[request] = (ledger, cache)
+    DynamicCache of its committed tokens); open, commit, reset and close are
+    LedgerCaches' (hf_requests.py), shared with the drafter."""
 
     def score(self, batch: Sequence[tuple[RequestKey, Sequence[int]]]) -> list[torch.Tensor]:
         if len({req for req, _ in batch}) != len(batch):
@@ -110,14 +101,3 @@ class HFTarget(HFRole, Target):
             self._requests[p.request] = (p.ledger, own)
             out.append(logits)
         return out
-
-    def commit(self, request: RequestKey, accepted: int, token: int) -> None:
-        ledger, cache = self._get(request)
-        crop(cache, ledger.commit(accepted, token))
-
-    def reset(self, request: RequestKey) -> None:
-        ledger, cache = self._get(request)
-        crop(cache, ledger.reset())
-
-    def close(self, request: RequestKey) -> None:
-        self._requests.pop(request, None)

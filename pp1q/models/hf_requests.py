@@ -1,0 +1,48 @@
+"""The per-request table both Hugging Face roles keep: request -> (Ledger, its KV cache).
+
+The drafter (hf_drafter.py) and the target (hf_target.py) open, commit, reset and close a
+request alike: ``open`` prefills every committed token but the last (a row, or a round,
+then feeds one uncached token, or two after a bonus, and a long prompt never pads a
+target's batch), and each rollback crops the cache to what the ``Ledger`` keeps. What a
+role does with the cache in between, one row at a time or a stacked batch, is its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pp1q.models.engine import RequestKey, lookup
+from pp1q.models.hf import crop
+from pp1q.models.ledger import Ledger
+
+
+class LedgerCaches:
+    """The engine seam's open / commit / reset / close for an ``HFRole`` (which holds the
+    model's forward ``lm`` and the table ``_requests``)."""
+
+    lm: object
+    _requests: dict
+
+    def _get(self, request: RequestKey) -> tuple[Ledger, object]:
+        return lookup(self._requests, request)
+
+    def open(self, request: RequestKey, committed: Sequence[int]) -> None:
+        ledger = Ledger.start(committed)
+        cache = self.lm.new_cache()
+        if len(ledger.committed) > 1:  # prefill now; the first row or round feeds one token
+            self.lm.forward(torch.tensor([ledger.committed[:-1]]), cache, last=1)
+            ledger.cached = len(ledger.committed) - 1
+        self._requests[request] = (ledger, cache)
+
+    def commit(self, request: RequestKey, accepted: int, token: int) -> None:
+        ledger, cache = self._get(request)
+        crop(cache, ledger.commit(accepted, token))
+
+    def reset(self, request: RequestKey) -> None:
+        ledger, cache = self._get(request)
+        crop(cache, ledger.reset())
+
+    def close(self, request: RequestKey) -> None:
+        self._requests.pop(request, None)
