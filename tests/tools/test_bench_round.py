@@ -40,9 +40,13 @@ def test_side_by_side_runs_one_raw_round_before_each_round_of_ours(monkeypatch) 
     monkeypatch.setattr(bench_round._RawClient, "round", counted)
     t = bench_round.time_side_by_side("sparse", 4)
     assert len(calls) == 4 and len(set(calls)) == 1  # one connection, a round per round
-    assert set(t) == {"raw", "ours", "full"}  # no pyzmq column unless asked for
-    assert all(ms > 0 for ms in t.values())
+    # no pyzmq column unless asked for; each round's ratio to the raw round before it
+    assert set(t) == {"raw", "ours", "full", "ours_iqr", "full_iqr"}
+    assert all(t[k] > 0 for k in ("raw", "ours", "full"))
     assert t["full"] >= t["ours"]
+    for name in ("ours", "full"):
+        q1, q3 = t[f"{name}_iqr"]
+        assert 0 < q1 <= q3
 
 
 def test_between_needs_one_batch() -> None:

@@ -104,6 +104,11 @@ def _wire(reps: int) -> tuple[dict[str, float], float]:
     return best, best.pop("baseline")
 
 
+def _spread(t: dict, name: str) -> str:
+    q1, q3 = t[f"{name}_iqr"]
+    return f"  (rounds' own ratios: {q1:.2f}-{q3:.2f}x, middle half)"
+
+
 def _row(goal: str, ratio: float, target: float, note: str = "") -> str:
     return (f"{goal:<52} {ratio:>8.2f}x  <= {target:g}x  "
             f"{'met' if ratio <= target else 'MISSED'}{note}")
@@ -126,9 +131,9 @@ def run(quick: bool) -> list[str]:
             n = rounds * 2 if checker == service and not quick else rounds
             t = time_side_by_side(form, n, checker)
             lines.append(_row(f"{form} round / raw ({t['ours']:.2f} / {t['raw']:.2f} ms, "
-                              f"{checker})", t["ours"] / t["raw"], target))
+                              f"{checker})", t["ours"] / t["raw"], target, _spread(t, "ours")))
             lines.append(_row(f"{form} round + verification and COMMIT / raw, {checker}",
-                              t["full"] / t["raw"], target_full))
+                              t["full"] / t["raw"], target_full, _spread(t, "full")))
         hot = time_raw(form, rounds)  # back to back, as the two batches run
         two = time_ours_two_batches(form, rounds)
         lines.append(_row(f"{form} + verification, 2 batches in flight / raw", two / hot,

@@ -168,7 +168,8 @@ def time_side_by_side(form: str, rounds: int, checker: str | None = None,
     own connection. Every peer is then idle between its rounds, as a worker is while the
     target runs its forward, and the machine's load, which drifts within seconds here,
     falls on all of them alike. ``time_raw`` instead times raw rounds back to back: a hot
-    ping-pong whose peer never sleeps, a floor no service round meets."""
+    ping-pong whose peer never sleeps, a floor no service round meets. Also "ours_iqr" and
+    "full_iqr": the quartiles of each round's ratio to the raw round just before it."""
     clients = {"raw": _RawClient(form)}
     try:
         if with_zmq and not _zmq_missing():
@@ -179,26 +180,33 @@ def time_side_by_side(form: str, rounds: int, checker: str | None = None,
             for name, client in clients.items():
                 times[name].append(client.round())
 
-        ours, full = time_ours(form, rounds, check_outgoing, checker, between=between)
+        log: list[tuple[float, float]] = []
+        ours, full = time_ours(form, rounds, check_outgoing, checker, between=between, log=log)
     finally:
         for client in clients.values():
             client.close()
     out = {name: _median_ms(t[1:]) for name, t in times.items()}
     out.update(ours=ours, full=full)
+    # each round of ours against the raw round just before it: how far the rounds spread
+    pairs = list(zip(times["raw"], log, strict=True))[1:]
+    for i, name in enumerate(("ours", "full")):
+        q1, _, q3 = statistics.quantiles([o[i] / r for r, o in pairs], n=4)
+        out[f"{name}_iqr"] = (q1, q3)
     return out
 
 
 def time_ours(form: str, rounds: int, check_outgoing: bool = False,
               checker: str | None = None, decide: str | None = None,
               batches: int = 1, between: Callable[[], None] | None = None,
-              ) -> tuple[float, float]:
+              log: list | None = None) -> tuple[float, float]:
     """(transport + validation, + verification and commit) median ms per round.
     ``check_outgoing``: the worker's own REPLY checks (off: the worker daemon's default).
     ``checker``: the q-row checker both ends use (pp1q.core.q_backend; None: this
     process's choice, PP1Q_VALIDATE or auto); ``decide``: the verifier's CPU decision
     path (pp1q_kernels.numba_rows: numba or torch; None: PP1Q_DECIDE or auto);
     ``batches``: batches of 4 requests in flight at once (see ``_ours``); ``between``:
-    called before each round, untimed (one batch only: ``time_side_by_side``)."""
+    called before each round, untimed (one batch only: ``time_side_by_side``); ``log``:
+    gets every round's (transport s, + verification s) of the first batch."""
     import uvloop
     from pp1q_kernels import numba_rows
 
@@ -210,7 +218,7 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = False,
     try:
         q_backend.warm_up()
         numba_rows.warm_up()
-        return uvloop.run(_ours(peer.port, form, rounds, batches, between))
+        return uvloop.run(_ours(peer.port, form, rounds, batches, between, log))
     finally:
         peer.close()
         if before:
@@ -228,12 +236,14 @@ def time_ours_two_batches(form: str, rounds: int) -> float:
 
 
 async def _ours(port: int, form: str, rounds: int, batches: int = 1,
-                between: Callable[[], None] | None = None) -> tuple[float, float]:
+                between: Callable[[], None] | None = None,
+                log: list | None = None) -> tuple[float, float]:
     """(transport + validation, + verification and commit) median ms per round of one
     batch; with ``batches`` > 1 the batches run at once, each on its own slots, and the
     second figure is the whole run's ms per batch-round (the first is then per batch).
     ``between``: called before each round, outside its time (one batch only: with two,
-    a blocking call would stall the other batch's round)."""
+    a blocking call would stall the other batch's round); ``log``: extended with every
+    round's (transport s, + verification s) of the first batch."""
     if between is not None and batches != 1:
         raise ValueError("between runs only with one batch")
     from pp1q.models.toy import ToySpec, softmax64
@@ -262,6 +272,8 @@ async def _ours(port: int, form: str, rounds: int, batches: int = 1,
     stop.set()
     await task
     wire_t, total_t = timed[0]
+    if log is not None:
+        log.extend(zip(wire_t, total_t, strict=True))
     if batches == 1:
         return _median_ms(wire_t[1:]), _median_ms(total_t[1:])
     return _median_ms(wire_t[1:]), elapsed / (batches * rounds) * 1e3
