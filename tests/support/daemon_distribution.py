@@ -4,6 +4,10 @@ per-position marginals under the toy target, and the chi-square judge (stats.py)
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import torch
 from daemon_harness import Pair
@@ -11,6 +15,7 @@ from stats import chi_square
 
 from pp1q.models.processors import Processors
 from pp1q.models.toy import ToySpec, ToyTarget
+from pp1q.runtime.launcher import daemon_env, pp1q_command
 
 VOCAB = 16
 PROMPT = [3, 7]
@@ -66,3 +71,37 @@ def run_arm(pair: Pair, n: int, speculative: bool, first_seed: int,
 def worst_position(c: np.ndarray, exact: np.ndarray):
     results = [chi_square(c[pos], exact[pos]) for pos in range(NEW_TOKENS)]
     return max(results, key=lambda r: r.stat / r.threshold), results
+
+
+REVERIFY_TIMEOUT_S = 120.0  # a few thousand rounds of vocabulary 16: seconds of work
+
+
+def explain_rejection(label: str, c: np.ndarray, exact: np.ndarray, results,
+                      capture: Path, secret: Path) -> str:
+    """What a failed distribution check leaves for whoever reads the CI log: each
+    rejected position's observed and expected counts per token, and every captured
+    round decided again (``pp1q replay --reverify``) from the verifier's capture with its
+    draw secret. Divergences mean the daemon decided a round otherwise than the same
+    rules decide it now (process state, a race); none means the rounds were decided as
+    the rules say, and the rules, the target's p or the sample itself are in question.
+    The capture and the secret stay in the test's tmp_path."""
+    lines = [f"{label} vs exact: {[str(r) for r in results]}"]
+    for pos, r in enumerate(results):
+        if r.rejected:
+            n = int(c[pos].sum())
+            lines.append(f"position {pos + 1}, observed / expected per token: " + ", ".join(
+                f"{t}: {int(c[pos, t])}/{exact[pos, t] * n:.1f}" for t in range(c.shape[1])))
+    proc = subprocess.run(
+        pp1q_command("replay", str(capture), "--reverify", "--json",
+                     "--draw-secret-file", str(secret)),
+        capture_output=True, text=True, timeout=REVERIFY_TIMEOUT_S, env=daemon_env())
+    try:
+        report = json.loads(proc.stdout)
+        lines.append(f"reverify of {capture}: ok={report['ok']}, "
+                     f"{report['rechecked']} commits re-decided, "
+                     f"{len(report['divergences'])} divergences "
+                     f"{report['divergences'][:3]}, {report['not_rechecked']} not re-checked")
+    except (json.JSONDecodeError, KeyError):
+        lines.append(f"reverify of {capture} failed (rc {proc.returncode}): "
+                     f"{(proc.stdout + proc.stderr)[-500:]}")
+    return "\n".join(lines)
