@@ -9,8 +9,12 @@ BONUS and TARGET_ONLY by
     draw_seed = first 8 bytes, big-endian, of HMAC-SHA256(secret, LABEL || s as 8 bytes)
 
 with a secret that only the verifier (and its rank group) holds. Same seed and same
-secret give the same draw seed, hence the same output; the secret never travels in STEP,
-logs or capture files: a capture records only ``fingerprint`` (docs/distribution.md).
+secret give the same draw seed; a round's draws also count its slot's generation and its
+round id, so a request repeats its output where it runs under the same generation (one
+at a time on a fresh verifier, say), not in general: a speculative request's generation
+is its slot's counter, which grows with every request the slot serves. The secret
+never travels in STEP, logs or capture files: a capture records only ``fingerprint``
+(docs/distribution.md).
 """
 
 from __future__ import annotations
