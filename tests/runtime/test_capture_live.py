@@ -10,20 +10,17 @@ import subprocess
 import time
 
 import pytest
-from daemon_harness import Pair
+from daemon_harness import Pair, replay
 
 from pp1q.runtime.launcher import daemon_env, pp1q_command
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
-REPLAY_TIMEOUT_S = 60.0
 POLL = 400  # bounded polls of 50 ms
 
 
 def _events(path) -> list[dict]:
-    proc = subprocess.run(pp1q_command("replay", str(path), "--json", "--allow-truncated"),
-                          capture_output=True, text=True, timeout=REPLAY_TIMEOUT_S,
-                          env=daemon_env())
+    proc = replay(path, "--json", "--allow-truncated")
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines()]
 

@@ -8,7 +8,7 @@ import json
 import subprocess
 
 import pytest
-from daemon_harness import Pair, value
+from daemon_harness import REPLAY_TIMEOUT_S, Pair, replay, value
 
 from pp1q.runtime.draw_secret import write_secret_file
 from pp1q.runtime.launcher import daemon_env, pp1q_command
@@ -22,12 +22,10 @@ REQUESTS = [  # (prompt, max_tokens, options): sparse and dense sampled, greedy
     ([4, 5], 10, {"seed": 8, "top_k": None, "draft_temperature": 0.8}),
     ([6, 7, 8], 8, {"seed": 9, "temperature": 0.0}),
 ]
-REPLAY_TIMEOUT_S = 60.0  # a few hundred frames: well under a second of work
 
 
 def _replay(path, *extra) -> tuple[int, str]:
-    proc = subprocess.run(pp1q_command("replay", str(path), *extra), capture_output=True,
-                          text=True, timeout=REPLAY_TIMEOUT_S, env=daemon_env())
+    proc = replay(path, *extra)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -5,17 +5,15 @@ per-position marginals under the toy target, and the chi-square judge (stats.py)
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import torch
-from daemon_harness import Pair
+from daemon_harness import Pair, replay
 from stats import chi_square
 
 from pp1q.models.processors import Processors
 from pp1q.models.toy import ToySpec, ToyTarget
-from pp1q.runtime.launcher import daemon_env, pp1q_command
 
 VOCAB = 16
 PROMPT = [3, 7]
@@ -91,10 +89,8 @@ def explain_rejection(label: str, c: np.ndarray, exact: np.ndarray, results,
             n = int(c[pos].sum())
             lines.append(f"position {pos + 1}, observed / expected per token: " + ", ".join(
                 f"{t}: {int(c[pos, t])}/{exact[pos, t] * n:.1f}" for t in range(c.shape[1])))
-    proc = subprocess.run(
-        pp1q_command("replay", str(capture), "--reverify", "--json",
-                     "--draw-secret-file", str(secret)),
-        capture_output=True, text=True, timeout=REVERIFY_TIMEOUT_S, env=daemon_env())
+    proc = replay(capture, "--reverify", "--json", "--draw-secret-file", str(secret),
+                  timeout_s=REVERIFY_TIMEOUT_S)
     try:
         report = json.loads(proc.stdout)
         lines.append(f"reverify of {capture}: ok={report['ok']}, "

@@ -4,13 +4,14 @@ them come from pp1q.tools.chaos's proxy (``Pair(rules=[Rule(...)])``)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 from pp1q.runtime.draw_secret import write_secret_file
-from pp1q.runtime.launcher import STARTUP_TIMEOUT_S, DaemonProcess, pp1q_command
+from pp1q.runtime.launcher import STARTUP_TIMEOUT_S, DaemonProcess, daemon_env, pp1q_command
 from pp1q.tools.chaos.faults import Rule
 from pp1q.tools.chaos.proxy import ThreadedProxy
 from pp1q.tools.chaos.rig import scrape, value  # noqa: F401 - the tests import both from here
@@ -19,6 +20,7 @@ from pp1q.tools.client import Client
 ROOT = Path(__file__).resolve().parents[2]
 CONNECT_TIMEOUT_S = 30.0  # both daemons start in ~1 s here; generous for a loaded CI box
 REQUEST_TIMEOUT_S = 60.0  # one test request; far above any round with these toy models
+REPLAY_TIMEOUT_S = 60.0  # a test's capture, a few hundred frames: well under a second of work
 
 
 class Pair:
@@ -137,3 +139,9 @@ def one_request(pair: Pair, max_tokens: int = 12, seed: int = 1, **options) -> d
 def fallbacks_of(answer: dict) -> dict:
     """The non-zero fallback counts of one answer's stats."""
     return {k: v for k, v in answer["stats"]["fallbacks"].items() if v}
+
+
+def replay(path, *args: str, timeout_s: float = REPLAY_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``pp1q replay PATH ARGS...`` as a child process in the daemons' environment."""
+    return subprocess.run(pp1q_command("replay", str(path), *args), capture_output=True,
+                          text=True, timeout=timeout_s, env=daemon_env())
