@@ -1,4 +1,4 @@
-"""Output distribution of whole rounds: per-position chi-square, and six planted bugs.
+"""Output distribution of whole rounds: a per-position goodness-of-fit test, and planted bugs.
 
 Each trial is one round with its own keys (round id = trial index): the worker samples
 x_i from q_i with the PROPOSAL draw, the verifier core (pp1q.core.verify.decide) runs on the
@@ -6,7 +6,8 @@ ACCEPTANCE / CORRECTION / BONUS draws. Target rows are fixed per position (diffe
 from one position to the next), so, given that a round's output reaches position j,
 the token there must be distributed as p_j, whatever happened before (the draws of
 position j are independent of the earlier ones). Each position is checked with
-stats.chi_square (alpha = 1e-6, bins with expected < 5 merged, fixed seeds).
+stats.g_test (G read at the 1e-7 quantile: false alarms under 1e-6; bins with expected
+< 5 merged; fixed seeds).
 
 Planted bugs (each must be rejected by the same check):
  (a) correction reuses the acceptance draw, or the proposal draw (vLLM PR #54282);
@@ -22,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from stats import ChiSquare, chi_square, threshold
+from stats import FitTest, g_test, threshold
 
 from pp1q.core import verify
 from pp1q.core.q import MASS, build_row, sample
@@ -124,7 +125,7 @@ def position_tests(rnd: Round, out: np.ndarray):
     results = []
     for j in range(rnd.depth + 1):
         tok = out[:, j][out[:, j] >= 0]
-        results.append(chi_square(np.bincount(tok, minlength=rnd.vocab), rnd.p[j]))
+        results.append(g_test(np.bincount(tok, minlength=rnd.vocab), rnd.p[j]))
     return results
 
 
@@ -322,9 +323,9 @@ class Chain:
             stat, df = 0.0, 0
             for c in range(self.vocab):
                 tok = out[(prev == c) & (out[:, j] >= 0), j]
-                r = chi_square(np.bincount(tok, minlength=self.vocab), self.p[j, c])
+                r = g_test(np.bincount(tok, minlength=self.vocab), self.p[j, c])
                 stat, df = stat + r.stat, df + r.df
-            results.append(ChiSquare(stat, df, threshold(df), int((out[:, j] >= 0).sum())))
+            results.append(FitTest(stat, df, threshold(df), int((out[:, j] >= 0).sum())))
         return results
 
 

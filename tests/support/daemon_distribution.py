@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from daemon_harness import Pair, replay
-from stats import chi_square
+from stats import g_test
 
 from pp1q.models.processors import Processors
 from pp1q.models.toy import ToySpec, ToyTarget
@@ -67,7 +67,7 @@ def run_arm(pair: Pair, n: int, speculative: bool, first_seed: int,
 
 
 def worst_position(c: np.ndarray, exact: np.ndarray):
-    results = [chi_square(c[pos], exact[pos]) for pos in range(NEW_TOKENS)]
+    results = [g_test(c[pos], exact[pos]) for pos in range(NEW_TOKENS)]
     return max(results, key=lambda r: r.stat / r.threshold), results
 
 

@@ -3,11 +3,11 @@
 Vocabulary 16, the "far" toy drafter (about 60% of first drafts rejected, so corrections
 matter), prompt [3, 7], 3 new tokens per request, request seeds 1..N. Each of the three
 positions' marginals is compared with its exact value under the target (summed over all
-earlier tokens) by a chi-square test at alpha = 1e-6 (tests/support/stats.py conventions); the
-speculative and target-only samples are also compared with each other. The same check
-must reject a verifier with a planted bug (tests/support/planted_verifier.py: corrections drawn
-from p instead of the residual); with N = 1000 its expected chi-square at position 1 is
-about 120 against a threshold near 50 (power ~1).
+earlier tokens) by the judge of tests/support/stats.py (G; false alarms under 1e-6); the
+speculative and target-only samples are also compared with each other (Pearson
+contingency at 1e-6). The same check must reject a verifier with a planted bug
+(tests/support/planted_verifier.py: corrections drawn from p instead of the residual);
+with N = 1000 its G at position 1 read 134 against a threshold of 48 (power ~1).
 """
 
 from __future__ import annotations

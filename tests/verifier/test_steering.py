@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from planted_steering import ProposalSteering, Steering, WorkerKnownDraws, favourite
-from stats import chi_square
+from stats import g_test
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.prefix import Prefix
@@ -76,7 +76,7 @@ def _arm(proposer_cls, draws: DrawKeys, top_k: int = 0, trials: int = TRIALS):
 @pytest.mark.parametrize("top_k", [0, 8])
 def test_steering_biases_the_old_keying(top_k):
     counts, mismatches, steered = _arm(Steering, WorkerKnownDraws(), top_k)
-    result = chi_square(counts, P1)
+    result = g_test(counts, P1)
     assert mismatches == 0 and steered > TRIALS // 20  # it steered, never caught
     assert result.rejected, f"steering not detected: {result}"
     f = favourite(P1)
@@ -86,7 +86,7 @@ def test_steering_biases_the_old_keying(top_k):
 @pytest.mark.parametrize("top_k", [0, 8])
 def test_steering_is_harmless_under_verifier_owned_draws(top_k):
     counts, mismatches, steered = _arm(Steering, SECRET, top_k)
-    result = chi_square(counts, P1)
+    result = g_test(counts, P1)
     assert mismatches == 0 and steered > TRIALS // 20  # it tried just as often
     assert not result.rejected, f"verifier-owned draws still steered: {result}"
 
@@ -95,7 +95,7 @@ def test_an_honest_worker_passes_the_old_keying():
     # control: the old keying itself is exact with an honest worker, so the bias above
     # is the steering's (honest workers under the new keying: test_daemon_distribution)
     counts, mismatches, _ = _arm(Proposer, WorkerKnownDraws())
-    assert mismatches == 0 and not chi_square(counts, P1).rejected
+    assert mismatches == 0 and not g_test(counts, P1).rejected
 
 
 def test_steering_on_the_proposal_draw_is_not_stopped_by_the_new_keying():
@@ -104,7 +104,7 @@ def test_steering_on_the_proposal_draw_is_not_stopped_by_the_new_keying():
     counts, mismatches, _ = _arm(ProposalSteering, SECRET, trials=trials)
     f = favourite(P1)
     assert mismatches == 0  # the re-derivation cannot see it either
-    assert chi_square(counts, P1).rejected and counts[f] > 0.95 * trials
+    assert g_test(counts, P1).rejected and counts[f] > 0.95 * trials
 
 
 def test_same_seed_and_secret_give_the_same_draw_seed_and_another_secret_does_not():

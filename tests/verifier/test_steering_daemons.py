@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from daemon_distribution import VOCAB, counts, exact_marginals, run_arm, worst_position
 from daemon_harness import Pair, planted_steering_command, value
-from stats import chi_square
+from stats import g_test
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
@@ -34,7 +34,7 @@ def test_steering_worker_biases_a_verifier_keyed_by_the_step_seed(tmp_path):
     c, steered, fallbacks, mismatches = _run(tmp_path, N_OLD,
                                              planted_steering_command("verifier"))
     assert steered > 0 and fallbacks == 0 and mismatches == 0
-    result = chi_square(c[0], exact_marginals()[0])
+    result = g_test(c[0], exact_marginals()[0])
     assert result.rejected, f"steering not detected at position 1: {result}"
 
 

@@ -80,7 +80,7 @@ def _stats(proxy: FaultProxy) -> str:
 
 
 def checkout_judge():
-    """The tests' chi-square judge (tests/support/stats.py, exact marginals of the daemon
+    """The tests' goodness-of-fit judge (tests/support/stats.py, exact marginals of the daemon
     distribution test), when running from a source checkout; else None."""
     tests = Path(__file__).resolve().parents[3] / "tests"
     if not (tests / "support" / "stats.py").exists():

@@ -3,7 +3,7 @@
 Many short requests (prompt [3, 7], DIST_TOKENS new tokens, seeds 1..N) run against the
 matrix pair while every frame a proposal travels in may take a random, content-blind
 fault of every kind that keeps the session (``mixed_rules``); the token counts go to a
-``judge`` (the tests' chi-square against the exact target marginals). With ``top_k``
+``judge`` (the tests' goodness-of-fit test against the exact target marginals). With ``top_k``
 the requests ask a sparse proposal support: at the matrix's vocabulary 16 a top-3 step
 of depth 5 fits one PROPOSAL (5 x 3 x 8 = 120 payload bytes of the 128 a vocab-16
 session allows a frame), so the faults hit PROPOSAL frames instead of REPLY rows. The
@@ -26,7 +26,7 @@ from pp1q.tools.chaos.rig import Rig
 
 DIST_TOKENS = 3  # per request in the distribution row (prompt [3, 7], vocab 16)
 DIST_FAULT_P = 0.01  # per frame and kind: about a quarter of proposals take a fault, so
-# most tokens still come from verified rounds and the chi-square keeps its power
+# most tokens still come from verified rounds and the judge keeps its power
 SPARSE_DIST_TOP_K = 3  # the largest top-k whose depth-5 PROPOSAL fits a vocab-16 session
 
 Judge = Callable[[np.ndarray], tuple[bool, str]]

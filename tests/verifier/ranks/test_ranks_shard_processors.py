@@ -21,7 +21,7 @@ import pytest
 import torch
 from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
 from pp1q_kernels.shard_spmd import CollectiveLog, lockstep
-from stats import chi_square
+from stats import g_test
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import LocalProtocolError, Reason
@@ -118,11 +118,11 @@ def run_distribution(n: int) -> None:
     assert 3 <= int((p > 0).sum()) < 8  # top-p cut inside top-k: both rules decide here
     rounds, alone = first_tokens(group(), n)
     for counts in (rounds, alone):
-        fit = chi_square(counts, p)
+        fit = g_test(counts, p)
         assert not fit.rejected, fit
     bad_rounds, bad_alone = first_tokens(group(RoundsWithoutTopKP), n // 4)
-    assert chi_square(bad_rounds, p).rejected  # tokens top-k / top-p leave out
-    assert not chi_square(bad_alone, p).rejected
+    assert g_test(bad_rounds, p).rejected  # tokens top-k / top-p leave out
+    assert not g_test(bad_alone, p).rejected
 
 
 @pytest.mark.experiment
