@@ -31,7 +31,7 @@ from pp1q.core.rng import Domain, draw_words, proposal_u24, u24_from_words, u53_
 from pp1q.core.verify import DenseQ, decide
 from pp1q.models.processors import processed_probs
 
-pytestmark = pytest.mark.experiment  # many-round chi-square runs
+pytestmark = pytest.mark.experiment  # many-round goodness-of-fit runs
 
 SEED = 0x5EED_0001
 GEN = 1
@@ -316,7 +316,7 @@ class Chain:
         return _outputs(drafts, accepted, token)
 
     def position_tests(self, out):
-        """Per position, chi-square summed over contexts (the previous output token)."""
+        """Per position, G summed over contexts (the previous output token)."""
         results = []
         for j in range(self.depth + 1):
             prev = np.full(out.shape[0], self.START) if j == 0 else out[:, j - 1]

@@ -1,6 +1,6 @@
 """The daemon-level distribution experiment shared by the distribution, ranks, chaos
 matrix and chaos CLI tests: vocabulary 16, prompt [3, 7], three new tokens, exact
-per-position marginals under the toy target, and the chi-square judge (stats.py)."""
+per-position marginals under the toy target, and the goodness-of-fit judge (stats.py)."""
 
 from __future__ import annotations
 

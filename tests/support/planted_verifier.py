@@ -3,7 +3,7 @@
 ``--planted correction_from_target`` (default), a real bug in the wild: at a rejection
 the correction token is drawn from the target row p_i itself instead of the residual
 max(p_i - q_i, 0). Output then over-weights tokens the drafter already proposes well;
-the chi-square test must reject it.
+the goodness-of-fit judge (stats.py) must reject it.
 ``--planted processors_one_path``: the target's processors (temperature, top-k, top-p)
 are applied to target-only steps but not to a round's p. The bug
 is the daemon's Decider, passed to ``serve`` the way production passes KernelDecider

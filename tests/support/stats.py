@@ -111,8 +111,3 @@ def g_test(observed, probs, alpha: float = QUANTILE_ALPHA) -> FitTest:
         return FitTest(0.0, 0, np.inf, n)
     return FitTest(float(g_statistic(b.apply(obs), b.expected)), df, threshold(df, alpha), n)
 
-
-def assert_fits(observed, probs, label: str = "") -> FitTest:
-    r = g_test(observed, probs)
-    assert not r.rejected, f"{label}: {r}"
-    return r

@@ -6,10 +6,10 @@ token f exactly when that draw would accept f. Its x_1 is still drawn honestly f
 row it sends, so the proposal re-derivation holds on every round.
 
 - Old keying (every draw keyed by the STEP's seed; a test-side Decider, production has
-  no such switch): the output at position 1 over-weights f and the chi-square against
+  no such switch): the output at position 1 over-weights f and the judge's G against
   the target rejects at alpha 1e-6.
 - Verifier-owned draws (production): the same worker, the same rounds, and the output
-  passes the same chi-square as an honest worker's.
+  passes the same judge as an honest worker's.
 - What the new keying does not stop: a worker that builds q around the PROPOSAL draw it
   must know (one count of f where the draw lands) still dictates f. That is why the
   worker stays inside the trust boundary for the distribution (docs/security.md).
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.experiment  # thousands of rounds per arm
 VOCAB = 16
 PROMPT = [3, 7]
 DEPTH = 3
-TRIALS = 1500  # rounds per arm: the old keying's chi-square is then ~2.6x its threshold
+TRIALS = 1500  # rounds per arm: the old keying's G is then ~2.3x its threshold (116-119 vs 50)
 SECRET = DrawKeys(bytes.fromhex("5eed" * 16))
 SPEC = ToySpec(vocab=VOCAB, seed=0)
 TARGET = ToyTarget(SPEC)

@@ -12,7 +12,7 @@ from stats import g_test
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
-N_OLD = 1400  # the old keying's position-1 chi-square is then ~2x its threshold (~95 vs 47)
+N_OLD = 1400  # the old keying's position-1 G is then ~2x its threshold (~108 vs 50)
 N_NEW = 1000  # as the honest distribution experiment
 
 

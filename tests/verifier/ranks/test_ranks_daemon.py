@@ -79,12 +79,12 @@ def test_two_ranks_speculative_equals_target_in_distribution(tmp_path):
                                                 base[:SAME_AS_ONE_PROCESS]]
 
 
-@pytest.mark.slow  # the default run: tests/kernels/test_kernels_shard_step.py's chi-square
+@pytest.mark.slow  # the default run: tests/kernels/test_kernels_shard_step.py's G
 def test_two_vocabulary_sharded_ranks_speculative_equals_target_in_distribution(tmp_path):
     # (in process, with its planted local normaliser) and the sharded daemons' token
     # identity with one rank (test_ranks_shard_daemon.py)
     # --shard-vocab: every rank holds half the vocabulary and both take part in every
-    # decision; chi-square of both arms against the exact target marginals (the sharded
+    # decision; the judge (G) of both arms against the exact target marginals (the sharded
     # p is an ulp from the toy's softmax at most) and against each other
     _distribution_run(tmp_path, N, "--shard-vocab")
 
