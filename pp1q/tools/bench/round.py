@@ -115,6 +115,7 @@ class _ZmqClient:
 
         self.sparse = form != "dense"
         self.dec = msgspec.msgpack.Decoder(RequestHeader if self.sparse else RowHeader)
+        self.step = bytes(STEP_BYTES_RAW)  # made once, as _RawClient's: not a round's work
         self.peer = _Peer("zmq", form)
         self.ctx = zmq.Context()
         try:
@@ -127,7 +128,7 @@ class _ZmqClient:
 
     def round(self) -> float:
         t0 = time.perf_counter()
-        self.sock.send(bytes(STEP_BYTES_RAW))
+        self.sock.send(self.step)
         for _ in range(REQUESTS if self.sparse else REQUESTS * DEPTH):
             msg = self.sock.recv_multipart(copy=False)
             head = self.dec.decode(msg[0].buffer)
