@@ -42,8 +42,13 @@ def daemon_zygote(tmp_path_factory):
         return
     from zygote import Zygote
 
+    from pp1q.core.backend_choice import prefer_wide_vectors
     from pp1q.runtime import launcher
 
+    # the first numba backend choice in this process sets NUMBA_CPU_FEATURES; set it now,
+    # before the zygote's environment is taken, or every daemon started after that choice
+    # differs from the zygote in a NUMBA_ variable and is exec'd instead of forked
+    prefer_wide_vectors()
     zygote = Zygote(str(tmp_path_factory.mktemp("zygote")), launcher.daemon_env())
     saved, launcher.subprocess = launcher.subprocess, zygote.subprocess_module()
     try:
