@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from daemon_harness import Pair, replay
-from stats import g_test
+from scipy import stats
+from stats import ALPHA, g_test
 
 from pp1q.models.processors import Processors
 from pp1q.models.toy import ToySpec, ToyTarget
@@ -69,6 +70,28 @@ def run_arm(pair: Pair, n: int, speculative: bool, first_seed: int,
 def worst_position(c: np.ndarray, exact: np.ndarray):
     results = [g_test(c[pos], exact[pos]) for pos in range(NEW_TOKENS)]
     return max(results, key=lambda r: r.stat / r.threshold), results
+
+
+def check_arms(spec: list[dict], base: list[dict], explain=None) -> None:
+    """The speculative arm corrected drafts and never fell back; both arms' tokens fit the
+    exact marginals, position by position (``explain(label, counts, exact, results)``:
+    the message of a rejection; default, the results); and the speculative and
+    target-only samples fit each other (Pearson contingency at ALPHA)."""
+    drafted = sum(a["stats"]["drafted"] for a in spec)
+    accepted = sum(a["stats"]["accepted"] for a in spec)
+    assert drafted > 0 and 0 < accepted < drafted  # corrections really happened
+    assert all(not any(a["stats"]["fallbacks"].values()) for a in spec)
+    exact = exact_marginals()
+    c_spec, c_base = counts(spec), counts(base)
+    for label, c in (("speculative", c_spec), ("target-only", c_base)):
+        worst, results = worst_position(c, exact)
+        assert not worst.rejected, (explain(label, c, exact, results) if explain else
+                                    f"{label} vs exact: {[str(r) for r in results]}")
+    for pos in range(NEW_TOKENS):  # two-sample: speculative vs target-only
+        table = np.stack([c_spec[pos], c_base[pos]])
+        table = table[:, table.sum(axis=0) > 0]
+        p_value = stats.chi2_contingency(table)[1]
+        assert p_value > ALPHA, f"position {pos + 1}: speculative != target-only, p={p_value}"
 
 
 REVERIFY_TIMEOUT_S = 120.0  # a few thousand rounds of vocabulary 16: seconds of work

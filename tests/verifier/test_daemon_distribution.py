@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from daemon_distribution import (
     N_SLOW,
-    NEW_TOKENS,
     PROCESSED,
     VOCAB,
     N,
+    check_arms,
     counts,
     exact_marginals,
     explain_rejection,
@@ -29,15 +29,12 @@ from daemon_distribution import (
     worst_position,
 )
 from daemon_harness import Pair, planted_verifier_command
-from scipy import stats
-from stats import ALPHA
 
 from pp1q.models.processors import Processors
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
 def _distribution_run(tmp_path, n):
-    exact = exact_marginals()
     capture = tmp_path / "verifier.pp1qcap"  # read only if a check below fails
     pair = Pair(tmp_path, vocab=VOCAB, preset="far", verifier_args=["--capture", str(capture)])
     try:
@@ -45,20 +42,8 @@ def _distribution_run(tmp_path, n):
         base = run_arm(pair, n, False, 1)
     finally:
         pair.close()  # SIGTERM: the verifier closes its capture
-    drafted = sum(a["stats"]["drafted"] for a in spec)
-    accepted = sum(a["stats"]["accepted"] for a in spec)
-    assert drafted > 0 and 0 < accepted < drafted  # corrections really happened
-    assert all(not any(a["stats"]["fallbacks"].values()) for a in spec)
-    c_spec, c_base = counts(spec), counts(base)
-    for label, c in (("speculative", c_spec), ("target-only", c_base)):
-        worst, results = worst_position(c, exact)
-        assert not worst.rejected, explain_rejection(label, c, exact, results, capture,
-                                                     pair.draw_secret)
-    for pos in range(NEW_TOKENS):  # two-sample: speculative vs target-only
-        table = np.stack([c_spec[pos], c_base[pos]])
-        table = table[:, table.sum(axis=0) > 0]
-        p_value = stats.chi2_contingency(table)[1]
-        assert p_value > ALPHA, f"position {pos + 1}: speculative != target-only, p={p_value}"
+    check_arms(spec, base, lambda label, c, exact, results: explain_rejection(
+        label, c, exact, results, capture, pair.draw_secret))
 
 
 def test_speculative_equals_target_in_distribution(tmp_path):

@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 from daemon_distribution import (
     N_SLOW,
-    NEW_TOKENS,
     VOCAB,
     N,
-    counts,
-    exact_marginals,
+    check_arms,
     run_arm,
-    worst_position,
 )
 from daemon_harness import Pair, fallbacks_of, one_request, value, wait_fired
 from rank_harness import log_text, rank_failures, rank_metrics, ranked_pair, wait_metric
-from scipy import stats
-from stats import ALPHA
 
 from pp1q.tools.chaos.faults import BitFlip, Delay, Drop, Rule
 from pp1q.wire import MsgType
@@ -35,7 +29,6 @@ SAME_AS_ONE_PROCESS = 200  # target-only answers compared token by token
 
 def _distribution_run(tmp_path, n, *verifier_args):
     tmp_path.mkdir(exist_ok=True)
-    exact = exact_marginals()
     pair = ranked_pair(tmp_path, *verifier_args, vocab=VOCAB, preset="far")
     try:
         spec = run_arm(pair, n, True, 1)
@@ -49,18 +42,7 @@ def _distribution_run(tmp_path, n, *verifier_args):
         assert value(m, "pp1q_rank_decisions_total") > 0
         assert value(m, "pp1q_rank_world_size") == 2
         assert rank_failures(m) == 0
-    drafted = sum(a["stats"]["drafted"] for a in spec)
-    accepted = sum(a["stats"]["accepted"] for a in spec)
-    assert drafted > 0 and 0 < accepted < drafted
-    assert all(not any(a["stats"]["fallbacks"].values()) for a in spec)
-    c_spec, c_base = counts(spec), counts(base)
-    for name, c in (("speculative", c_spec), ("target-only", c_base)):
-        worst, results = worst_position(c, exact)
-        assert not worst.rejected, f"{name} vs exact: {[str(r) for r in results]}"
-    for pos in range(NEW_TOKENS):
-        table = np.stack([c_spec[pos], c_base[pos]])
-        table = table[:, table.sum(axis=0) > 0]
-        assert stats.chi2_contingency(table)[1] > ALPHA, f"position {pos + 1}"
+    check_arms(spec, base)
     return base
 
 
