@@ -5,8 +5,10 @@ repetitions interleaved): the round against raw sockets sending the frames ours 
 one raw round before each of ours (pp1q.tools.bench.round), decode + validate
 against np.copy (wire), the service's verification step against one torch softmax
 pass over the same 20 rows, and the worker's count allocation (build_row) against one
-numpy softmax pass over the same row. The full suites (q, wire, kernels, round) give
-the breakdowns behind each line.
+numpy softmax pass over the same row. Under each round goal, the round through the sans-IO
+endpoints alone, in this process (pp1q.tools.bench.core_round): the floor the core's
+Python sets, against the same raw rounds. The full suites (q, wire, kernels, round)
+give the breakdowns behind each line.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ def _row(goal: str, ratio: float, target: float, note: str = "") -> str:
 
 
 def run(quick: bool) -> list[str]:
+    from pp1q.tools.bench.core_round import describe, time_core
     from pp1q.tools.bench.round import time_ours_two_batches, time_raw, time_side_by_side
     from pp1q.tools.bench.wire import checkers
 
@@ -130,10 +133,15 @@ def run(quick: bool) -> list[str]:
         for checker in checkers():
             n = rounds * 2 if checker == service and not quick else rounds
             t = time_side_by_side(form, n, checker)
+            if checker == service:
+                raw_service = t["raw"]
             lines.append(_row(f"{form} round / raw ({t['ours']:.2f} / {t['raw']:.2f} ms, "
                               f"{checker})", t["ours"] / t["raw"], target, _spread(t, "ours")))
             lines.append(_row(f"{form} round + verification and COMMIT / raw, {checker}",
                               t["full"] / t["raw"], target_full, _spread(t, "full")))
+        # what the core's Python alone costs a round, against the same raw rounds: the
+        # part of the goal no transport or adapter change can win back
+        lines.append(describe(time_core(form, rounds), raw_service))
         hot = time_raw(form, rounds)  # back to back, as the two batches run
         two = time_ours_two_batches(form, rounds)
         lines.append(_row(f"{form} + verification, 2 batches in flight / raw", two / hot,
