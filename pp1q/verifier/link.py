@@ -32,7 +32,7 @@ from pp1q.verifier.circuit import Circuit
 from pp1q.verifier.link_protocol import WireProtocol
 from pp1q.verifier.outcome import Fallback, classify
 from pp1q.verifier.watchdog import Watchdog
-from pp1q.wire import Commit, Reset, Step, VerifierEndpoint, WireConfig, context_of
+from pp1q.wire import Commit, Limits, Reset, Step, VerifierEndpoint, WireConfig, context_of
 from pp1q.wire.events import (
     Discarded,
     ProposalFailed,
@@ -51,6 +51,16 @@ FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_
 # consecutive failed proposals (refused, invalid, lost) before /healthz says degraded: a
 # worker refusing every step costs no waiting, but speculation is not happening
 DEGRADED_AFTER_FAILURES = 8
+
+
+def slot_buffers(limits: Limits) -> PayloadPool:
+    """The link's payload buffers, sized once from the bounds we offer: two in-flight
+    batches of every slot's dense rows (the seed's 2 x 4 x 5 x 517 KB at 129280 tokens).
+    Small rows come from malloc (see PayloadPool)."""
+    count = MAX_BATCHES_IN_FLIGHT * limits.max_slots * limits.max_depth
+    pool = PayloadPool(count * limits.dense_row_bytes)
+    pool.preallocate(limits.dense_row_bytes, count)
+    return pool
 
 
 def _health(worker: str, cause: str | None, detail: str | None) -> dict:
@@ -93,13 +103,7 @@ class WorkerLink:
         self.refused: Reason | None = None  # the worker's last refusal of a session
         self.circuit = Circuit(Breaker(breaker), metrics)  # consulted before each STEP
         self._ended_by_refusal = False
-        # Slot buffers, sized once from the bounds we offer: two in-flight batches of
-        # every slot's dense rows (the seed's 2 x 4 x 5 x 517 KB at 129280 tokens). Small
-        # rows come from malloc (see PayloadPool); every session reuses these buffers.
-        lim = config.limits
-        count = MAX_BATCHES_IN_FLIGHT * lim.max_slots * lim.max_depth
-        self.pool = PayloadPool(count * lim.dense_row_bytes)
-        self.pool.preallocate(lim.dense_row_bytes, count)
+        self.pool = slot_buffers(config.limits)  # every session reuses these buffers
 
     # -- state -----------------------------------------------------------------
 

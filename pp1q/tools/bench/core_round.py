@@ -22,6 +22,10 @@ rows up to one difference: the stand-in copy reads what the join just wrote, 80-
 a 517 KB row on the reference machine, the kernel's recv_into ~60 us in the daemons).
 Against the raw round of the same bytes it says how much of a round goal the core's
 Python leaves to everything else (``pp1q bench goals`` prints it under each round goal).
+
+The helpers a bench round's two runs share live here too (``round_steps``,
+``target_rows``, ``decide_round``, ``commit_round``): the daemons' round
+(pp1q.tools.bench.round) sends, decides and commits with the same ones.
 """
 
 from __future__ import annotations
@@ -37,15 +41,60 @@ from pp1q.tools.bench.wire import _feed_recv_into
 PHASES = ("steps", "read_steps", "rows", "read_rows", "decide")
 
 
+def target_rows() -> list[np.ndarray]:
+    """Each request's canned target p, [DEPTH + 1, VOCAB] float64 (fixed seed): the rows a
+    bench round decides against (model compute is not timed)."""
+    from pp1q.models.toy import softmax64
+
+    rng = np.random.default_rng(7)
+    return [softmax64(rng.normal(size=(DEPTH + 1, VOCAB)) * 3.0) for _ in range(REQUESTS)]
+
+
+def round_steps(session: int, prefixes: dict, round_id: int, top_k: int) -> list:
+    """A bench round's STEPs: one a slot of ``prefixes`` (slot -> its committed Prefix),
+    drafting from the position after it."""
+    from pp1q.wire import Step
+
+    return [Step(session=session, slot=s, generation=1, round_id=round_id,
+                 last_committed=p.last_position, first_position=p.last_position + 1,
+                 prefix_digest=p.digest, depth=DEPTH, temperature=1.0, top_k=top_k,
+                 context_version=0, seed=s) for s, p in prefixes.items()]
+
+
+def decide_round(kernel, p: list, steps: list, ready: list) -> list:
+    """The service's decision (``kernel``: KernelRounds) for a round's ``steps`` and
+    their ProposalReady events, against the canned target rows ``p`` (target_rows)."""
+    from pp1q.core.verify import RoundKeys
+
+    return kernel.sampled([p[st.slot % REQUESTS] for st in steps],
+                          [pr.q_rows for pr in ready],
+                          [list(pr.draft_ids) for pr in ready],
+                          [RoundKeys(st.seed, 1, st.round_id, st.first_position) for st in steps])
+
+
+def commit_round(steps: list, decided: list, ready: list, prefixes: dict) -> list:
+    """The COMMITs of a decided round, each slot's prefix in ``prefixes`` extended by
+    what it commits (the worker extends its own copy as it reads them)."""
+    from pp1q.wire import Commit
+
+    out = []
+    for st, d, pr in zip(steps, decided, ready, strict=True):
+        out.append(Commit(session=st.session, slot=st.slot, generation=1, round_id=st.round_id,
+                          accepted=d.accepted, token=d.token,
+                          committed=st.last_committed + d.accepted + 1))
+        prefixes[st.slot].extend([*pr.draft_ids[:d.accepted], d.token])
+    return out
+
+
 class _CoreRound:
     """Both endpoints past their handshake, each slot's context sent: ready for rounds."""
 
     def __init__(self, form: str) -> None:
         from pp1q.core.prefix import Prefix
-        from pp1q.models.toy import ToySpec, softmax64
+        from pp1q.models.toy import ToySpec
         from pp1q.verifier.kernel_rounds import KernelRounds
-        from pp1q.verifier.link import MAX_BATCHES_IN_FLIGHT
-        from pp1q.wire import PayloadPool, VerifierEndpoint, WorkerEndpoint, context_of
+        from pp1q.verifier.link import slot_buffers
+        from pp1q.wire import VerifierEndpoint, WorkerEndpoint, context_of
         from pp1q.wire.pool import ZeroRows
         from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config, worker_config
 
@@ -53,12 +102,8 @@ class _CoreRound:
         self.form = form
         self.top_k = 0 if form == "dense" else TOP_K
         config = verifier_config(spec, (2,), REQUESTS, DEPTH, DEFAULT_MAX_SUPPORT)
-        # payload buffers as the verifier's link keeps them (pp1q.verifier.link): made once
-        lim = config.limits
-        count = MAX_BATCHES_IN_FLIGHT * lim.max_slots * lim.max_depth
-        pool = PayloadPool(count * lim.dense_row_bytes)
-        pool.preallocate(lim.dense_row_bytes, count)
-        self.v = VerifierEndpoint(config, session=1, pool=pool)
+        # payload buffers made once, as the verifier's link makes them
+        self.v = VerifierEndpoint(config, session=1, pool=slot_buffers(config.limits))
         # the worker daemon's default: no self-check of outgoing rows (the verifier's do)
         self.w = WorkerEndpoint(worker_config(spec, (2,), DEFAULT_MAX_SUPPORT),
                                 check_outgoing=False)
@@ -70,8 +115,7 @@ class _CoreRound:
             self.v.send(context_of(session=self.v.session, slot=s, generation=1,
                                    tokens=p.tokens, digest=p.digest))
             for s, p in self.prefixes.items()), 0.0)
-        rng = np.random.default_rng(7)
-        self.p = [softmax64(rng.normal(size=(DEPTH + 1, VOCAB)) * 3.0) for _ in range(REQUESTS)]
+        self.p = target_rows()
         self.kernel = KernelRounds()
         self.dense_rows = ZeroRows()
         self.commits: list = []
@@ -79,16 +123,12 @@ class _CoreRound:
 
     def round(self) -> dict[str, float]:
         """One round; seconds per phase."""
-        from pp1q.core.verify import RoundKeys
-        from pp1q.wire import Commit, ProposalReady, Step, StepRefused
+        from pp1q.wire import ProposalReady, StepRefused
 
         self.round_id = r = self.round_id + 1
         v, w = self.v, self.w
         t0 = time.perf_counter()
-        steps = [Step(session=v.session, slot=s, generation=1, round_id=r,
-                      last_committed=p.last_position, first_position=p.last_position + 1,
-                      prefix_digest=p.digest, depth=DEPTH, temperature=1.0, top_k=self.top_k,
-                      context_version=0, seed=s) for s, p in self.prefixes.items()]
+        steps = round_steps(v.session, self.prefixes, r, self.top_k)
         to_worker = b"".join([v.send(c) for c in self.commits]
                              + [v.send(st, 0.0) for st in steps])
         t1 = time.perf_counter()
@@ -104,17 +144,9 @@ class _CoreRound:
         t5 = time.perf_counter()
         if len(ready) != REQUESTS:
             raise RuntimeError(f"core round {r} did not validate: {ready!r}")
-        decided = self.kernel.sampled([self.p[st.slot] for st in steps],
-                                      [pr.q_rows for pr in ready],
-                                      [list(pr.draft_ids) for pr in ready],
-                                      [RoundKeys(st.seed, 1, r, st.first_position) for st in steps])
+        decided = decide_round(self.kernel, self.p, steps, ready)
         t6 = time.perf_counter()
-        self.commits = []
-        for st, d, pr in zip(steps, decided, ready, strict=True):
-            self.commits.append(Commit(session=st.session, slot=st.slot, generation=1,
-                                       round_id=r, accepted=d.accepted, token=d.token,
-                                       committed=st.last_committed + d.accepted + 1))
-            self.prefixes[st.slot].extend([*pr.draft_ids[:d.accepted], d.token])
+        self.commits = commit_round(steps, decided, ready, self.prefixes)  # sent next round
         return dict(zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t5 - t4, t6 - t5), strict=True))
 
     def _frames(self, step) -> list:

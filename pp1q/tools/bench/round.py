@@ -247,8 +247,9 @@ async def _ours(port: int, form: str, rounds: int, batches: int = 1,
     round's (transport s, + verification s) of the first batch."""
     if between is not None and batches != 1:
         raise ValueError("between runs only with one batch")
-    from pp1q.models.toy import ToySpec, softmax64
+    from pp1q.models.toy import ToySpec
     from pp1q.runtime.metrics import Metrics
+    from pp1q.tools.bench.core_round import target_rows
     from pp1q.verifier.kernel_rounds import KernelRounds
     from pp1q.verifier.link import Needs, WorkerLink
     from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config
@@ -261,8 +262,7 @@ async def _ours(port: int, form: str, rounds: int, batches: int = 1,
     task = asyncio.get_running_loop().create_task(link.run(stop))
     if not await link.wait_ready(30.0):
         raise RuntimeError("bench worker peer did not answer HELLO")
-    rng = np.random.default_rng(7)
-    p = [softmax64(rng.normal(size=(DEPTH + 1, VOCAB)) * 3.0) for _ in range(REQUESTS)]
+    p = target_rows()
     kernel = KernelRounds()  # the service's decision path, one call for a batch's requests
     t0 = time.perf_counter()
     timed = await asyncio.gather(*(
@@ -287,8 +287,7 @@ async def _batch_rounds(link, slots: range, form: str, rounds: int, p: list, ker
     COMMIT s]) per round; ``between()`` first, untimed, before each (the previous round's
     COMMITs are still queued then: they leave with the STEPs, as they do without it)."""
     from pp1q.core.prefix import Prefix
-    from pp1q.core.verify import RoundKeys
-    from pp1q.wire import Commit, Step
+    from pp1q.tools.bench.core_round import commit_round, decide_round, round_steps
 
     top_k = 0 if form == "dense" else TOP_K
     prefixes = {s: Prefix(range(11)) for s in slots}  # committed: positions 0..10
@@ -296,11 +295,7 @@ async def _batch_rounds(link, slots: range, form: str, rounds: int, p: list, ker
         link.send_context(slot, 1, prefix, 0)
     wire_t, total_t = [], []
     for r in range(1, rounds + 1):
-        steps = [Step(session=link.session, slot=s, generation=1, round_id=r,
-                      last_committed=prefix.last_position,
-                      first_position=prefix.last_position + 1, prefix_digest=prefix.digest,
-                      depth=DEPTH, temperature=1.0, top_k=top_k, context_version=0, seed=s)
-                 for s, prefix in prefixes.items()]
+        steps = round_steps(link.session, prefixes, r, top_k)
         if between is not None:
             between()
         t0 = time.perf_counter()
@@ -308,15 +303,9 @@ async def _batch_rounds(link, slots: range, form: str, rounds: int, p: list, ker
         t1 = time.perf_counter()
         if not all(hasattr(pr, "q_rows") for pr in ready):
             raise RuntimeError(f"bench round {r} fell back: {ready}")
-        decided = kernel.sampled([p[st.slot % REQUESTS] for st in steps],
-                                 [pr.q_rows for pr in ready],
-                                 [list(pr.draft_ids) for pr in ready],
-                                 [RoundKeys(st.seed, 1, r, st.first_position) for st in steps])
-        for st, d, pr in zip(steps, decided, ready, strict=True):
-            committed = st.last_committed + d.accepted + 1
-            link.commit(Commit(session=st.session, slot=st.slot, generation=1, round_id=r,
-                               accepted=d.accepted, token=d.token, committed=committed))
-            prefixes[st.slot].extend([*pr.draft_ids[:d.accepted], d.token])
+        for commit in commit_round(steps, decide_round(kernel, p, steps, ready), ready,
+                                   prefixes):
+            link.commit(commit)
         t2 = time.perf_counter()
         wire_t.append(t1 - t0)
         total_t.append(t2 - t0)
