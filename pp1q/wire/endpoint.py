@@ -188,3 +188,11 @@ class Endpoint:
     def inflight(self) -> int:
         busy = (SlotState.STEPPING, SlotState.DRAFTING)
         return sum(1 for s in self.slots if s.state in busy)
+
+    def at_inflight_cap(self) -> bool:
+        """No step may start on an idle slot now: max_inflight are outstanding. Counted
+        only where the cap is below the slot count: a step starts on an IDLE slot (the
+        slot table), so with no more slots than the cap the others cannot reach it, and
+        counting every slot for every STEP made a round of N steps cost N^2."""
+        cap = self.limits.max_inflight
+        return len(self.slots) > cap and self.inflight >= cap

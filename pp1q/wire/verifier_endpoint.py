@@ -159,7 +159,7 @@ class VerifierEndpoint(Endpoint):
             raise LocalProtocolError(Reason.STATE_NOT_ALLOWED, "send(STEP) needs now")
         check_step(step, self.version, self.limits, LocalProtocolError)
         s.check_keys(step, LocalProtocolError)
-        if self.inflight >= self.limits.max_inflight:
+        if self.at_inflight_cap():  # the slot is IDLE here: the table allowed this STEP
             raise LocalProtocolError(Reason.TOO_MANY_INFLIGHT, f"{self.inflight} in flight")
 
     # -- receiving ----------------------------------------------------------

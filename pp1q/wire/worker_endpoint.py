@@ -191,7 +191,7 @@ class WorkerEndpoint(Endpoint):
 
     def _check_step_keys(self, step: Step, s: SlotTrack) -> None:
         s.check_keys(step, RemoteProtocolError)
-        if s.state is SlotState.IDLE and self.inflight >= self.limits.max_inflight:
+        if s.state is SlotState.IDLE and self.at_inflight_cap():
             raise RemoteProtocolError(Reason.TOO_MANY_INFLIGHT, f"{self.inflight} in flight")
 
     def _on_context(self, frame: Frame, events: list) -> None:

@@ -13,6 +13,7 @@ from wire_vectors import LIMITS
 from pp1q.wire import (
     Discarded,
     Form,
+    LocalProtocolError,
     ProposalFailed,
     Reason,
     RemoteProtocolError,
@@ -237,4 +238,23 @@ def test_worker_refuses_beyond_max_inflight():
     w.receive_data(encode(Reset(session=SESSION, slot=3, generation=1,
                                 reason=Reason.CANCELLED)), 0.0)
     [ev] = w.receive_data(encode(step(slot=3, generation=2)), 0.0)
+    assert ev.reason == Reason.TOO_MANY_INFLIGHT
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3, LIMITS.max_slots])
+def test_both_ends_hold_max_inflight_below_and_at_the_slot_count(cap):
+    # the cap is counted only where it is below the slot count (Endpoint.at_inflight_cap):
+    # at every cap the verifier sends, and the worker takes, exactly ``cap`` steps, and the
+    # next is refused on either end (with cap == slots there is no next slot to try)
+    v, w = pair()
+    v.limits = w.limits = msgspec.structs.replace(v.limits, max_inflight=cap)
+    for slot in range(cap):
+        assert w.receive_data(v.send(step(slot=slot), now=0.0), 0.0)[0].step.slot == slot
+    assert v.inflight == w.inflight == cap
+    if cap == LIMITS.max_slots:
+        return
+    with pytest.raises(LocalProtocolError) as refused:
+        v.send(step(slot=cap), now=0.0)
+    assert refused.value.reason == Reason.TOO_MANY_INFLIGHT
+    [ev] = w.receive_data(encode(step(slot=cap)), 0.0)
     assert ev.reason == Reason.TOO_MANY_INFLIGHT
