@@ -10,9 +10,9 @@ from pp1q.tools.bench import core_round
 from pp1q.tools.bench.round_peer import VOCAB
 
 
-@pytest.mark.parametrize("form", ["sparse", "dense"])
-def test_rounds_commit_and_the_worker_follows(form: str) -> None:
-    core = core_round._CoreRound(form)
+@pytest.mark.parametrize(("form", "requests"), [("sparse", 4), ("dense", 4), ("sparse", 64)])
+def test_rounds_commit_and_the_worker_follows(form: str, requests: int) -> None:
+    core = core_round._CoreRound(form, requests)
     for _ in range(3):
         phases = core.round()
         assert set(phases) == set(core_round.PHASES) and all(t > 0 for t in phases.values())
@@ -21,6 +21,7 @@ def test_rounds_commit_and_the_worker_follows(form: str) -> None:
     for slot, prefix in core.prefixes.items():
         assert core.w.context(slot) == prefix.tokens[:len(core.w.context(slot))]
         assert len(core.w.context(slot)) >= 11 + 2 and len(prefix.tokens) >= 11 + 3
+    assert len(core.prefixes) == requests
 
 
 def test_a_commit_the_worker_would_apply_otherwise_stops_the_run() -> None:
@@ -41,3 +42,10 @@ def test_time_core_floor_is_the_critical_path_of_its_phases() -> None:
     assert t["floor"] == t["steps"] + t["read_steps"] + max(t["rows"], t["read_rows"])
     line = core_round.describe(t, t["floor"] / 4)
     assert "floor" in line and "= 4.00x raw" in line
+
+
+def test_per_request_line_reads_both_batch_sizes() -> None:
+    line = core_round.per_request_by_batch(2)
+    for n in (core_round.REQUESTS, 64):  # each a run of its own, every phase a number
+        cell = line.split(f"{n} requests ")[1].split(";")[0]
+        assert len([float(x) for x in cell.split(" / ")]) == len(core_round.PHASES)

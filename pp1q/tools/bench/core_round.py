@@ -87,9 +87,11 @@ def commit_round(steps: list, decided: list, ready: list, prefixes: dict) -> lis
 
 
 class _CoreRound:
-    """Both endpoints past their handshake, each slot's context sent: ready for rounds."""
+    """Both endpoints past their handshake, each slot's context sent: ready for rounds.
+    ``requests``: slots, one request each (the canned rows and target rows of request
+    ``slot % REQUESTS``: more requests scale the work, not the data)."""
 
-    def __init__(self, form: str) -> None:
+    def __init__(self, form: str, requests: int = REQUESTS) -> None:
         from pp1q.core.prefix import Prefix
         from pp1q.models.toy import ToySpec
         from pp1q.verifier.kernel_rounds import KernelRounds
@@ -101,7 +103,8 @@ class _CoreRound:
         spec = ToySpec(vocab=VOCAB)
         self.form = form
         self.top_k = 0 if form == "dense" else TOP_K
-        config = verifier_config(spec, (2,), REQUESTS, DEPTH, DEFAULT_MAX_SUPPORT)
+        self.requests = requests
+        config = verifier_config(spec, (2,), requests, DEPTH, DEFAULT_MAX_SUPPORT)
         # payload buffers made once, as the verifier's link makes them
         self.v = VerifierEndpoint(config, session=1, pool=slot_buffers(config.limits))
         # the worker daemon's default: no self-check of outgoing rows (the verifier's do)
@@ -110,7 +113,7 @@ class _CoreRound:
         self.w.receive_data(self.v.hello(), 0.0)
         self.v.receive_data(self.w.data_to_send(), 0.0)
         self.canned = canned_rows(form)
-        self.prefixes = {s: Prefix(range(11)) for s in range(REQUESTS)}  # positions 0..10
+        self.prefixes = {s: Prefix(range(11)) for s in range(requests)}  # positions 0..10
         self.w.receive_data(b"".join(
             self.v.send(context_of(session=self.v.session, slot=s, generation=1,
                                    tokens=p.tokens, digest=p.digest))
@@ -142,7 +145,7 @@ class _CoreRound:
         t4 = time.perf_counter()
         ready = [e for e in _feed_recv_into(v, stream) if isinstance(e, ProposalReady)]
         t5 = time.perf_counter()
-        if len(ready) != REQUESTS:
+        if len(ready) != self.requests:
             raise RuntimeError(f"core round {r} did not validate: {ready!r}")
         decided = decide_round(self.kernel, self.p, steps, ready)
         t6 = time.perf_counter()
@@ -153,7 +156,7 @@ class _CoreRound:
         """The worker's frames for ``step``, as its drafter frames them."""
         from pp1q.wire import Form
 
-        chain = self.canned[step.slot][:step.depth]
+        chain = self.canned[step.slot % REQUESTS][:step.depth]
         w = self.w
         if self.form != "dense":
             return [w.send_proposal(step, [t for t, _ in chain], [row for _, row in chain])]
@@ -165,11 +168,11 @@ class _CoreRound:
         return out
 
 
-def time_core(form: str, rounds: int) -> dict[str, float]:
+def time_core(form: str, rounds: int, requests: int = REQUESTS) -> dict[str, float]:
     """Median ms per round of each phase (PHASES), after a warm-up of a tenth of the
     rounds (at least 2); ``floor``: steps + read_steps + max(rows, read_rows) of those
-    medians."""
-    core = _CoreRound(form)
+    medians; ``requests``: a round's requests (slots)."""
+    core = _CoreRound(form, requests)
     for _ in range(max(2, rounds // 10)):
         core.round()
     times = [core.round() for _ in range(rounds)]
@@ -187,3 +190,16 @@ def describe(t: dict[str, float], raw_ms: float) -> str:
             f"{t['steps']:.2f}, worker reads them {t['read_steps']:.2f}, worker frames rows "
             f"{t['rows']:.2f}, verifier reads and checks them {t['read_rows']:.2f}; "
             f"decision {t['decide']:.2f} ms)")
+
+
+def per_request_by_batch(rounds: int, form: str = "sparse") -> str:
+    """One line: each phase in us a request, at REQUESTS and at 64 requests a round (the
+    daemons' most slots). A cost that grows with the batch shows here: until 2 Dec 2026
+    the max_inflight check counted every slot for every STEP, and a 64-step round cost
+    0.75 ms to frame (0.42 since)."""
+    cells = []
+    for n in (REQUESTS, 64):
+        t = time_core(form, rounds, n)
+        cells.append(f"{n} requests " + " / ".join(f"{t[k] / n * 1e3:.0f}" for k in PHASES))
+    return (f"{form}, the core alone in process, us a request ({' / '.join(PHASES)}): "
+            + "; ".join(cells))

@@ -364,6 +364,9 @@ def run(quick: bool) -> list[str]:
             rows = time_raw(form, rounds, per_row=True)
             lines.append(f"{form:<7}raw sockets sending a frame a row (revision 2's framing, "
                          f"24 frames), back to back: {rows:.3f} ms")
+    from pp1q.tools.bench.core_round import per_request_by_batch
+
+    lines.append(per_request_by_batch(20 if quick else 100))
     if _zmq_missing():
         lines.append("zmq: pyzmq not installed (pip install pyzmq) -- column skipped")
     lines.append("medians per round; 'ours' = transport + validation, '+verify' adds "
