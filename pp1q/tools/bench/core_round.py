@@ -1,16 +1,16 @@
 """A round through the sans-IO endpoints alone, in one process: the floor that the
 Python of the core sets under a round, whatever the transport.
 
-The daemons' round (pp1q.tools.bench.round: 4 requests x depth 5 at V = 129280, the
-same canned rows, configurations, checker and decision path) with no socket, no event
-loop and no second process: a VerifierEndpoint and a WorkerEndpoint here, the round's
-bytes handed from one to the other. Each round is timed phase by phase, in the order a
-round of the daemons runs them:
+The daemons' round (pp1q.tools.bench.round: 4 requests x depth 5 at V = 129280, or
+``requests`` of them; the same canned rows, configurations, checker and decision path)
+with no socket, no event loop and no second process: a VerifierEndpoint and a
+WorkerEndpoint here, the round's bytes handed from one to the other. Each round is timed
+phase by phase, in the order a round of the daemons runs them:
 
-- ``steps``: the verifier frames the last round's 4 COMMITs and this round's 4 STEPs;
+- ``steps``: the verifier frames the last round's COMMITs and this round's STEPs;
 - ``read_steps``: the worker decodes and checks them;
-- ``rows``: the worker frames its rows (sparse: 4 PROPOSALs; dense: 20 REPLYs from
-  reused rows, as the drafter frames them, and 4 COMPLETIONs);
+- ``rows``: the worker frames its rows (sparse: a PROPOSAL a request; dense: a REPLY
+  a row from reused rows, as the drafter frames them, and a COMPLETION a request);
 - ``read_rows``: the verifier decodes and checks them, fed as a socket feeds it
   (get_buffer / buffer_updated; the copy into its buffer stands in for recv_into's);
 - ``decide``: the service's decision for the round (KernelRounds), canned target rows.

@@ -337,6 +337,7 @@ def demo_rates(quick: bool, target_delay_ms: float) -> tuple[float, float, float
 
 
 def run(quick: bool) -> list[str]:
+    from pp1q.tools.bench.core_round import per_request_by_batch
     from pp1q.tools.bench.wire import checkers
 
     lines = ["one round of raw, pyzmq and ours in turn (time_side_by_side); ratios to the "
@@ -364,8 +365,6 @@ def run(quick: bool) -> list[str]:
             rows = time_raw(form, rounds, per_row=True)
             lines.append(f"{form:<7}raw sockets sending a frame a row (revision 2's framing, "
                          f"24 frames), back to back: {rows:.3f} ms")
-    from pp1q.tools.bench.core_round import per_request_by_batch
-
     lines.append(per_request_by_batch(20 if quick else 100))
     if _zmq_missing():
         lines.append("zmq: pyzmq not installed (pip install pyzmq) -- column skipped")
