@@ -6,18 +6,19 @@ import asyncio
 
 import pytest
 
+from pp1q.tools.bench import loop_client, round_peer
 from pp1q.tools.bench import round as bench_round
 
 pytestmark = pytest.mark.daemons
 
 
 def test_one_batch_and_two_batches_in_flight_commit_every_round() -> None:
-    peer = bench_round._Peer("ours", "sparse")
+    peer = round_peer.Peer("ours", "sparse")
     try:
         one = asyncio.run(bench_round._ours(peer.port, "sparse", 3))
     finally:
         peer.close()
-    peer = bench_round._Peer("ours", "sparse")
+    peer = round_peer.Peer("ours", "sparse")
     try:
         two = asyncio.run(bench_round._ours(peer.port, "sparse", 3, batches=2))
     finally:
@@ -52,3 +53,56 @@ def test_side_by_side_runs_one_raw_round_before_each_round_of_ours(monkeypatch) 
 def test_between_needs_one_batch() -> None:
     with pytest.raises(ValueError):
         asyncio.run(bench_round._ours(1, "sparse", 1, batches=2, between=lambda: None))
+
+
+def test_side_by_side_runs_a_loop_round_before_each_round_of_ours(monkeypatch) -> None:
+    calls = []
+    real_round = loop_client.LoopClient.round
+
+    def counted(self) -> float:
+        calls.append(self)
+        return real_round(self)  # compares every round's bytes with the frames sent
+
+    monkeypatch.setattr(loop_client.LoopClient, "round", counted)
+    t = bench_round.time_side_by_side("sparse", 3, with_loop=True)
+    assert len(calls) == 3 and len(set(calls)) == 1
+    assert t["loop"] > 0 and t["raw"] > 0
+    assert "loop round" not in loop_client.describe_loop(t)  # a line, not an error
+    assert f"{t['loop']:.3f} ms" in loop_client.describe_loop(t)
+
+
+def _frames_with(change):
+    real = loop_client.frames
+
+    def frames(form: str):
+        parts = real(form)
+        return parts[:-1] + [change(*parts[-1])]
+
+    return frames
+
+
+def test_loop_client_refuses_a_round_whose_bytes_differ(monkeypatch) -> None:
+    # the client expects one byte other than the peer sends (same length): the round
+    # completes, and its bytes are refused
+    def flipped(head: bytes, payload: bytes) -> tuple[bytes, bytes]:
+        return head, payload[:-1] + bytes([payload[-1] ^ 1])
+
+    monkeypatch.setattr(loop_client, "frames", _frames_with(flipped))
+    client = loop_client.LoopClient("sparse")
+    try:
+        with pytest.raises(RuntimeError, match="differ"):
+            client.round()
+    finally:
+        client.close()
+
+
+def test_loop_client_gives_up_on_a_round_that_never_completes(monkeypatch) -> None:
+    # the client waits for a byte the peer never sends: bounded by ROUND_TIMEOUT_S
+    monkeypatch.setattr(loop_client, "frames", _frames_with(lambda h, p: (h, p + b"\0")))
+    monkeypatch.setattr(loop_client, "ROUND_TIMEOUT_S", 0.5)
+    client = loop_client.LoopClient("sparse")
+    try:
+        with pytest.raises(RuntimeError, match="no answer"):
+            client.round()
+    finally:
+        client.close()

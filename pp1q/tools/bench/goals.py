@@ -7,8 +7,10 @@ against np.copy (wire), the service's verification step against one torch softma
 pass over the same 20 rows, and the worker's count allocation (build_row) against one
 numpy softmax pass over the same row. Under each round goal, the round through the sans-IO
 endpoints alone, in this process (pp1q.tools.bench.core_round): the floor the core's
-Python sets, against the same raw rounds. The full suites (q, wire, kernels, round)
-give the breakdowns behind each line.
+Python sets, against the same raw rounds; and the same frames through uvloop on both
+ends with nothing else (pp1q.tools.bench.loop_client), in turn with those raw rounds:
+what an event loop costs a round before any of our Python runs. The full suites (q,
+wire, kernels, round) give the breakdowns behind each line.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def _row(goal: str, ratio: float, target: float, note: str = "") -> str:
 
 def run(quick: bool) -> list[str]:
     from pp1q.tools.bench.core_round import describe, time_core
+    from pp1q.tools.bench.loop_client import describe_loop
     from pp1q.tools.bench.round import time_ours_two_batches, time_raw, time_side_by_side
     from pp1q.tools.bench.wire import checkers
 
@@ -132,9 +135,9 @@ def run(quick: bool) -> list[str]:
         # runs on the shared 2-core machine; the service's checker gets twice the rounds
         for checker in checkers():
             n = rounds * 2 if checker == service and not quick else rounds
-            t = time_side_by_side(form, n, checker)
+            t = time_side_by_side(form, n, checker, with_loop=checker == service)
             if checker == service:
-                raw_service = t["raw"]
+                raw_service, at_service = t["raw"], t
             lines.append(_row(f"{form} round / raw ({t['ours']:.2f} / {t['raw']:.2f} ms, "
                               f"{checker})", t["ours"] / t["raw"], target, _spread(t, "ours")))
             lines.append(_row(f"{form} round + verification and COMMIT / raw, {checker}",
@@ -142,6 +145,7 @@ def run(quick: bool) -> list[str]:
         # what the core's Python alone costs a round, against the same raw rounds: the
         # part of the goal no transport or adapter change can win back
         lines.append(describe(time_core(form, rounds), raw_service))
+        lines.append(describe_loop(at_service))
         hot = time_raw(form, rounds)  # back to back, as the two batches run
         two = time_ours_two_batches(form, rounds)
         lines.append(_row(f"{form} + verification, 2 batches in flight / raw", two / hot,

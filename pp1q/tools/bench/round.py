@@ -11,6 +11,8 @@ is during the target's forward, and the machine's drifting load shared alike):
   preallocated buffer (the physical floor for these bytes through the kernel);
 - zmq: pyzmq PAIR sockets, multipart (msgspec header, payload arrays), zero-copy
   receive and msgspec decode (the vLLM engine-core style); skipped without pyzmq;
+- loop: raw's frames through uvloop protocols on both ends and nothing else (no wire
+  core, no task: pp1q.tools.bench.loop_client): what an event loop costs a round alone;
 - ours: the daemons' adapters (WorkerConnection -> WorkerLink, uvloop, BufferedProtocol),
   every row validated (dyadic counts, support, checksums, COMPLETION totals); "+verify"
   adds standard verification of the 4 requests (the service's decision path: one
@@ -30,20 +32,20 @@ from __future__ import annotations
 import asyncio
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from pp1q.tools.bench.loop_client import LoopClient
 from pp1q.tools.bench.round_peer import (
     DEPTH,
     REQUESTS,
     STEP_BYTES_RAW,
     TOP_K,
     VOCAB,
+    Peer,
     RequestHeader,
     RowHeader,
     frames,
@@ -51,26 +53,6 @@ from pp1q.tools.bench.round_peer import (
 
 TITLE = ("Daemons: round overhead, 4 requests x depth 5 at V=129280, vs raw loopback and "
          "pyzmq+msgspec (same bytes, same run); demo pair tokens/s")
-
-
-class _Peer:
-    def __init__(self, mode: str, form: str, checker: str | None = None) -> None:
-        from pp1q.core.q_backend import ENV
-        from pp1q.runtime.launcher import daemon_env
-
-        env = daemon_env() if checker is None else {**daemon_env(), ENV: checker}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pp1q.tools.bench.round_peer", mode, form],
-            stdout=subprocess.PIPE, text=True, env=env)
-        line = self.proc.stdout.readline()
-        if not line.startswith("port "):
-            self.close()
-            raise RuntimeError(f"{mode} peer did not start: {line!r}")
-        self.port = int(line.split()[1])
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 def _median_ms(times: list[float]) -> float:
@@ -85,7 +67,7 @@ class _RawClient:
         self.total = sum(len(h) + len(p) for h, p in frames(form, per_row))
         self.buf = memoryview(bytearray(self.total))
         self.step = bytes(STEP_BYTES_RAW)
-        self.peer = _Peer("raw-rows" if per_row else "raw", form)
+        self.peer = Peer("raw-rows" if per_row else "raw", form)
         try:
             self.sock = socket.create_connection(("127.0.0.1", self.peer.port))
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -116,7 +98,7 @@ class _ZmqClient:
         self.sparse = form != "dense"
         self.dec = msgspec.msgpack.Decoder(RequestHeader if self.sparse else RowHeader)
         self.step = bytes(STEP_BYTES_RAW)  # made once, as _RawClient's: not a round's work
-        self.peer = _Peer("zmq", form)
+        self.peer = Peer("zmq", form)
         self.ctx = zmq.Context()
         try:
             self.sock = self.ctx.socket(zmq.PAIR)
@@ -162,11 +144,13 @@ def time_raw(form: str, rounds: int, per_row: bool = False) -> float:
 
 
 def time_side_by_side(form: str, rounds: int, checker: str | None = None,
-                      with_zmq: bool = False, check_outgoing: bool = False) -> dict[str, float]:
-    """Median ms per round of raw sockets (and pyzmq: ``with_zmq``, where installed), ours
-    and ours + verification and COMMIT ("raw", "zmq", "ours", "full"), one round of each
-    in turn: before every round of ours, one raw round (and one pyzmq round), each on its
-    own connection. Every peer is then idle between its rounds, as a worker is while the
+                      with_zmq: bool = False, check_outgoing: bool = False,
+                      with_loop: bool = False) -> dict[str, float]:
+    """Median ms per round of raw sockets (and pyzmq: ``with_zmq``, where installed; the
+    same frames through uvloop on both ends with no wire core: ``with_loop``), ours and
+    ours + verification and COMMIT ("raw", "zmq", "loop", "ours", "full"), one round of
+    each in turn: before every round of ours, one raw round (and one of the others), each
+    on its own connection. Every peer is then idle between its rounds, as a worker is while the
     target runs its forward, and the machine's load, which drifts within seconds here,
     falls on all of them alike. ``time_raw`` instead times raw rounds back to back: a hot
     ping-pong whose peer never sleeps, a floor no service round meets. Also "ours_iqr" and
@@ -175,6 +159,8 @@ def time_side_by_side(form: str, rounds: int, checker: str | None = None,
     try:
         if with_zmq and not _zmq_missing():
             clients["zmq"] = _ZmqClient(form)
+        if with_loop:
+            clients["loop"] = LoopClient(form)
         times: dict[str, list[float]] = {name: [] for name in clients}
 
         def between() -> None:
@@ -215,7 +201,7 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = False,
 
     before = q_backend.select(checker) if checker else None
     before_decide = numba_rows.select(decide) if decide else None
-    peer = _Peer("ours-checked" if check_outgoing else "ours", form, checker)
+    peer = Peer("ours-checked" if check_outgoing else "ours", form, checker)
     try:
         q_backend.warm_up()
         numba_rows.warm_up()
@@ -342,18 +328,21 @@ def run(quick: bool) -> list[str]:
 
     lines = ["one round of raw, pyzmq and ours in turn (time_side_by_side); ratios to the "
              "raw rounds of the same run",
-             f"{'form':<7}{'raw ms':>9}{'zmq ms':>9}{'ours ms':>9}{'+verify':>9}"
-             f"{'zmq/raw':>9}{'ours/raw':>10}{'+verify/raw':>12}  self-check  rows checked by"]
+             f"{'form':<7}{'raw ms':>9}{'zmq ms':>9}{'loop ms':>9}{'ours ms':>9}{'+verify':>9}"
+             f"{'zmq/raw':>9}{'loop/raw':>9}{'ours/raw':>10}{'+verify/raw':>12}  self-check"
+             f"  rows checked by"]
     for form in ("dense", "sparse"):
         rounds = (8 if quick else 40) if form == "dense" else (30 if quick else 300)
         for check in (True, False):
             for checker in checkers():  # both ends, worker and verifier
-                t = time_side_by_side(form, rounds, checker, with_zmq=True, check_outgoing=check)
-                raw, zmq = t["raw"], t.get("zmq")
+                t = time_side_by_side(form, rounds, checker, with_zmq=True, check_outgoing=check,
+                                      with_loop=True)
+                raw, zmq, loop = t["raw"], t.get("zmq"), t["loop"]
                 zmq_ms = f"{zmq:9.3f}" if zmq is not None else f"{'n/a':>9}"
                 zmq_ratio = f"{zmq / raw:9.2f}" if zmq is not None else f"{'n/a':>9}"
-                lines.append(f"{form:<7}{raw:9.3f}{zmq_ms}{t['ours']:9.3f}{t['full']:9.3f}"
-                             f"{zmq_ratio}{t['ours'] / raw:10.2f}{t['full'] / raw:12.2f}  "
+                lines.append(f"{form:<7}{raw:9.3f}{zmq_ms}{loop:9.3f}{t['ours']:9.3f}"
+                             f"{t['full']:9.3f}{zmq_ratio}{loop / raw:9.2f}"
+                             f"{t['ours'] / raw:10.2f}{t['full'] / raw:12.2f}  "
                              f"{'on' if check else 'off':<10}  {checker}")
         # back to back: raw's hot ping-pong, and the two batches (a block of their own)
         hot = time_raw(form, rounds)

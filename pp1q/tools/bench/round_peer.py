@@ -1,15 +1,19 @@
 """Worker-side peers of ``pp1q bench round``, each run as a child process:
 
-    python -m pp1q.tools.bench.round_peer {ours,ours-checked,raw,raw-rows,zmq} {dense,sparse}
+    python -m pp1q.tools.bench.round_peer {ours,ours-checked,raw,raw-rows,loop,zmq} {dense,sparse}
 
 ``ours``: the real worker adapter (WorkerConnection, WorkerEndpoint) answering STEPs with
 canned q rows, so no model compute is timed; as the worker daemon runs by default,
 without its own outgoing row checks (``ours-checked``: with them). ``raw``: blocking
 sockets sending the very same frames ours sends (header and payload in one sendmsg per
 frame: a dense round's REPLYs and COMPLETIONs, a sparse round's four PROPOSALs).
+``loop``: the same frames from a uvloop BufferedProtocol, one write a frame, each in a loop
+callback of its own as ours' drafting tasks write them, with no wire core: what an
+event loop costs a round on its own (pp1q.tools.bench.loop_client is its other end).
 ``zmq``: pyzmq multipart messages of a msgspec header plus the same payload arrays (the
 vLLM engine-core style), grouped as ours groups them (a message per dense row, one per
-sparse request). Each prints ``port N`` once listening.
+sparse request). Each prints ``port N`` once listening; ``Peer`` starts one from the
+bench's side and reads it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import subprocess
 import sys
 
 import msgspec
@@ -83,6 +88,29 @@ def frames(form: str, per_row: bool = False) -> list[tuple[bytes, bytes]]:
     return out
 
 
+class Peer:
+    """One peer of this module started as a child process (the bench's side of it): its
+    ``port`` once it listens; ``checker``: the q-row checker it runs (PP1Q_VALIDATE)."""
+
+    def __init__(self, mode: str, form: str, checker: str | None = None) -> None:
+        from pp1q.core.q_backend import ENV
+        from pp1q.runtime.launcher import daemon_env
+
+        env = daemon_env() if checker is None else {**daemon_env(), ENV: checker}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pp1q.tools.bench.round_peer", mode, form],
+            stdout=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline()
+        if not line.startswith("port "):
+            self.close()
+            raise RuntimeError(f"{mode} peer did not start: {line!r}")
+        self.port = int(line.split()[1])
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
 # -- ours ------------------------------------------------------------------------
 
 
@@ -144,6 +172,41 @@ def serve_raw(form: str, per_row: bool = False) -> None:
             conn.sendmsg([head, payload] if payload else [head])
 
 
+def serve_loop(form: str) -> None:
+    """The ``loop`` peer: raw's frames from uvloop, nothing decoded, checked or framed."""
+    import uvloop
+
+    parts = [(head, payload) if payload else (head,) for head, payload in frames(form)]
+
+    class Peer(asyncio.BufferedProtocol):
+        def __init__(self) -> None:
+            self.step = memoryview(bytearray(STEP_BYTES_RAW))
+            self.got = 0
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+            transport.get_extra_info("socket").setsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def get_buffer(self, sizehint: int) -> memoryview:
+            return self.step[self.got:]
+
+        def buffer_updated(self, nbytes: int) -> None:
+            self.got += nbytes
+            if self.got == STEP_BYTES_RAW:  # the STEP stand-in is whole: answer the round
+                self.got = 0
+                loop = asyncio.get_running_loop()
+                for frame in parts:
+                    loop.call_soon(self.transport.writelines, frame)
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Peer, "127.0.0.1", 0)
+        print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
 # -- zmq + msgspec ---------------------------------------------------------------
 
 
@@ -198,7 +261,7 @@ def main(argv: list[str]) -> int:
     elif mode == "raw-rows":  # sparse rows framed one a frame, as wire revision 2 did
         serve_raw(form, per_row=True)
     else:
-        {"ours": serve_ours, "raw": serve_raw, "zmq": serve_zmq}[mode](form)
+        {"ours": serve_ours, "raw": serve_raw, "loop": serve_loop, "zmq": serve_zmq}[mode](form)
     return 0
 
 
