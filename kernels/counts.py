@@ -30,6 +30,7 @@ from pp1q.core import q_backend
 from pp1q.core.errors import DistributionError, Reason
 from pp1q.core.q import MASS
 
+from .cpu_rows import numba_rows
 from .fixed import SUM_MAX_ENTRIES, exact_sum, limbs_to_float
 from .lookup import SparseCounts, compact
 from .topk import topk_support
@@ -202,13 +203,10 @@ def _exact_total(x: torch.Tensor) -> torch.Tensor:
     """fixed.exact_sum of rows of float64 values in [0, 1]; on the CPU where numba runs
     build_row's allocation, its limbs from one numba pass (the same limbs, so the same
     float64)."""
-    k = q_backend.kernels() if x.device.type == "cpu" else None
-    n = x.shape[-1]
-    if k is None or x.dtype != torch.float64 or n > SUM_MAX_ENTRIES:
+    fast = numba_rows(x) if x.shape[-1] <= SUM_MAX_ENTRIES else None
+    if fast is None:
         return exact_sum(x)  # refuses a row too wide for its limbs, as before
-    from . import numba_counts  # numba is importable: q_backend chose it
-
-    rows = x.detach().reshape(-1, n).contiguous().numpy()
+    numba_counts, rows = fast
     hi, lo = np.empty(rows.shape[0], np.int64), np.empty(rows.shape[0], np.int64)
     numba_counts.sum_limbs(rows, hi, lo)
     lead = x.shape[:-1]

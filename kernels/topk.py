@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from pp1q.core import q_backend
 from pp1q.core.errors import DistributionError, Reason
+
+from .cpu_rows import numba_rows
 
 
 def select_positions(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -25,13 +26,11 @@ def select_positions(values: torch.Tensor, k: int) -> torch.Tensor:
     n = values.shape[-1]
     if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= n:
         raise DistributionError(Reason.BAD_TOP_K, f"top_k {k!r} for {n} entries")
-    if values.device.type == "cpu" and values.dtype == torch.float64 \
-            and q_backend.kernels() is not None:
-        from . import numba_counts  # numba is importable: q_backend chose it
-
-        rows = values.detach().reshape(-1, n).contiguous()
+    fast = numba_rows(values)
+    if fast is not None:
+        numba_counts, rows = fast
         out = torch.empty(rows.shape[0], k, dtype=torch.int64)
-        if numba_counts.top_positions(rows.numpy(), k, out.numpy()) == 0:
+        if numba_counts.top_positions(rows, k, out.numpy()) == 0:
             return out.reshape(*values.shape[:-1], k)
         # a row with a NaN, or one that kept replacing its heap: torch's form below
     kth = torch.topk(values, k, dim=-1).values[..., -1:]

@@ -51,8 +51,8 @@ from pp1q.tools.bench.round_peer import (
     frames,
 )
 
-TITLE = ("Daemons: round overhead, 4 requests x depth 5 at V=129280, vs raw loopback and "
-         "pyzmq+msgspec (same bytes, same run); demo pair tokens/s")
+TITLE = ("Daemons: round overhead, 4 requests x depth 5 at V=129280, vs raw loopback, "
+         "uvloop alone and pyzmq+msgspec (same bytes, same run); demo pair tokens/s")
 
 
 def _median_ms(times: list[float]) -> float:
