@@ -9,7 +9,7 @@ numpy softmax pass over the same row. Under each round goal, the round through t
 endpoints alone, in this process (pp1q.tools.bench.core_round): the floor the core's
 Python sets, against the same raw rounds; and the same frames through uvloop on both
 ends with nothing else (pp1q.tools.bench.loop_client), in turn with those raw rounds:
-what an event loop costs a round before any of our Python runs. The full suites (q,
+what an event loop costs a round before any of our code runs. The full suites (q,
 wire, kernels, round) give the breakdowns behind each line.
 """
 

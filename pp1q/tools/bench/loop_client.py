@@ -1,11 +1,11 @@
 """The verifier's end of the ``loop`` round: raw's frames through uvloop protocols on both
 ends, with no wire core (nothing framed, decoded or checked, no state, no task).
 
-What an event-loop adapter costs a round before any of our Python runs: the loop's own
+What an event-loop adapter costs a round before any of our code runs: the loop's own
 reads, writes and wake-ups on both sides (the peer writes each frame from a loop callback
 of its own, as ours' drafting tasks do: pp1q.tools.bench.round_peer's ``loop`` mode).
 Against raw (blocking sockets, the same bytes) and ours in the same run it splits a
-round into the kernel's share, the event loop's and our Python's.
+round into the kernel's share, the event loop's and our own code's.
 
 The client runs its event loop on a thread of its own, so that ``round()`` can be called
 between two rounds of ours from inside ours' running loop (``time_side_by_side``'s

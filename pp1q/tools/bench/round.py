@@ -326,8 +326,8 @@ def run(quick: bool) -> list[str]:
     from pp1q.tools.bench.core_round import per_request_by_batch
     from pp1q.tools.bench.wire import checkers
 
-    lines = ["one round of raw, pyzmq and ours in turn (time_side_by_side); ratios to the "
-             "raw rounds of the same run",
+    lines = ["one round of raw, pyzmq, loop (uvloop alone) and ours in turn "
+             "(time_side_by_side); ratios to the raw rounds of the same run",
              f"{'form':<7}{'raw ms':>9}{'zmq ms':>9}{'loop ms':>9}{'ours ms':>9}{'+verify':>9}"
              f"{'zmq/raw':>9}{'loop/raw':>9}{'ours/raw':>10}{'+verify/raw':>12}  self-check"
              f"  rows checked by"]
