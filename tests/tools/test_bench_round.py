@@ -71,38 +71,31 @@ def test_side_by_side_runs_a_loop_round_before_each_round_of_ours(monkeypatch) -
     assert f"{t['loop']:.3f} ms" in loop_client.describe_loop(t)
 
 
-def _frames_with(change):
+def _refused_round(monkeypatch, change, match: str) -> None:
+    """A loop client expecting the peer's frames with ``change`` made to the last one
+    (head, payload) -> (head, payload) refuses its first round with ``match``."""
     real = loop_client.frames
 
     def frames(form: str):
         parts = real(form)
         return parts[:-1] + [change(*parts[-1])]
 
-    return frames
+    monkeypatch.setattr(loop_client, "frames", frames)
+    client = loop_client.LoopClient("sparse")
+    try:
+        with pytest.raises(RuntimeError, match=match):
+            client.round()
+    finally:
+        client.close()
 
 
 def test_loop_client_refuses_a_round_whose_bytes_differ(monkeypatch) -> None:
     # the client expects one byte other than the peer sends (same length): the round
     # completes, and its bytes are refused
-    def flipped(head: bytes, payload: bytes) -> tuple[bytes, bytes]:
-        return head, payload[:-1] + bytes([payload[-1] ^ 1])
-
-    monkeypatch.setattr(loop_client, "frames", _frames_with(flipped))
-    client = loop_client.LoopClient("sparse")
-    try:
-        with pytest.raises(RuntimeError, match="differ"):
-            client.round()
-    finally:
-        client.close()
+    _refused_round(monkeypatch, lambda h, p: (h, p[:-1] + bytes([p[-1] ^ 1])), "differ")
 
 
 def test_loop_client_gives_up_on_a_round_that_never_completes(monkeypatch) -> None:
     # the client waits for a byte the peer never sends: bounded by ROUND_TIMEOUT_S
-    monkeypatch.setattr(loop_client, "frames", _frames_with(lambda h, p: (h, p + b"\0")))
     monkeypatch.setattr(loop_client, "ROUND_TIMEOUT_S", 0.5)
-    client = loop_client.LoopClient("sparse")
-    try:
-        with pytest.raises(RuntimeError, match="no answer"):
-            client.round()
-    finally:
-        client.close()
+    _refused_round(monkeypatch, lambda h, p: (h, p + b"\0"), "no answer")
