@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pp1q.tools.bench import loop_client, round_peer
+from pp1q.tools.bench import core_round, loop_client, round_peer
 from pp1q.tools.bench import round as bench_round
 
 pytestmark = pytest.mark.daemons
@@ -99,3 +99,13 @@ def test_loop_client_gives_up_on_a_round_that_never_completes(monkeypatch) -> No
     # the client waits for a byte the peer never sends: bounded by ROUND_TIMEOUT_S
     monkeypatch.setattr(loop_client, "ROUND_TIMEOUT_S", 0.5)
     _refused_round(monkeypatch, lambda h, p: (h, p + b"\0"), "no answer")
+
+
+def test_one_process_round_serves_the_worker_adapter_on_the_bench_loop() -> None:
+    # both adapters on one loop: every round validates, decides and commits (a fallback
+    # raises in _batch_rounds), and the line reads the core's phases it is given
+    ours, full = bench_round.time_one_process("sparse", 3)
+    assert 0 < ours <= full
+    t = {"steps": 0.1, "read_steps": 0.2, "rows": 0.3, "read_rows": 0.4, "decide": 9.0}
+    line = core_round.describe_one_process(ours, full, t)
+    assert f"{ours:.3f} ms a round" in line and "summed 1.000 ms" in line

@@ -49,6 +49,7 @@ from pp1q.tools.bench.round_peer import (
     RequestHeader,
     RowHeader,
     frames,
+    ours_server,
 )
 
 TITLE = ("Daemons: round overhead, 4 requests x depth 5 at V=129280, vs raw loopback, "
@@ -214,6 +215,27 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = False,
             numba_rows.select(before_decide)
 
 
+def time_one_process(form: str, rounds: int) -> tuple[float, float]:
+    """``time_ours``' two figures with the worker's adapter served on this process's own
+    event loop (round_peer's ``ours_server``): both adapters, nothing overlapping, no
+    second process; against the core's phases summed, what the adapters cost a round."""
+    import uvloop
+    from pp1q_kernels import numba_rows
+
+    from pp1q.core import q_backend
+
+    async def main() -> tuple[float, float]:
+        server = await ours_server(form)
+        try:
+            return await _ours(server.sockets[0].getsockname()[1], form, rounds)
+        finally:
+            server.close()
+
+    q_backend.warm_up()
+    numba_rows.warm_up()
+    return uvloop.run(main())
+
+
 def time_ours_two_batches(form: str, rounds: int) -> float:
     """Median ms per batch-round with two batches of 4 requests in flight, as the
     design sizes the link (``link.MAX_BATCHES_IN_FLIGHT``): while the verifier decides
@@ -323,7 +345,7 @@ def demo_rates(quick: bool, target_delay_ms: float) -> tuple[float, float, float
 
 
 def run(quick: bool) -> list[str]:
-    from pp1q.tools.bench.core_round import per_request_by_batch
+    from pp1q.tools.bench.core_round import describe_one_process, per_request_by_batch, time_core
     from pp1q.tools.bench.wire import checkers
 
     lines = ["one round of raw, pyzmq, loop (uvloop alone) and ours in turn "
@@ -355,6 +377,8 @@ def run(quick: bool) -> list[str]:
             lines.append(f"{form:<7}raw sockets sending a frame a row (revision 2's framing, "
                          f"24 frames), back to back: {rows:.3f} ms")
     lines.append(per_request_by_batch(20 if quick else 100))
+    lines.append(describe_one_process(*time_one_process("sparse", 30 if quick else 300),
+                                      time_core("sparse", 20 if quick else 100)))
     if _zmq_missing():
         lines.append("zmq: pyzmq not installed (pip install pyzmq) -- column skipped")
     lines.append("medians per round; 'ours' = transport + validation, '+verify' adds "

@@ -125,21 +125,26 @@ class CannedProposer(Proposer):
         yield from self.canned[step.top_k][step.slot % REQUESTS][: step.depth]
 
 
+async def ours_server(form: str, check_outgoing: bool = False) -> asyncio.AbstractServer:
+    """The worker daemon's adapter (WorkerConnection) with canned rows, listening on
+    127.0.0.1 on the running loop: ``serve_ours``' server, or one on the bench's own loop
+    (``pp1q.tools.bench.round.time_one_process``)."""
+    proposer = CannedProposer({(0 if form == "dense" else TOP_K): canned_rows(form)})
+    config = worker_config(ToySpec(vocab=VOCAB, seed=0), (2,), DEFAULT_MAX_SUPPORT)
+    metrics, state = Metrics("worker"), SessionTable()
+    return await asyncio.get_running_loop().create_server(
+        lambda: WorkerConnection(config, state, proposer, metrics,
+                                 check_outgoing=check_outgoing), "127.0.0.1", 0)
+
+
 def serve_ours(form: str, check_outgoing: bool = False) -> None:
     import uvloop
 
-    proposer = CannedProposer({(0 if form == "dense" else TOP_K): canned_rows(form)})
     logging.basicConfig(level=logging.ERROR)
-    spec = ToySpec(vocab=VOCAB, seed=0)
-    config = worker_config(spec, (2,), DEFAULT_MAX_SUPPORT)
-
     q_backend.warm_up()  # as the worker daemon does at start (PP1Q_VALIDATE chooses)
 
     async def main() -> None:
-        metrics, state = Metrics("worker"), SessionTable()
-        server = await asyncio.get_running_loop().create_server(
-            lambda: WorkerConnection(config, state, proposer, metrics,
-                                     check_outgoing=check_outgoing), "127.0.0.1", 0)
+        server = await ours_server(form, check_outgoing)
         print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
         await asyncio.Event().wait()
 
