@@ -151,11 +151,12 @@ def time_side_by_side(form: str, rounds: int, checker: str | None = None,
     same frames through uvloop on both ends with no wire core: ``with_loop``), ours and
     ours + verification and COMMIT ("raw", "zmq", "loop", "ours", "full"), one round of
     each in turn: before every round of ours, one raw round (and one of the others), each
-    on its own connection. Every peer is then idle between its rounds, as a worker is while the
-    target runs its forward, and the machine's load, which drifts within seconds here,
-    falls on all of them alike. ``time_raw`` instead times raw rounds back to back: a hot
-    ping-pong whose peer never sleeps, a floor no service round meets. Also "ours_iqr" and
-    "full_iqr": the quartiles of each round's ratio to the raw round just before it."""
+    on its own connection. Every peer is then idle between its rounds, as a worker is
+    while the target runs its forward, and the machine's load, which drifts within
+    seconds here, falls on all of them alike. ``time_raw`` instead times raw rounds back
+    to back: a hot ping-pong whose peer never sleeps, a floor no service round meets.
+    Also "ours_iqr" and "full_iqr": the quartiles of each round's ratio to the raw round
+    just before it."""
     clients = {"raw": _RawClient(form)}
     try:
         if with_zmq and not _zmq_missing():
@@ -195,7 +196,6 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = False,
     ``batches``: batches of 4 requests in flight at once (see ``_ours``); ``between``:
     called before each round, untimed (one batch only: ``time_side_by_side``); ``log``:
     gets every round's (transport s, + verification s) of the first batch."""
-    import uvloop
     from pp1q_kernels import numba_rows
 
     from pp1q.core import q_backend
@@ -204,9 +204,7 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = False,
     before_decide = numba_rows.select(decide) if decide else None
     peer = Peer("ours-checked" if check_outgoing else "ours", form, checker)
     try:
-        q_backend.warm_up()
-        numba_rows.warm_up()
-        return uvloop.run(_ours(peer.port, form, rounds, batches, between, log))
+        return _run_warm(_ours(peer.port, form, rounds, batches, between, log))
     finally:
         peer.close()
         if before:
@@ -219,10 +217,6 @@ def time_one_process(form: str, rounds: int) -> tuple[float, float]:
     """``time_ours``' two figures with the worker's adapter served on this process's own
     event loop (round_peer's ``ours_server``): both adapters, nothing overlapping, no
     second process; against the core's phases summed, what the adapters cost a round."""
-    import uvloop
-    from pp1q_kernels import numba_rows
-
-    from pp1q.core import q_backend
 
     async def main() -> tuple[float, float]:
         server = await ours_server(form)
@@ -231,9 +225,19 @@ def time_one_process(form: str, rounds: int) -> tuple[float, float]:
         finally:
             server.close()
 
+    return _run_warm(main())
+
+
+def _run_warm(rounds):
+    """``rounds`` on uvloop, the kernels loaded first (as the daemons load them at start)."""
+    import uvloop
+    from pp1q_kernels import numba_rows
+
+    from pp1q.core import q_backend
+
     q_backend.warm_up()
     numba_rows.warm_up()
-    return uvloop.run(main())
+    return uvloop.run(rounds)
 
 
 def time_ours_two_batches(form: str, rounds: int) -> float:
