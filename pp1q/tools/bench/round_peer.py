@@ -183,7 +183,7 @@ def serve_loop(form: str) -> None:
 
     parts = [(head, payload) if payload else (head,) for head, payload in frames(form)]
 
-    class Peer(asyncio.BufferedProtocol):
+    class LoopSender(asyncio.BufferedProtocol):  # not ``Peer``: that is the bench's side
         def __init__(self) -> None:
             self.step = memoryview(bytearray(STEP_BYTES_RAW))
             self.got = 0
@@ -205,7 +205,7 @@ def serve_loop(form: str) -> None:
                     loop.call_soon(self.transport.writelines, frame)
 
     async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(Peer, "127.0.0.1", 0)
+        server = await asyncio.get_running_loop().create_server(LoopSender, "127.0.0.1", 0)
         print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
         await asyncio.Event().wait()
 
