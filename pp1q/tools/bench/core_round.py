@@ -209,7 +209,7 @@ def describe_one_process(ours: float, full: float, t: dict[str, float]) -> str:
     """One line: the round with both adapters on one event loop in one process (``ours``,
     ``full``: pp1q.tools.bench.round.time_one_process) against ``t``, the core's phases
     (time_core) summed: what the adapters and their syscalls cost a round."""
-    core = sum(t[k] for k in ("steps", "read_steps", "rows", "read_rows"))
+    core = sum(t[k] for k in PHASES if k != "decide")
     return (f"sparse, both adapters on one event loop in one process (nothing overlaps): "
             f"{ours:.3f} ms a round (+verify {full:.3f}); the core's four phases summed "
             f"{core:.3f} ms: the adapters and their syscalls {ours - core:.3f} ms")
