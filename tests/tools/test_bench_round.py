@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pp1q.tools.bench import core_round, loop_client, round_peer
+from pp1q.tools.bench import core_round, loop_client, peer_clients, round_peer
 from pp1q.tools.bench import round as bench_round
 
 pytestmark = pytest.mark.daemons
@@ -32,13 +32,13 @@ def test_side_by_side_runs_one_raw_round_before_each_round_of_ours(monkeypatch) 
     # come from rounds taken in turn); a raw client that never ran would still return
     # medians from time_ours, so count the raw rounds through the client's own seam
     calls = []
-    real_round = bench_round._RawClient.round
+    real_round = peer_clients.RawClient.round
 
     def counted(self) -> float:
         calls.append(self)
         return real_round(self)
 
-    monkeypatch.setattr(bench_round._RawClient, "round", counted)
+    monkeypatch.setattr(peer_clients.RawClient, "round", counted)
     t = bench_round.time_side_by_side("sparse", 4)
     assert len(calls) == 4 and len(set(calls)) == 1  # one connection, a round per round
     # no pyzmq column unless asked for; each round's ratio to the raw round before it

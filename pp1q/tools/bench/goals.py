@@ -121,7 +121,8 @@ def _row(goal: str, ratio: float, target: float, note: str = "") -> str:
 def run(quick: bool) -> list[str]:
     from pp1q.tools.bench.core_round import describe, time_core
     from pp1q.tools.bench.loop_client import describe_loop
-    from pp1q.tools.bench.round import time_ours_two_batches, time_raw, time_side_by_side
+    from pp1q.tools.bench.peer_clients import time_raw
+    from pp1q.tools.bench.round import time_ours_two_batches, time_side_by_side
     from pp1q.tools.bench.wire import checkers
 
     lines = [f"{'goal (issue 13)':<52} {'ratio':>9}  target",

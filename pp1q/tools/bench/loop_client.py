@@ -61,7 +61,7 @@ class LoopClient:
         import uvloop
 
         self.expected = b"".join(head + payload for head, payload in frames(form))
-        self.step = bytes(STEP_BYTES_RAW)  # made once, as _RawClient's: not a round's work
+        self.step = bytes(STEP_BYTES_RAW)  # made once, as RawClient's: not a round's work
         self.peer = Peer("loop", form)
         self.loop = uvloop.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="bench-loop",

@@ -30,118 +30,17 @@ Then tokens/s of the demo pair (real models), speculative vs target-only.
 from __future__ import annotations
 
 import asyncio
-import socket
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from pp1q.tools.bench.loop_client import LoopClient
-from pp1q.tools.bench.round_peer import (
-    DEPTH,
-    REQUESTS,
-    STEP_BYTES_RAW,
-    TOP_K,
-    VOCAB,
-    Peer,
-    RequestHeader,
-    RowHeader,
-    frames,
-    ours_server,
-)
+from pp1q.tools.bench.peer_clients import RawClient, ZmqClient, median_ms, time_raw, zmq_missing
+from pp1q.tools.bench.round_peer import DEPTH, REQUESTS, TOP_K, VOCAB, Peer, ours_server
 
 TITLE = ("Daemons: round overhead, 4 requests x depth 5 at V=129280, vs raw loopback, "
          "uvloop alone and pyzmq+msgspec (same bytes, same run); demo pair tokens/s")
-
-
-def _median_ms(times: list[float]) -> float:
-    return statistics.median(times) * 1e3
-
-
-class _RawClient:
-    """Raw rounds over one connection to a raw peer: the STEP stand-in out, then every
-    byte of the round's frames received into one preallocated buffer."""
-
-    def __init__(self, form: str, per_row: bool = False) -> None:
-        self.total = sum(len(h) + len(p) for h, p in frames(form, per_row))
-        self.buf = memoryview(bytearray(self.total))
-        self.step = bytes(STEP_BYTES_RAW)
-        self.peer = Peer("raw-rows" if per_row else "raw", form)
-        try:
-            self.sock = socket.create_connection(("127.0.0.1", self.peer.port))
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            self.peer.close()
-            raise
-
-    def round(self) -> float:
-        t0 = time.perf_counter()
-        self.sock.sendall(self.step)
-        got = 0
-        while got < self.total:
-            got += self.sock.recv_into(self.buf[got:])
-        return time.perf_counter() - t0
-
-    def close(self) -> None:
-        self.sock.close()
-        self.peer.close()
-
-
-class _ZmqClient:
-    """pyzmq rounds (PAIR sockets, zero-copy multipart, msgspec headers) to a zmq peer."""
-
-    def __init__(self, form: str) -> None:
-        import msgspec
-        import zmq
-
-        self.sparse = form != "dense"
-        self.dec = msgspec.msgpack.Decoder(RequestHeader if self.sparse else RowHeader)
-        self.step = bytes(STEP_BYTES_RAW)  # made once, as _RawClient's: not a round's work
-        self.peer = Peer("zmq", form)
-        self.ctx = zmq.Context()
-        try:
-            self.sock = self.ctx.socket(zmq.PAIR)
-            self.sock.connect(f"tcp://127.0.0.1:{self.peer.port}")
-        except zmq.ZMQError:
-            self.ctx.term()
-            self.peer.close()
-            raise
-
-    def round(self) -> float:
-        t0 = time.perf_counter()
-        self.sock.send(self.step)
-        for _ in range(REQUESTS if self.sparse else REQUESTS * DEPTH):
-            msg = self.sock.recv_multipart(copy=False)
-            head = self.dec.decode(msg[0].buffer)
-            if self.sparse:  # a request's rows: each its ids, then its q
-                for i, n in enumerate(head.entries):
-                    np.frombuffer(msg[1 + 2 * i].buffer, dtype="<i4", count=n)
-                    np.frombuffer(msg[2 + 2 * i].buffer, dtype="<f4", count=n)
-            else:
-                np.frombuffer(msg[-1].buffer, dtype="<f4", count=head.entries)
-        return time.perf_counter() - t0
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
-        self.peer.close()
-
-
-def _block(client, rounds: int) -> float:
-    """Median ms of ``rounds`` rounds back to back (the first dropped: connection warm-up)."""
-    try:
-        return _median_ms([client.round() for _ in range(rounds)][1:])
-    finally:
-        client.close()
-
-
-def time_raw(form: str, rounds: int, per_row: bool = False) -> float:
-    """Median ms a round of raw sockets sending ours' frames, back to back (``per_row``:
-    a sparse round framed as wire revision 2 did, a REPLY a row and a COMPLETION a
-    request)."""
-    return _block(_RawClient(form, per_row), rounds)
 
 
 def time_side_by_side(form: str, rounds: int, checker: str | None = None,
@@ -157,10 +56,10 @@ def time_side_by_side(form: str, rounds: int, checker: str | None = None,
     to back: a hot ping-pong whose peer never sleeps, a floor no service round meets.
     Also "ours_iqr" and "full_iqr": the quartiles of each round's ratio to the raw round
     just before it."""
-    clients = {"raw": _RawClient(form)}
+    clients = {"raw": RawClient(form)}
     try:
-        if with_zmq and not _zmq_missing():
-            clients["zmq"] = _ZmqClient(form)
+        if with_zmq and not zmq_missing():
+            clients["zmq"] = ZmqClient(form)
         if with_loop:
             clients["loop"] = LoopClient(form)
         times: dict[str, list[float]] = {name: [] for name in clients}
@@ -174,7 +73,7 @@ def time_side_by_side(form: str, rounds: int, checker: str | None = None,
     finally:
         for client in clients.values():
             client.close()
-    out = {name: _median_ms(t[1:]) for name, t in times.items()}
+    out = {name: median_ms(t[1:]) for name, t in times.items()}
     out.update(ours=ours, full=full)
     # each round of ours against the raw round just before it: how far the rounds spread
     pairs = list(zip(times["raw"], log, strict=True))[1:]
@@ -288,8 +187,8 @@ async def _ours(port: int, form: str, rounds: int, batches: int = 1,
     if log is not None:
         log.extend(zip(wire_t, total_t, strict=True))
     if batches == 1:
-        return _median_ms(wire_t[1:]), _median_ms(total_t[1:])
-    return _median_ms(wire_t[1:]), elapsed / (batches * rounds) * 1e3
+        return median_ms(wire_t[1:]), median_ms(total_t[1:])
+    return median_ms(wire_t[1:]), elapsed / (batches * rounds) * 1e3
 
 
 async def _batch_rounds(link, slots: range, form: str, rounds: int, p: list, kernel,
@@ -383,7 +282,7 @@ def run(quick: bool) -> list[str]:
     lines.append(per_request_by_batch(20 if quick else 100))
     lines.append(describe_one_process(*time_one_process("sparse", 30 if quick else 300),
                                       time_core("sparse", 20 if quick else 100)))
-    if _zmq_missing():
+    if zmq_missing():
         lines.append("zmq: pyzmq not installed (pip install pyzmq) -- column skipped")
     lines.append("medians per round; 'ours' = transport + validation, '+verify' adds "
                  "standard verification and COMMIT (model compute excluded); two batches: "
@@ -394,11 +293,3 @@ def run(quick: bool) -> list[str]:
                      f"target-only {base:7.1f} tokens/s (x{spec / base:.2f}), "
                      f"{acc:.2f} accepted drafts/round")
     return lines
-
-
-def _zmq_missing() -> bool:
-    try:
-        import zmq  # noqa: F401
-    except ImportError:
-        return True
-    return False
