@@ -71,8 +71,10 @@ def add_common_arguments(p, role: str) -> None:
     add_setting(p, role, "speculation", "{off,greedy,sampled}",
                 "sampled runs only when both daemons name it; off: target-only")
     add_setting(p, role, "capture", "FILE",
-                "record every frame in and out (wire and context channel) to FILE, "
+                "record every frame in and out of the wire connection to FILE, "
                 "for `pp1q replay` (docs/capture.md; unset: no capture)")
+    add_setting(p, role, "capture_max_bytes", "BYTES",
+                "stop recording once the capture file would pass BYTES (unset: no cap)")
     add_config_option(p)
 
 

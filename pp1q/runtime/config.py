@@ -127,15 +127,16 @@ def _misplaced(path: Path, scope: str, raw_key: str, key: str, value,
                        key=key)
 
 
-def open_capture(path: str | None, role: str, info: dict):
+def open_capture(path: str | None, role: str, info: dict, max_bytes: int | None = None):
     """The ``--capture FILE`` writer of a daemon (pp1q.runtime.capture), None without the
-    option; a file that cannot be created is a settings error."""
+    option, capped at ``max_bytes`` (``--capture-max-bytes``; None: no cap); a file that
+    cannot be created is a settings error."""
     if not path:
         return None
     from pp1q.runtime.capture import CaptureWriter
 
     try:
-        return CaptureWriter.open(path, role, info)
+        return CaptureWriter.open(path, role, info, max_bytes)
     except OSError as e:
         raise ConfigError(f"capture = {path!r}: cannot create capture file: {e.strerror}",
                           key="capture") from None

@@ -55,6 +55,8 @@ REAL_MODEL_WATCHDOG_MS = 20000
 DEFAULT_SHARD_KV_BUDGET = 8 << 30  # 64 slots x 2800 tokens of SmolLM2-135M at 46 KB a token
 MIN_SHARD_KV_BUDGET = 1 << 20  # under ~20 tokens of that model: every round would recompute
 MAX_SHARD_KV_BUDGET = 1 << 40  # 1 TiB, above any one rank's memory: a typo, not a plan
+MIN_CAPTURE_BYTES = 1 << 20  # under it a capture holds a few dense frames: a typo, not a cap
+MAX_CAPTURE_BYTES = 1 << 50  # 1 PiB, above any disk: a typo, not a plan
 MAX_RANKS = 16  # vote rows grow with ranks; a tensor-parallel group is one or two nodes' GPUs
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # off: target-only; greedy: v1 (temperature 0) speculation; sampled: v2 with exact q.
@@ -108,6 +110,10 @@ class DaemonSettings(_Checked, frozen=True, kw_only=True):
     vocab: Annotated[int, Meta(ge=MIN_VOCAB, le=MAX_VOCAB)] = DEFAULT_VOCAB
     model_seed: Annotated[int, Meta(ge=0, le=(1 << 63) - 1)] = 0
     capture: str | None = None  # FILE: record every frame (pp1q.runtime.capture)
+    # the capture file's cap: at it recording stops, marked {"stopped": "max_bytes"} (a
+    # dense round is ~10 MB); unset: no cap
+    capture_max_bytes: Annotated[int, Meta(ge=MIN_CAPTURE_BYTES,
+                                           le=MAX_CAPTURE_BYTES)] | None = None
     log_level: LogLevel = "info"
     tls_cert: str | None = None  # mutual TLS: all three files or none (pp1q.runtime.tls)
     tls_key: str | None = None

@@ -1,7 +1,7 @@
 """Optional mutual TLS between the verifier and the worker (ssl module only).
 
 Off unless configured. With ``tls_cert``, ``tls_key`` and ``tls_ca`` set on both
-daemons, every connection between them (wire v2 and the context channel) is TLS 1.3
+daemons, every connection between them (the wire connection) is TLS 1.3
 or nothing, and each side authenticates the other:
 
 - the worker (server) requires a client certificate signed by ``tls_ca``

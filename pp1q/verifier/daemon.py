@@ -265,13 +265,14 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         if group is not None:
             await group.close()
         raise cannot_listen("http", settings.http, e) from None
-    # the worker link's traffic (wire and context channel); replay needs the watchdog
+    # the worker link's traffic (every wire frame); replay needs the watchdog
     # a capture names the draw secret by its fingerprint only (replay --draw-secret-file)
     draws = scheduler.decider.draws
     cap = link.capture = open_capture(settings.capture, "verifier", {
         "step_timeout_s": settings.step_timeout_s,
         "draw_key": {"id": DRAW_KEY_ID,
-                     "fingerprint": draws.fingerprint if draws is not None else None}})
+                     "fingerprint": draws.fingerprint if draws is not None else None}},
+        settings.capture_max_bytes)
     speculating = settings.speculation != "off"
     link_stop = asyncio.Event()  # set after the drain: requests draining still speculate
     link_task = asyncio.get_running_loop().create_task(

@@ -79,7 +79,8 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
     tls_context = tls.server_context(settings, metrics)  # None: plain TCP
     # draws are the verifier's (pp1q.core.drawkey): a worker never knows their secret
     cap = open_capture(settings.capture, "worker", {
-        "listen": settings.listen, "draw_key": {"id": DRAW_KEY_ID, "fingerprint": None}})
+        "listen": settings.listen, "draw_key": {"id": DRAW_KEY_ID, "fingerprint": None}},
+        settings.capture_max_bytes)
     try:  # the tap sits inside TLS: it records the plaintext frames
         server = await asyncio.get_running_loop().create_server(
             tap(accept, cap), host, port, **tls.serve_kwargs(tls_context))

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 from daemon_harness import REPLAY_TIMEOUT_S, Pair, replay, value
 
+from pp1q.runtime.capture import CaptureReader, Kind
 from pp1q.runtime.draw_secret import write_secret_file
 from pp1q.runtime.launcher import daemon_env, pp1q_command
 from pp1q.tools.chaos.faults import BitFlip, Rule
@@ -125,3 +126,24 @@ def test_unwritable_capture_path_is_a_settings_error(tmp_path):
                           env=daemon_env())
     assert proc.returncode == 2, proc.stderr
     assert "cannot create capture" in proc.stderr
+
+
+def test_capture_max_bytes_stops_recording_at_the_cap_and_serving_goes_on(tmp_path):
+    cap = 1 << 20  # the least the setting takes; dense rows at vocab 32768 pass it in 2 rounds
+    path = tmp_path / "verifier.pp1qcap"
+    pair = Pair(tmp_path, vocab=32768,
+                verifier_args=["--capture", str(path), "--capture-max-bytes", str(cap)])
+    try:
+        client = pair.client()
+        for seed in (1, 2):  # dense sampled steps: 128 KiB a row
+            out = client.generate([1, 2, 3], 12, seed=seed, top_k=None)
+            assert len(out["token_ids"]) == 12
+        client.close()
+        m = pair.metrics("verifier")
+    finally:
+        pair.close()
+    assert value(m, "pp1q_rounds_total", kind="speculative") >= 2
+    assert path.stat().st_size <= cap
+    records = CaptureReader(path).records()
+    assert records[-1].kind is Kind.INFO and records[-1].meta == {"stopped": "max_bytes"}
+    assert sum(r.kind is Kind.DATA for r in records) > 0  # it recorded until the cap
