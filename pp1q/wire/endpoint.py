@@ -64,7 +64,8 @@ class SlotTrack:
     deadline: float | None = None
     # worker: the committed context (CONTEXT, then every COMMIT) and this round's drafts.
     # It survives a RESET of a discarded proposal and new generations; only a RESET
-    # ``cancelled`` (the request ended), a refused CONTEXT or a new connection drop it.
+    # ``cancelled`` (the request ended), a refused CONTEXT, a COMMIT past max_context or
+    # a new connection drop it.
     prefix: Prefix | None = None
     drafts: list = field(default_factory=list)
     context_error: RemoteProtocolError | None = None  # why the context is gone: next STEP's

@@ -32,12 +32,14 @@ class SessionRefused:
 
 @dataclass(frozen=True, slots=True)
 class ProposalReady:
-    """Verifier: every byte of a step validated, COMPLETION matched. Consumable now.
+    """Verifier: every byte of a step validated (its COMPLETION matched, or its one
+    PROPOSAL passed every check). Consumable now.
 
     ``q_rows[i]`` is the exact q that sampled ``draft_ids[i]`` (empty for a greedy
     step; a dense row reads its FP32 payload in place, see validate.Rows);
-    ``replies`` are the decoded frames: ``replies[i].q`` (FP32) and ``.ids`` (int32,
-    sparse) are read-only zero-copy views, already validated.
+    ``replies`` are the decoded REPLYs (for a PROPOSAL, a Reply a position viewing its
+    payload): ``replies[i].q`` (FP32) and ``.ids`` (int32, sparse) are read-only
+    zero-copy views, already validated.
     """
 
     slot: int
@@ -49,7 +51,7 @@ class ProposalReady:
     replies: tuple[Reply, ...]
     greedy: bool
     # a sampled sparse step answered row by row (REPLYs, COMPLETION) although one
-    # PROPOSAL fits it (``sizes.proposal_fits``): legal, but ~2 x depth frames instead of
+    # PROPOSAL fits it (``sizes.proposal_fits``): legal, but depth + 1 frames instead of
     # one for the verifier to check; a worker doing it always is worth an operator's look
     streamed_fitting: bool = False
 
@@ -89,7 +91,8 @@ class Discarded:
 
 @dataclass(frozen=True, slots=True)
 class StepRequested:
-    """Worker: draft this step (send REPLY 1..depth, then COMPLETION)."""
+    """Worker: draft this step (one PROPOSAL where ``sizes.proposal_fits``, else REPLY
+    1..depth, then COMPLETION)."""
 
     step: Step
 

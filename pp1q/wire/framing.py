@@ -9,7 +9,8 @@
     12     4     payload_len      0, or at most the negotiated row (REPLY, PROPOSAL) /
                                   context (CONTEXT) bytes
     16     8     payload_xxh3     xxh3_64 of the payload bytes (REPLY: the probability
-                                  checksum; PROPOSAL: the completion's byte checksum)
+                                  checksum; PROPOSAL: of its whole payload, standing in
+                                  for a COMPLETION's checksum)
     24     8     head_xxh3        xxh3_64 of bytes 0..23 followed by the control part
 
 All integers little-endian. The receiver (pp1q.wire.decoder) checks lengths as soon as
@@ -19,8 +20,8 @@ buffer, which decoded arrays view without a further copy.
 This module states each fact of the frame layout once, for every other reader of raw
 frames (chaos proxy, capture tap, replay, fuzz harness, tests): ``HEADER`` (the struct),
 ``HEADER_BYTES``, the field offsets ``*_AT``, ``read_header`` (a ``Header`` tuple),
-``head_checksum``/``reseal`` (the two checksums). Revision 2 carries everything (the
-request context included) on one connection of these frames: there is nothing to sniff.
+``head_checksum``/``reseal`` (the two checksums). Since revision 2 everything (the
+request context included) travels on one connection of these frames: nothing to sniff.
 """
 
 from __future__ import annotations

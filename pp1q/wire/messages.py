@@ -2,9 +2,10 @@
 
 Each control Struct is ``array_like`` (encoded as a msgpack array in field order, so
 the field order below IS the wire layout, see docs/wire.md) and refuses unknown
-(extra) fields. REPLY and CONTEXT have a payload: raw little-endian arrays after the
-control part, exposed as numpy arrays (``Reply.ids`` int32 for sparse rows, ``Reply.q``
-FP32; ``Context.tokens`` int32).
+(extra) fields. REPLY, CONTEXT and PROPOSAL have a payload: raw little-endian arrays
+after the control part, exposed as numpy arrays (``Reply.ids`` int32 for sparse rows,
+``Reply.q`` FP32; ``Context.tokens`` int32; ``Proposal.ids`` and ``Proposal.q``: one
+int32 / FP32 array a position).
 
 Revision 2 of wire v2 added CONTEXT, ``Limits.max_context`` and the ``revision`` of
 HELLO and its answer. Revision 3 (``WIRE_REVISION``) added PROPOSAL: a sparse step's
@@ -272,9 +273,10 @@ class Proposal(_ProposalHead, eq=False):
     (``ids[i]`` int32 ascending global ids, ``q[i]`` FP32) and that row's probability
     checksum ``row_checksums[i]`` (the payload_xxh3 its REPLY would carry). The payload
     is the rows in order, each its ids then its q; the frame's own payload checksum
-    and length are the completion's byte checksum and exact size (a proposal that
-    arrives whole needs no COMPLETION). Decoded, ``ids`` and ``q`` are read-only views
-    of the frame's payload (``Frame.words``: all of it as int32 words).
+    (xxh3_64 of the whole payload, not a chain of ``row_checksums`` as a COMPLETION's
+    reply_checksum is) and length stand in for a completion's checksum and exact size
+    (a proposal that arrives whole needs no COMPLETION). Decoded, ``ids`` and ``q`` are
+    read-only views of the frame's payload (``Frame.words``: all of it as int32 words).
     """
 
     ids: object = None  # tuple of int32 arrays, one per position

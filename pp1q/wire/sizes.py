@@ -1,9 +1,10 @@
 """Declared sizes, checked before a payload is buffered (bounds before memory).
 
-The frame decoder (pp1q.wire.framing) asks these with the header (``payload_cap``) and
+The frame decoder (pp1q.wire.decoder) asks these with the header (``payload_cap``) and
 then with the decoded control part (``reply_sizes``, ``proposal_sizes``,
-``context_sizes``); an error from these is frame-aligned: the payload is skipped unread,
-and only the proposal (REPLY, PROPOSAL) or the context (CONTEXT) it belongs to fails.
+``context_sizes``); an error they return is frame-aligned: the payload is skipped unread,
+and only the proposal (REPLY, PROPOSAL) or the context (CONTEXT) it belongs to fails (a
+REPLY form outside the set is raised instead: it breaks the stream).
 ``proposal_fits``: whether a step is answered by one PROPOSAL (both ends ask it alike).
 """
 

@@ -43,15 +43,15 @@ class Conn(enum.StrEnum):
 
 class SlotState(enum.StrEnum):
     IDLE = "idle"  # no step outstanding
-    STEPPING = "stepping"  # verifier: waiting for replies and completion
-    DRAFTING = "drafting"  # worker: sending replies
-    COMPLETED = "completed"  # worker: completion sent, waiting for COMMIT or RESET
+    STEPPING = "stepping"  # verifier: waiting for replies and completion, or a proposal
+    DRAFTING = "drafting"  # worker: sending replies (or drafting its proposal)
+    COMPLETED = "completed"  # worker: completion or proposal sent, COMMIT or RESET next
     READY = "ready"  # verifier: proposal validated and handed out, COMMIT or RESET next
     FAILED = "failed"  # verifier: proposal discarded, RESET next
 
 
 class Pseudo(enum.StrEnum):
-    FAIL = "fail"  # a received row/completion/refusal failed the proposal
+    FAIL = "fail"  # a received row, completion or proposal failed the proposal
     TIMEOUT = "timeout"  # the STEP deadline passed
     LOST = "lost"  # the connection closed under the step
     REFUSE = "refuse"  # worker: we refused the peer's HELLO

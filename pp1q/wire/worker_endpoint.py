@@ -94,9 +94,9 @@ class WorkerEndpoint(Endpoint):
     def __init__(self, config: WireConfig, *, check_outgoing: bool = True,
                  pool: PayloadPool | None = None, sessions: SessionTable | None = None,
                  now: float = 0.0) -> None:
-        """``check_outgoing``: run the verifier's row checks on every REPLY we send
-        (a bug here then fails locally, before the peer sees it). ``sessions``: the
-        daemon's table (bounds and deadlines, pp1q.wire.sessions; None: unbounded, for
+        """``check_outgoing``: run the verifier's row checks on every REPLY and PROPOSAL
+        we send (a bug here then fails locally, before the peer sees it). ``sessions``:
+        the daemon's table (bounds and deadlines, pp1q.wire.sessions; None: unbounded, for
         tests and benchmarks); ``now``: when the connection was accepted."""
         super().__init__(config, pool)
         self.check_outgoing = check_outgoing
