@@ -99,7 +99,7 @@ _decoder = msgspec.json.Decoder(GenerateBody)
 
 def decode_generate(body: bytes, *, vocab: int, default_top_k: int | None,
                     max_support: int, text: TextCodec | None = None) -> GenerateRequest:
-    """Decode and check a generate body; every refusal is an HttpError 400/415/422.
+    """Decode and check a generate body; every refusal is an HttpError 400 or 422.
     ``text``: the target's tokenizer (None: token ids only, as for the toy)."""
     try:
         b = _decoder.decode(body)

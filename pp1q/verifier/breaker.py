@@ -6,8 +6,8 @@ opens: for ``open_s`` no STEP is sent and every round is target-only at once (ex
 any fallback). Then it is half-open: the next round is a probe, sent alone; its success
 closes the circuit, its timeout opens it again for twice as long (up to ``open_max_s``),
 any other end of the probe (a refusal, a lost connection, its request gone) lets the
-next round probe again. A verified proposal resets the count of consecutive timeouts;
-other failures neither count nor reset (they cost no waiting).
+next round probe again. A proposal that arrives (ProposalReady) resets the count of
+consecutive timeouts; other failures neither count nor reset (they cost no waiting).
 
 The link reports outcomes (``Outcome``) and asks ``permit(now)`` before each STEP; the
 scheduler asks ``blocks(now)`` before it sends anything for a round. Every change of

@@ -1,6 +1,6 @@
 """The breaker's adapter on the worker link: it reads the loop's clock, maps each
 permitted STEP's end to a breaker outcome, and publishes the state (a gauge, a counter
-of trips, one log line per change). The decisions are pp1q.verifier.breaker's. It also
+of trips, a log line when it opens or closes). The decisions are pp1q.verifier.breaker's. It also
 keeps the run of consecutive failed proposals /healthz reports (a worker refusing every
 step: no waiting, so no trip, but no speculation either)."""
 

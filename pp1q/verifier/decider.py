@@ -4,8 +4,10 @@ The scheduler (pp1q.verifier.scheduler) owns slots, generations, the worker link
 the fallback rule; a ``Decider`` owns the target and the decision. Implementations:
 ``LocalDecider`` here (one process: target rows into the slot's preallocated buffer,
 then pp1q.verifier.rounds, one request at a time), ``KernelDecider``
-(pp1q.verifier.kernel_decider: the production one, LocalDecider with the sampled rounds
-of one loop tick decided in one pp1q_kernels call), ``RankedDecider``
+(pp1q.verifier.kernel_decider: the toy's production one, LocalDecider with the sampled
+rounds of one loop tick decided in one pp1q_kernels call), ``EngineDecider``
+(pp1q.verifier.engine_decider: a real model's, its Target scoring the queued requests in
+one forward), ``RankedDecider``
 (pp1q.verifier.ranks.decider: the same decision made by the op's deciding rank,
 committed by every rank or none). A planted-bug test injects its own Decider the way
 the daemon injects the production one (pp1q.verifier.daemon.Deciders).
@@ -56,7 +58,8 @@ class Decider(abc.ABC):
     async def invalidate(self, job: Job, generation: int,  # noqa: B027
                          reason: Reason) -> None:
         """No proposal of ``generation`` on the job's slot is decided again (called
-        after RESET, before the fallback step, when that generation had a context)."""
+        before the fallback step when a STEP of that generation went out, after its
+        RESET if the link could send one)."""
 
     def close(self, job: Job) -> None:  # noqa: B027 - optional, empty by default
         """The job released its slot. Must not block: it runs while the request

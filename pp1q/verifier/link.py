@@ -1,4 +1,5 @@
-"""The verifier's transport adapter: one wire v2 session to the worker, kept alive.
+"""The verifier's transport adapter: one wire session to the worker (v2, or v1 when
+greedy), kept alive.
 
 ``WorkerLink.run`` connects, says HELLO and, when the connection ends, fails every open
 proposal and reconnects with exponential backoff; each new connection is a new session
@@ -8,8 +9,9 @@ endpoint's buffers (asyncio.BufferedProtocol, pp1q.verifier.link_protocol).
 Proposals: ``propose(step)`` returns a future that resolves to the endpoint's
 ``ProposalReady`` or to a ``Fallback`` (cause + reason). STEPs submitted in the same
 loop tick leave in one write (a batch); at most ``MAX_BATCHES_IN_FLIGHT`` batches are
-outstanding, later STEPs wait for one to resolve. ``send_context`` writes a CONTEXT
-at once, on the same connection, so it always precedes the STEP that drafts after it.
+outstanding, later STEPs wait for one to resolve. ``send_context`` encodes a CONTEXT at
+once; the tick's flush writes it, on the same connection, ahead of that tick's STEPs, so
+it always precedes the STEP that drafts after it.
 """
 
 from __future__ import annotations

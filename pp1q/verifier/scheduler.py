@@ -10,7 +10,7 @@ invalidated first (RESET), the whole proposal is discarded and exactly one targe
 token is drawn from the committed prefix; the next round starts a new generation. The
 worker keeps the committed prefix over a RESET: the next round's CONTEXT carries only
 the token(s) it lacks. Only the worker's refusal of a STEP for its context (digest,
-position, none held) makes the next round send the whole context again.
+position, none held), or a new session, makes the next round send the whole context.
 Nothing of a proposal is committed unless every row of it validated. Refusals are
 domain errors (ServiceError: queue full, generations exhausted; the decider's own),
 never HTTP statuses.
@@ -18,7 +18,8 @@ never HTTP statuses.
 Keys: a speculative round and its fallback use (seed, slot generation, round id);
 generations grow per slot for the daemon's life, so a key is never reused across
 sessions. A ``speculative: false`` request uses generation 0 and round = step index,
-so its output is a pure function of (prompt, seed).
+so its output is a pure function of (prompt, seed, draw secret): the verifier's draws are
+keyed by its draw seed (pp1q.core.drawkey), the worker's PROPOSAL draws by the seed.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from pp1q.wire.events import ProposalReady
 MAX_GENERATION = (1 << 24) - 1  # the wire's generation field and the RNG counter are 24-bit
 MAX_QUEUED_REQUESTS = 256  # requests waiting for a slot before new ones get 503
 # after the drain deadline a request still running ends at its next round; this long is
-# one round at worst with the default watchdog (2 s) and a slow target step
+# one round at worst with the toy's default watchdog (2 s; a real model's is 20 s) and a
+# slow target step
 CUT_GRACE_S = 10.0
 # the worker refused a STEP because its copy of the context is not ours: resend it whole
 CONTEXT_LOST = frozenset({Reason.CHECKSUM_MISMATCH, Reason.BAD_POSITION, Reason.NO_CONTEXT})

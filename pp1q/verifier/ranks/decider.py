@@ -3,12 +3,13 @@
 Each call becomes an op for the group (pp1q.verifier.ranks.group): OPEN when a request
 takes a slot (its prompt, seed and target processors), ROUND with the validated draft
 ids and q rows (replicated q: every rank receives them), TARGET_ONLY for a target-only
-step, INVALIDATE after a discarded proposal (RESET sent), CLOSE when the slot is
-released. The op's decider (rank ``slot % world``: requests are spread over the ranks
-that sample) decides once through its replica's RankDecisions; every rank commits that
-decision or none does. A lost group or a refused op is a ServiceError (RANKS_LOST,
-RANK_DISAGREEMENT): the HTTP layer answers 503 ``ranks_lost`` / 500
-``rank_disagreement``.
+step, INVALIDATE after a discarded proposal (a STEP of that generation went out), CLOSE
+when the slot is released. The op's decider (rank ``slot % world``: requests are spread
+over the ranks that sample) decides once through its replica's RankDecisions (replicated
+ranks; with --shard-vocab every rank takes part, pp1q.verifier.ranks.sharded); every
+rank commits that decision or none does. A lost group or a refused op is a
+ServiceError (RANKS_LOST, RANK_DISAGREEMENT): the HTTP layer answers 503 ``ranks_lost``
+/ 500 ``rank_disagreement``.
 """
 
 from __future__ import annotations

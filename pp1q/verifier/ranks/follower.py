@@ -1,11 +1,12 @@
 """Verifier ranks 1..N-1: follow rank 0's exchanges, hold the replica, decide owned slots.
 
 A follower has no worker connection and no HTTP API; it serves its own /metrics. It
-joins the group, then takes part in every exchange rank 0 starts (pp1q.verifier.
-collective) until rank 0 stops the group (exit 0), the group is lost (exit 3: a rank
-died, hung past ``rank_timeout_s`` or desynchronised; its supervisor restarts it with
-the others), or it is told to stop itself (SIGTERM: exit 0, and rank 0 sees a lost
-rank). Exchanges run in one thread; the event loop only keeps the signals.
+joins the group, then takes part in every exchange rank 0 starts
+(pp1q.verifier.ranks.collective) until rank 0 stops the group (exit 0), the group is
+lost (exit 3, at once: a rank died, hung past ``rank_timeout_s`` or desynchronised;
+its supervisor restarts it with the others), or it is told to stop itself (SIGTERM:
+exit 0, and rank 0 sees a lost rank). Exchanges run in one thread; the event loop only
+keeps the signals.
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
 Rank 0 owns the worker connection and validates every byte (as one process does).
 Its Decider (pp1q.verifier.ranks.decider.RankedDecider) then hands each decision to
-the group as an op instead of making it locally: OPEN when a request takes a slot,
-ROUND with the validated draft ids and q rows (replicated q: every rank receives
-them), TARGET_ONLY for a target-only step, INVALIDATE after a discarded proposal
-(RESET sent), CLOSE when the slot is released. The op's decider (rank ``slot % world``:
-requests are spread over the ranks that sample) computes the target rows and decides
-once; every rank commits that decision or none does (pp1q.verifier.ranks.votes). Only
-then does rank 0 send COMMIT to the worker and extend the request's tokens.
+the group as an op instead of making it locally: OPEN when a request takes a slot, ROUND
+with the validated draft ids and q rows (replicated q: every rank receives them),
+TARGET_ONLY for a target-only step, INVALIDATE after a discarded proposal (a STEP of
+that generation went out), CLOSE when the slot is released. The op's decider (rank
+``slot % world``: requests are spread over the ranks that sample) computes the target
+rows and decides once (replicated ranks; with --shard-vocab every rank takes part in
+every decision, pp1q.verifier.ranks.sharded); every rank commits that decision or none
+does (pp1q.verifier.ranks.votes). Only then does rank 0 send COMMIT to the worker and
+extend the request's tokens.
 
 ``RankGroup`` runs the exchanges from one thread: ops submitted in the meantime leave
 together (one per slot per exchange), and an idle group exchanges a heartbeat every
@@ -18,8 +20,9 @@ Failure rule (docs/operations.md, "Ranks"): a rank that refuses an op (its commi
 state differs, a stale generation, an invalid row) fails that request with HTTP 500
 ``rank_disagreement``, counted in ``pp1q_rank_failures_total``; the group stays up. A
 collective that fails or times out loses the group: every open request fails with HTTP
-503 ``ranks_lost``, new ones are refused, and after ``rank_exit_grace_s`` every
-surviving rank exits with status 3 (EXIT_RANKS_LOST) for its supervisor to restart.
+503 ``ranks_lost``, new ones are refused, and rank 0 exits with status 3
+(EXIT_RANKS_LOST) after ``rank_exit_grace_s``, every other surviving rank at once, for
+their supervisors to restart.
 The decider raises these as ServiceError (RANK_DISAGREEMENT, RANKS_LOST); the HTTP
 layer picks the status (pp1q.verifier.http.STATUS_OF).
 """
@@ -77,7 +80,7 @@ class RankGroup:
         self.lost: GroupLostError | None = None
         self.on_lost = None  # callback(GroupLostError) on the loop, set by the daemon
         self.peers: list[dict] = []  # identity records of every rank (healthz)
-        self.children = None  # rank_launch.Children when rank 0 spawned the others
+        self.children = None  # launch.Children when rank 0 spawned the others
         self._pending: collections.deque[tuple[Op, asyncio.Future]] = collections.deque()
         self._outbox: list[tuple[Op, asyncio.Future]] = []  # this loop tick's ops
         self._cv = threading.Condition()
@@ -175,7 +178,7 @@ class RankGroup:
 
     def _resolve(self, batch, verdicts: list[Verdict]) -> None:
         for (op, fut), v in zip(batch, verdicts, strict=True):
-            if not v.ok:  # counted once per failed request, where it fails (_run)
+            if not v.ok:  # counted once per failed request, where it fails (RankedDecider._run)
                 log.error("rank %s refused %s of slot %d (%s); every rank discarded it",
                           v.rank, op.kind.name, op.slot, v.reason)
             if fut.done():
