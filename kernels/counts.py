@@ -5,9 +5,10 @@ total, w = e / total, (top-k support, renormalise), then floor(w * 2^24) plus on
 for each of the ``remaining`` largest fractional remainders, ties by lowest global id.
 
 On the CPU, where pp1q.core.q_backend's choice is numba (the one that runs build_row's
-allocation), the total's limbs come from one numba pass (numba_counts.sum_limbs) and the
-counts from build_row's own kernel, a row at a time (``allocate_rows``; dispatch.allocate
-picks it): the same integers as the torch forms below, which stay the reference (and
+allocation), the total's limbs come from one numba pass (numba_counts.sum_limbs) and a
+dense row's counts from build_row's own kernel, a row at a time (``allocate_rows``;
+dispatch.allocate picks it; a top-k support's k weights are allocated by the torch
+form): the same integers as the torch forms below, which stay the reference (and
 the path everywhere else).
 
 Numerics. The max, floors, fractions, remainder order and tie rule are exact, so given

@@ -9,9 +9,9 @@ temporaries (0.6-0.7 ms a 129280-entry row on the reference machine; this, one r
 best, checked 64 values at a time), instead of torch.topk and five whole-row
 temporaries. tests/kernels/test_kernels_counts_cpu.py holds each to its torch form.
 
-Imported only by pp1q_kernels.counts and pp1q_kernels.topk, when pp1q.core.q_backend's
-choice is numba (the choice that runs build_row's allocation: build_counts on the CPU
-follows it).
+Imported only by pp1q_kernels.cpu_rows (the gate counts and topk share), when
+pp1q.core.q_backend's choice is numba (the choice that runs build_row's allocation:
+build_counts on the CPU follows it).
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ it (check_target's refusals), and sums its fixed-point values per block; the rat
 reads P at the drafted id only; the residual pick reads the support's entries and one
 block of the chosen row. The torch step instead writes P and reads it three more times.
 
-Imported only through pp1q_kernels.numba_rows (the backend choice); with numba_draws and
-pp1q.core.q_scan the only modules that import numba. No relative imports: a test loads a
-copy of this file with one planted change (tests/kernels/test_kernels_numba.py) through
-the same seam.
+Imported through pp1q_kernels.numba_rows (the backend choice) and, for ``jit``, by
+numba_draws and numba_counts; with pp1q.core.q_scan the only modules that import numba.
+No relative imports: a test loads a copy of this file with one planted change
+(tests/kernels/test_kernels_numba.py) through the same seam.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def _allocate(w: np.ndarray) -> np.ndarray:
     """Floor plus largest remainders of w * MASS (w normalised, FP64), ties by lowest index.
 
     Consumes ``w``: it is scaled in place into the remainders (one buffer, no temporaries).
-    Where the kernels run, one call (pp1q.core.q_scan.allocate: four passes instead of
+    Where the kernels run, one call (pp1q.core.q_scan.allocate: five passes instead of
     about twelve); the same counts either way (tests/core/test_q_alloc.py).
     """
     k = q_backend.kernels_for(w)

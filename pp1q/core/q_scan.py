@@ -4,7 +4,7 @@ round, a dense REPLY's q written from a row's counts (``scatter`` from its suppo
 ``dense_from_counts`` from build_row's whole-vocabulary counts), and build_row's count
 allocation itself (``allocate``). Imported only by
 pp1q.core.q_backend, and only when the numba backend is chosen: the one module of
-pp1q/ that imports numba (pp1q_kernels.numba_step and numba_draws are the others).
+pp1q/ that imports numba (pp1q_kernels' numba_* modules are the others).
 
 ``scan(q, bits, vocab)`` makes the checks of the numpy path (pp1q.core.q_parse) over ``q``
 (FP32) and ``bits`` (the same memory as uint32) in one loop that keeps no branch per
@@ -349,7 +349,7 @@ _NEG_ZERO_BITS = np.uint64(0x8000000000000000)
 
 @_jit
 def allocate(w, bits, counts):
-    """build_row's rule (pp1q.core.q._allocate) in four passes: counts[i] = floor(w[i] *
+    """build_row's rule (pp1q.core.q._allocate) in five passes: counts[i] = floor(w[i] *
     2^24), then one ticket for each of the ``remaining`` largest remainders among the
     entries with w > 0, ties by lowest index. ``w`` (normalised FP64; ``bits`` the same
     memory as uint64) is consumed: its entries become the remainders (-1 where w = 0:

@@ -1,4 +1,5 @@
-"""Standard verification of one fixed-depth round, float64 numpy (the verifier's CPU path).
+"""Standard verification of one fixed-depth round, float64 numpy: the library's reference
+path (selfcheck, theory, bench baselines; the verifier decides with pp1q_kernels).
 
 Follows docs/distribution.md exactly; pp1q.core.reference is the rational oracle it is
 qualified against (tests/core/test_verify.py). Batched over requests: acceptance tests for

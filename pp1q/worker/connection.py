@@ -1,9 +1,9 @@
 """The worker's asyncio adapter: one BufferedProtocol per accepted TCP connection.
 
-Every connection is one wire v2 session (revision 2: the request context travels in
-CONTEXT frames on it); its bytes go to a sans-IO ``WorkerEndpoint``, received straight
-into the endpoint's own buffers (``get_buffer``/``buffer_updated``: a dense payload
-lands without a copy).
+Every connection is one wire v2 session (revision 3: the request context travels in
+CONTEXT frames on it, a fitting sparse step's answer in one PROPOSAL); its bytes go to a
+sans-IO ``WorkerEndpoint``, received straight into the endpoint's own buffers
+(``get_buffer``/``buffer_updated``: a dense payload lands without a copy).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``pp1q worker``: serve wire v2 (revision 2: the request context included) on one port."""
+"""``pp1q worker``: serve wire v2 (revision 3: the request context included) on one port."""
 
 from __future__ import annotations
 

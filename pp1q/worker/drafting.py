@@ -17,11 +17,13 @@ but the endpoint refuses a reused round outright, so a key is never drawn twice 
 session.
 
 What the rows are is the ``Proposer``'s: the worker's one drafting seam. It also hears
-when a slot's whole context arrives (``prefill``: a drafter with a KV cache fills it
-there, once per context; appends and COMMITs extend it) and when a proposal is
-discarded (``discard``: speculative state past the committed prefix goes). The daemon
-passes the toy model's proposal chain; the round benchmark passes canned rows and a
-planted-bug test a wrong q, the same way (pp1q.worker.daemon.serve).
+when a slot's whole context arrives (``prefill``) and when a proposal is discarded
+(``discard``): hooks a drafter may use; the toy chain is stateless, and
+``EngineProposer`` (pp1q.worker.engine_proposer) brings its KV cache to each STEP's
+committed prefix instead, so a lost hook can never leave it elsewhere. ``serve`` passes
+``default_proposer`` (the toy chain, or ``EngineProposer`` for a real drafter) and a
+planted-bug test a wrong q the same way (pp1q.worker.daemon.serve); the round benchmark
+builds its connection with canned rows (pp1q.tools.bench.round_peer).
 """
 
 from __future__ import annotations

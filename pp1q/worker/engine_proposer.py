@@ -5,8 +5,9 @@ logits the drafter returned and sampled with the STEP's PROPOSAL-domain draw, as
 toy chain does. A drafter request is kept per (session, slot) with its KV cache; a
 STEP's committed prefix tells what the verifier committed since the last STEP: when it
 is the drafter's committed tokens plus some accepted drafts plus one token, the drafter
-commits that (its cache kept); anything else (a new generation, a context resent, a
-RESET) reopens the request from the prefix. Deriving it from the prefix, which the
+commits that (its cache kept); the same prefix again (a RESET, a retried round) resets
+the speculative tail; any other prefix (a new generation's context resent, say) closes
+and reopens the request from it. Deriving it from the prefix, which the
 worker state already checked against the STEP's digest, means a lost or reordered
 COMMIT can never leave the drafter on another prefix than the one the verifier holds.
 """

@@ -1,4 +1,5 @@
-"""The worker leader's proposal chain: the one place proposal noise is drawn.
+"""The toy model's proposal chain (pp1q.models.proposal is the same contract for engine
+drafters): where the toy's proposal noise is drawn.
 
 Row i is built from the drafter's backbone row i plus the Markov bias of x_{i-1}
 (x_0 = last committed token), turned into the dyadic q that samples x_i with the

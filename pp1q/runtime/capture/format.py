@@ -36,7 +36,8 @@ from pp1q.wire.framing import HEADER_BYTES
 from pp1q.wire.limits import MAX_CONTROL_BYTES, MAX_PAYLOAD_CAP
 
 MAGIC = b"PP1QCAP\0"
-# 2: wire v2 revision 2 (one connection per session, CONTEXT frames). Version 1 files
+# 2: wire v2 revision 2 and later (one connection per session, CONTEXT frames; revision
+# 3's PROPOSAL is a frame type, not a record kind). Version 1 files
 # hold revision-1 sessions (a second "context" connection): refused, not half-read.
 FORMAT_VERSION = 2
 SUFFIX = ".pp1qcap"
@@ -77,7 +78,7 @@ class Direction(enum.IntEnum):
 class Protocol(enum.StrEnum):
     """What an OPEN connection carries (decides how replay decodes it)."""
 
-    WIRE = "wire"  # wire v2 frames (pp1q.wire), revision 2
+    WIRE = "wire"  # wire v2 frames (pp1q.wire), revision 2 or later (this pp1q speaks 3)
 
 
 _xxh3 = xxhash.xxh3_64_intdigest

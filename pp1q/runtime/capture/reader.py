@@ -150,7 +150,7 @@ def _parse_header(raw: bytes) -> Header:
     magic, version, role, flags, reserved, start = FILE_HEADER.unpack_from(raw)
     if version != FORMAT_VERSION:
         raise CaptureError(f"capture format version {version}; this pp1q reads version "
-                           f"{FORMAT_VERSION} (wire v2 revision 2; version 1 files hold "
+                           f"{FORMAT_VERSION} (wire v2 revision 2 and later; version 1 files hold "
                            f"revision-1 sessions: re-record them)")
     if xxhash.xxh3_64_intdigest(raw[:FILE_HEADER.size]) != CHECKSUM.unpack_from(
             raw, FILE_HEADER.size)[0]:
