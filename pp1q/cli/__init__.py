@@ -1,7 +1,8 @@
 """The ``pp1q`` command. Each subcommand lives in its own module under pp1q.cli.
 
 A command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``; it is imported only when its subcommand runs.
+``run(args) -> int``; it is imported only when its subcommand runs (every one for the
+top-level help).
 """
 
 from __future__ import annotations

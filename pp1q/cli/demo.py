@@ -46,7 +46,8 @@ def add_arguments(p) -> None:
                    help="simulated forward-pass latency of the toy target (50 ms; 0 = raw toy)")
     p.add_argument("--seed", type=int, default=1, help="first request seed (1)")
     p.add_argument("--ranks", type=int, default=1,
-                   help="verifier ranks (torch.distributed, gloo; default 1); embedded: "
+                   help="verifier ranks (torch.distributed: gloo unless a GPU per rank is visible; "
+                        "default 1); embedded: "
                         "each rank holds a vocabulary shard of the LM head (--shard-vocab)")
     p.add_argument("--exactness-samples", type=int, default=None, metavar="N",
                    help="first tokens of one context sampled each way for the exactness "

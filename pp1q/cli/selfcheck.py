@@ -3,9 +3,10 @@
 1. Build dyadic24 rows (dense and top-32), sample them with keyed draws, check both
    wire forms round-trip.
 2. Run whole rounds the way worker and verifier do (keyed proposals, then standard
-   verification) with the float64 fast path, and decide each again with the rational
-   oracle: every decision must be identical. Small-vocabulary rounds in bulk, plus a
-   few at full vocabulary (the oracle needs about half a second per full row).
+   verification) with pp1q.core.verify's float64 reference path (not the verifier's
+   pp1q_kernels decision path), and decide each again with the rational oracle: every
+   decision must be identical. Small-vocabulary rounds in bulk, plus a few at full
+   vocabulary (the oracle needs about half a second per full row).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 import numpy as np
 
 HELP = ("build dyadic24 q rows, sample them with keyed draws, check the round trips, "
-        "and check fast-path verification rounds against the rational oracle")
+        "and check reference-path verification rounds against the rational oracle")
 
 DEPTH = 5  # the seed's production depth
 SMALL_VOCAB = 64  # bulk oracle rounds stay fast at this size

@@ -9,7 +9,8 @@ import os
 # Effective because this module is imported before numpy when the daemon starts.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Torch's OpenMP workers sleep instead of spinning between ops, for the same reason
-# (torch ops 5-20x slower under load measured; BENCHMARKS.md, Kernels).
+# (torch ops 5-20x slower under load measured; BENCHMARKS.md, Hot path,
+# "Earlier: the first figures and levers").
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pp1q.cli.worker import add_common_arguments
@@ -38,7 +39,7 @@ def add_arguments(p) -> None:
                 "consecutive watchdog fallbacks that open the circuit: target-only, no STEP "
                 "sent, for breaker-open-s")
     add_setting(p, v, "breaker_open_s", "S",
-                "first open period of the circuit; doubles after each failed probe")
+                "first open period of the circuit; doubles after each probe that times out")
     add_setting(p, v, "breaker_open_max_s", "S", "longest open period of the circuit")
     add_setting(p, v, "drain_timeout_s", "S",
                 "on SIGTERM: how long in-flight requests may finish (queued ones get 503)")

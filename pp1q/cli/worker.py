@@ -1,4 +1,5 @@
-"""``pp1q worker``: the drafter worker daemon (wire v2 server)."""
+"""``pp1q worker``: the drafter worker daemon (serves wire v1 and/or v2, revision 3, as
+--speculation allows)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import os
 # Effective because this module is imported before numpy when the daemon starts.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Torch's OpenMP workers sleep instead of spinning between ops, for the same reason
-# (torch ops 5-20x slower under load measured; BENCHMARKS.md, Kernels).
+# (torch ops 5-20x slower under load measured; BENCHMARKS.md, Hot path,
+# "Earlier: the first figures and levers").
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pp1q.runtime import tls

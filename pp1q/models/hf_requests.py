@@ -1,10 +1,11 @@
 """The per-request table both Hugging Face roles keep: request -> (Ledger, its KV cache).
 
-The drafter (hf_drafter.py) and the target (hf_target.py) open, commit, reset and close a
-request alike: ``open`` prefills every committed token but the last (a row, or a round,
-then feeds one uncached token, or two after a bonus, and a long prompt never pads a
-target's batch), and each rollback crops the cache to what the ``Ledger`` keeps. What a
-role does with the cache in between, one row at a time or a stacked batch, is its own.
+The drafter (hf_drafter.py) and the target (hf_target.py) open, commit, reset and close
+a request alike: ``open`` prefills every committed token but the last (the drafter's
+first row then feeds one uncached token, or two after a bonus; the target's round always
+one; a long prompt never pads a target's batch), and each rollback crops the cache to
+what the ``Ledger`` keeps. What a role does with the cache in between, one row at a time
+or a stacked batch, is its own.
 """
 
 from __future__ import annotations

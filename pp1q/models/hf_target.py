@@ -22,8 +22,8 @@ concatenates), about 1 ms a round at 100 tokens on one core and growing with the
 prefix. A forward that fails part-way may leave its layers at different lengths, so
 its request's cache is dropped (the next round re-feeds the committed tokens).
 
-Requests are opened with an eager prefill of prompt[:-1], so a round feeds only the
-uncached committed tokens (one, or two after a bonus) plus the drafts, and a long
+Requests are opened with an eager prefill of prompt[:-1], so a round feeds only one
+committed token (the last, whose forward gives row 0) plus the drafts, and a long
 prompt never pads a whole batch.
 """
 

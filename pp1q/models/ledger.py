@@ -1,9 +1,10 @@
 """Per-request token bookkeeping shared by the cached engines (no torch, no model).
 
 A request's tokens are ``committed + spec``; the KV cache holds K/V for a prefix of
-them, ``cached`` tokens long. Engines feed ``tokens[cached:]`` to the model and roll
-the cache back with ``rollback``; keeping this arithmetic in one small class keeps the
-cache rules the same for the drafter and the target, and testable without a model.
+them, ``cached`` tokens long. Engines feed ``tokens[cached:]`` to the model and crop the
+cache to the length ``commit`` / ``reset`` / ``feed_start`` return; keeping this
+arithmetic in one small class keeps the cache rules the same for the drafter and the
+target, and testable without a model.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The target's p after its sampling processors: temperature, then top-k, then top-p.
 
-One pure torch function, float64, used by every path that turns target logits into
-the p of a round *and* by target-only sampling: if the two paths applied processors
+One pure torch function, float64, used by every whole-row path that turns target
+logits into the p of a round (one process, replicated ranks, EngineDecider) *and* by
+target-only sampling; vocabulary-sharded ranks apply the same rules in exact integers
+(pp1q_kernels.shard_processors): if the two paths applied processors
 differently (or only one of them did), speculative output would no longer be
 distributed as target-only output, and nothing downstream could notice.
 
@@ -17,8 +19,8 @@ Order and rules (the order HF generation and vLLM use):
 The result is renormalised to sum to 1 (float64) with exact zeros outside the kept set.
 
 Boundary decisions come from a float64 cumulative sum; two devices may round it
-differently in the last bits, so p for one request must be computed on one device
-(what a verifier rank does). Refusals raise DistributionError like pp1q.q does.
+differently in the last bits, so this function's p for one request must be computed
+on one device (what a verifier rank does). Refusals raise DistributionError like pp1q.q does.
 
 The renormalised top-k row of step 3 is p / S with S the top-k mass summed in id order
 (a plain row sum for top-k off), and the running sum runs over the descending order.

@@ -54,7 +54,7 @@ def early_exit_depth(draft: str) -> int:
 class Loaded:
     """A real model pair as one daemon sees it."""
 
-    engine: object  # HFDrafter (worker) or HFTarget (verifier)
+    engine: object  # HFDrafter (worker), HFTarget (verifier) or HFShard (a --shard-vocab rank)
     tokenizer: object
     tokenizer_digest: str
     vocab: int
