@@ -90,12 +90,12 @@ def _check_rounds(args, n: int, vocab: int) -> bool:
         fast = verify_batch(p[None], [q_rows], [drafts], [keys])[0]
         exact = oracle_round(list(p), q_rows, drafts, RoundDraws.from_keys(keys, DEPTH))
         if fast != exact:
-            print(f"FAIL: round {r} at vocab {vocab}: fast path {fast}, oracle {exact}")
+            print(f"FAIL: round {r} at vocab {vocab}: reference path {fast}, oracle {exact}")
             return False
         kinds[fast.kind] += 1
         accepted += fast.accepted
     dt = time.perf_counter() - t0
-    print(f"rounds ok: {n} at vocab {vocab}, depth {DEPTH}: fast path == oracle "
+    print(f"rounds ok: {n} at vocab {vocab}, depth {DEPTH}: reference path == oracle "
           f"({kinds['correction']} corrections, {kinds['bonus']} bonus, "
           f"{accepted / max(n, 1):.2f} accepted/round; {dt:.1f} s)", flush=True)
     return True

@@ -1,4 +1,5 @@
-"""The float64 fast path: qualification against the rational oracle, and the anchors' bugs."""
+"""The float64 reference path (pp1q.core.verify): qualification against the rational oracle,
+and the anchors' bugs."""
 
 from fractions import Fraction
 
