@@ -6,7 +6,7 @@ distribution is held as positive integer numerators over one common denominator
 to sum and compare. Floats are converted exactly (a float64 is a dyadic rational); no
 value is ever rounded unless a caller asks for the FP32 helper.
 
-This is the authority the float64 fast path (pp1q.core.verify) and kernels are qualified
+This is the authority the float64 reference path (pp1q.core.verify) and kernels are qualified
 against. Speed is not a goal; small vocabularies are.
 """
 
