@@ -26,7 +26,7 @@ def test_profiled_rounds_commit_on_both_ends(smol, case):
     prompt = TextCodec(smol.tokenizer).encode(profile.PROMPT, chat=True)
     target = HFTarget.from_checkpoint(smol)
     drafter = HFDrafter.early_exit(smol, 30)  # the target itself: drafts are accepted
-    original = verifier_endpoint.check_reply
+    original = verifier_endpoint.check_reply, verifier_endpoint.check_proposal
     with profile.probes(target) as clocks:
         pair = profile.open_pair(smol, drafter, target, prompt, case)
         accepted = []
@@ -35,13 +35,16 @@ def test_profiled_rounds_commit_on_both_ends(smol, case):
             t, a = profile.one_round(pair, clocks)
             accepted.append(a)
             assert set(t) == set(profile.STAGES)
-            assert clocks["check"].calls - calls["check"] == profile.DEPTH  # one per REPLY
+            # as the daemons frame it: a dense step a REPLY a row, a sparse one a PROPOSAL
+            dense = case[0] == "dense"
+            assert clocks["check"].calls - calls["check"] == (profile.DEPTH if dense else 0)
+            assert clocks["check_proposal"].calls - calls["check_proposal"] == (not dense)
             assert clocks["forward"].calls - calls["forward"] == 1  # one target forward
         assert pair.worker.context(0) == pair.prefix.tokens  # COMMIT reached the worker
         assert len(pair.prefix.tokens) == len(prompt) + sum(accepted) + 2
         ledger, _ = target._get(0)
         assert ledger.committed == pair.prefix.tokens  # the target committed the same
-    assert verifier_endpoint.check_reply is original
+    assert (verifier_endpoint.check_reply, verifier_endpoint.check_proposal) == original
     assert "forward" not in vars(target.lm)  # the probe is gone
     assert sum(accepted) >= 6  # drafter = target: nearly every draft accepted
 

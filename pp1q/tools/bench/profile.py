@@ -5,9 +5,12 @@ forward <= 10% of that forward. This suite runs rounds of the embedded SmolLM2-1
 (vocabulary 49152) with the early-exit drafter (the daemons' default k = 28), depth 5,
 through the production pieces, and times each verifier stage of every round:
 
-  framing    STEP and COMMIT encoded, REPLY and COMPLETION frames decoded by the
-             VerifierEndpoint (one feed), less the row checks below
-  q checks   the row checks inside that decode (pp1q.wire.validate.check_reply)
+  framing    STEP and COMMIT encoded, the worker's frames decoded by the
+             VerifierEndpoint (one feed), less the row checks below: a sparse step that
+             fits one frame as its PROPOSAL (as the worker daemon sends it,
+             wire.sizes.proposal_fits), a dense one as REPLY frames and a COMPLETION
+  q checks   the row checks inside that decode (pp1q.wire.validate: check_proposal for
+             a PROPOSAL, check_reply a REPLY)
   q decode   the scheduler's re-derivation of every draft from its q
              (rounds.proposal_matches: one keyed draw and one sample a row; a
              dense row is sampled on its FP32 payload in place)
@@ -22,10 +25,11 @@ p, the TARGET_ONLY pick; rolled back) is timed too, for issue 11's figure: what 
 costs the verifier against the step it replaces.
 
 The worker's side runs in the same process, untimed: a WorkerEndpoint, the
-EngineProposer over HFDrafter (the daemon's drafting path), its REPLY frames.
-Two probes split composite calls: ``check_reply`` as the VerifierEndpoint module sees
-it, and the target's CausalLM.forward, each wrapped with a clock for the run and
-restored after; nothing else is replaced.
+EngineProposer over HFDrafter (the daemon's drafting path), its frames framed as the
+daemon frames them. Probes split composite calls: ``check_proposal`` and
+``check_reply`` as the VerifierEndpoint module sees them, and the target's
+CausalLM.forward, each wrapped with a clock for the run and restored after; nothing
+else is replaced.
 
 The process is pinned to one core (the last it may use) with one torch thread and
 OMP_WAIT_POLICY=PASSIVE (pp1q.cli.bench sets it before torch loads), as a verifier
@@ -100,18 +104,22 @@ def _pinned() -> Iterator[str]:
 
 @contextlib.contextmanager
 def probes(target) -> Iterator[dict[str, _Clock]]:
-    """Clocks on ``check_reply`` (as the VerifierEndpoint module calls it) and on the
-    target's model forward, for the block; the originals are back after it."""
+    """Clocks on ``check_reply`` and ``check_proposal`` (as the VerifierEndpoint module
+    calls them) and on the target's model forward, for the block; the originals are
+    back after it."""
     from pp1q.wire import verifier_endpoint
 
     clocks = {"check": _Clock(verifier_endpoint.check_reply),
+              "check_proposal": _Clock(verifier_endpoint.check_proposal),
               "forward": _Clock(target.lm.forward)}
     verifier_endpoint.check_reply = clocks["check"]
+    verifier_endpoint.check_proposal = clocks["check_proposal"]
     target.lm.forward = clocks["forward"]
     try:
         yield clocks
     finally:
         verifier_endpoint.check_reply = clocks["check"].fn
+        verifier_endpoint.check_proposal = clocks["check_proposal"].fn
         del target.lm.forward  # the instance attribute: the class's method again
 
 
@@ -175,6 +183,7 @@ def one_round(pair: _Pair, clocks: dict[str, _Clock]) -> tuple[dict[str, float],
     from pp1q.verifier import rounds
     from pp1q.verifier.engine_decider import round_p
     from pp1q.wire import Commit, ProposalReady, Step, reply_from_row
+    from pp1q.wire.sizes import proposal_fits
     from pp1q.wire.validate import step_form
 
     pair.round_id += 1
@@ -190,16 +199,23 @@ def one_round(pair: _Pair, clocks: dict[str, _Clock]) -> tuple[dict[str, float],
     t["framing"] = time.perf_counter() - t0
     w.receive_data(step_bytes, 0.0)  # the worker drafts (untimed)
     form = step_form(step)
-    frames = [w.send(reply_from_row(session=1, slot=0, generation=1, round_id=step.round_id,
-                                    index=i + 1, position=step.first_position + i,
-                                    token=tok, row=row, form=form))
-              for i, (tok, row) in enumerate(pair.proposer.rows(step, w.context(0)))]
-    frames.append(w.send(w.completion(0)))
+    drafted = list(pair.proposer.rows(step, w.context(0)))
+    if proposal_fits(step, w.limits):  # the worker daemon's frame for it (drafting.py)
+        frames = [w.send_proposal(step, [tok for tok, _ in drafted],
+                                  [row for _, row in drafted])]
+    else:
+        frames = [w.send(reply_from_row(session=1, slot=0, generation=1,
+                                        round_id=step.round_id, index=i + 1,
+                                        position=step.first_position + i,
+                                        token=tok, row=row, form=form))
+                  for i, (tok, row) in enumerate(drafted)]
+        frames.append(w.send(w.completion(0)))
     stream = b"".join(frames)
     clocks["check"].take()
+    clocks["check_proposal"].take()
     t0 = time.perf_counter()
     ready = [e for e in v.receive_data(stream, 0.0) if isinstance(e, ProposalReady)]
-    t["q checks"] = clocks["check"].take()
+    t["q checks"] = clocks["check"].take() + clocks["check_proposal"].take()
     t["framing"] += time.perf_counter() - t0 - t["q checks"]
     if len(ready) != 1:
         raise RuntimeError("the profiled round did not validate")
