@@ -20,7 +20,7 @@ from pp1q.models.toy import ToySpec
 from pp1q.runtime.settings import VerifierSettings, WorkerSettings
 from pp1q.verifier.daemon import build as build_verifier
 from pp1q.wire import FrameDecoder, VerifierEndpoint, WorkerEndpoint
-from pp1q.wire.framing import HEADER_BYTES
+from pp1q.wire.framing import HEADER_BYTES, read_header
 from pp1q.wire.limits import MAX_CONTROL_BYTES
 from pp1q.wire.messages import MsgType
 from pp1q.wire.session_config import verifier_config, worker_config
@@ -126,6 +126,24 @@ def test_declared_length_refused_from_the_header_before_allocation(path, mtype, 
     receiver = make()
     e = _refused_without_allocating(lambda d: feed(receiver, d), _header(field, n, mtype))
     assert e.reason is Reason.FRAME_TOO_LARGE and str(n) in e.detail
+
+
+class _BuffersFirst(FrameDecoder):
+    """Planted: takes a buffer for the declared payload (up to 1 MiB here, not the 2 GiB a
+    real bug would) before the header's checks run: allocate-before-check."""
+
+    def _check_header(self, buf, at: int):
+        self.held = self.pool.take(min(read_header(buf, at).payload_len, 1 << 20))
+        return super()._check_header(buf, at)
+
+
+def test_planted_allocate_before_check_is_caught():
+    # the measure above, shown to fail: the same refusal, with a payload buffer taken first
+    data = _header("payload_len", 1 << 31)
+    e = _refused_without_allocating(FrameDecoder(LIM).feed, data)
+    assert e.reason is Reason.FRAME_TOO_LARGE
+    with pytest.raises(AssertionError, match="allocated while refusing"):
+        _refused_without_allocating(_BuffersFirst(LIM).feed, data)
 
 
 @pytest.mark.parametrize("mtype", [MsgType.REPLY, MsgType.PROPOSAL])

@@ -159,6 +159,48 @@ def test_verifier_takes_any_hello_answer_safely_and_never_accepts_wider_limits(n
             assert isinstance(e, SessionRefused) and e.by_peer
 
 
+def _wider(limits: Limits) -> Limits:
+    return msgspec.structs.replace(limits, max_slots=limits.max_slots + 1)
+
+
+def test_planted_worker_that_takes_the_peers_limits_is_caught(monkeypatch):
+    # the property above, shown to fail: a worker whose negotiation keeps the HELLO's
+    # limits instead of each minimum (the seam its endpoint calls) widens them
+    from pp1q.wire import validate, worker_endpoint
+
+    def peers_limits(hello, versions, identity, limits):
+        return validate.choose_version(hello.versions, versions), hello.limits
+
+    hello = msgspec.msgpack.decode(control_of(V["hello"]))
+    hello[3] = list(msgspec.structs.astuple(_wider(wire_vectors.LIMITS)))  # limits: field 4
+    frame = forge(MsgType.HELLO, msgspec.msgpack.encode(hello))
+    events = WorkerEndpoint(config()).receive_data(frame, 0.0)
+    assert isinstance(events[0], SessionStarted) and _within(events[0].limits,
+                                                             wire_vectors.LIMITS)
+    monkeypatch.setattr(worker_endpoint, "negotiate", peers_limits)
+    events = WorkerEndpoint(config()).receive_data(frame, 0.0)
+    assert isinstance(events[0], SessionStarted)
+    assert not _within(events[0].limits, wire_vectors.LIMITS)
+
+
+def test_planted_verifier_that_skips_the_answer_limits_check_is_caught(monkeypatch):
+    from pp1q.wire import verifier_endpoint
+
+    answer = msgspec.msgpack.decode(control_of(V["hello_answer"]))
+    answer[3] = list(msgspec.structs.astuple(_wider(wire_vectors.LIMITS)))  # limits: field 4
+    frame = forge(MsgType.HELLO_ANSWER, msgspec.msgpack.encode(answer))
+    v = VerifierEndpoint(config(), session=wire_vectors.SESSION)
+    v.hello()
+    with pytest.raises(RemoteProtocolError):  # the real check refuses a wider answer
+        v.receive_data(frame, 0.0)
+    monkeypatch.setattr(verifier_endpoint, "check_answer_limits", lambda *a: None)
+    v = VerifierEndpoint(config(), session=wire_vectors.SESSION)
+    v.hello()
+    events = v.receive_data(frame, 0.0)
+    assert isinstance(events[0], SessionStarted)
+    assert not _within(events[0].limits, wire_vectors.LIMITS)
+
+
 # -- the BufferedProtocol path ------------------------------------------------------------
 
 

@@ -24,7 +24,8 @@ is during the target's forward, and the machine's drifting load shared alike):
   block of its own, against raw rounds timed back to back (a blocking raw round between
   its rounds would stall the other batch).
 
-Then tokens/s of the demo pair (real models), speculative vs target-only.
+Then tokens/s of the toy demo pair (V = 129280, real daemon processes, target forward 0
+and 50 ms), speculative vs target-only.
 """
 
 from __future__ import annotations

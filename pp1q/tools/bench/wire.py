@@ -1,11 +1,13 @@
 """Wire v2: decode + validate a 4-request x depth-5 reply set, against np.copy.
 
-Dense: 20 rows of 129280 FP32 values (10.34 MB of q) through the VerifierEndpoint,
-from bytes to ``ProposalReady`` with every check done, timed against ``np.copy`` of
-the same bytes in the same run (the cost of touching them once). Sparse k=32: the
-same path per row, where fixed per-frame costs dominate. Each timed call gets a
-verifier that has made its handshake and sent its STEPs (untimed: not the receive
-path's cost; until 1 Dec 2026 the figures included it, ~4 us a sparse row).
+Dense: 20 rows of 129280 FP32 values (10.34 MB of q) through the VerifierEndpoint, from
+bytes to ``ProposalReady`` with every check done, timed against ``np.copy`` of the same
+bytes in the same run (the cost of touching them once). Sparse k=32: the same path
+framed row by row (REPLYs and a COMPLETION, as revision 2 framed every sparse step and a
+step too large for one PROPOSAL still is), where fixed per-frame costs dominate; the
+daemons send a fitting sparse step as one PROPOSAL (``pp1q bench round``). Each timed
+call gets a verifier that has made its handshake and sent its STEPs (untimed: not the
+receive path's cost; until 1 Dec 2026 the figures included it, ~4 us a sparse row).
 """
 
 from __future__ import annotations

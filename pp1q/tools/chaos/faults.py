@@ -22,7 +22,7 @@ from pp1q.wire import MsgType
 
 
 class Direction(enum.StrEnum):
-    TO_WORKER = "to_worker"  # verifier -> worker: HELLO, STEP, COMMIT, RESET
+    TO_WORKER = "to_worker"  # verifier -> worker: HELLO, CONTEXT, STEP, COMMIT, RESET
     TO_VERIFIER = "to_verifier"  # worker -> verifier: HELLO_ANSWER, REPLY, COMPLETION, PROPOSAL
 
 

@@ -20,7 +20,7 @@ It reports requests completed, fallbacks by cause, validation failures by reason
 injections by kind, the slot high-water marks (sampled from /metrics), RSS of both
 daemons (/proc/PID/status) at start, after warm-up and at the end, and checks: no
 request failed or came back short, the wire audit found nothing, no slot is held once
-the requests are done, and RSS growth after warm-up stays within ``RSS_GROWTH_BOUND``.
+the requests are done, and RSS growth after warm-up stays within ``RSS_GROWTH_BOUND_KIB`` (32 MiB).
 """
 
 from __future__ import annotations

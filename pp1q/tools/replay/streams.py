@@ -35,7 +35,7 @@ class Item:
 
     ``what``: "open", "close", "info", "frame" (wire), "error", "bytes"
     (a stream of an unknown protocol, or bytes after its error). ``raw`` is the frame's
-    exact bytes for wire frames toward the worker (small control frames only).
+    exact bytes for wire frames toward the worker (control frames and CONTEXT payloads).
     """
 
     time_ns: int
