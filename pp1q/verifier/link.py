@@ -34,7 +34,16 @@ from pp1q.verifier.circuit import Circuit
 from pp1q.verifier.link_protocol import WireProtocol
 from pp1q.verifier.outcome import Fallback, classify
 from pp1q.verifier.watchdog import Watchdog
-from pp1q.wire import Commit, Limits, Reset, Step, VerifierEndpoint, WireConfig, context_of
+from pp1q.wire import (
+    WIRE_V2,
+    Commit,
+    Limits,
+    Reset,
+    Step,
+    VerifierEndpoint,
+    WireConfig,
+    context_of,
+)
 from pp1q.wire.events import (
     Discarded,
     ProposalFailed,
@@ -55,13 +64,20 @@ FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_
 DEGRADED_AFTER_FAILURES = 8
 
 
-def slot_buffers(limits: Limits) -> PayloadPool:
-    """The link's payload buffers, sized once from the bounds we offer: two in-flight
-    batches of every slot's dense rows (the seed's 2 x 4 x 5 x 517 KB at 129280 tokens).
-    Small rows come from malloc (see PayloadPool)."""
-    count = MAX_BATCHES_IN_FLIGHT * limits.max_slots * limits.max_depth
-    pool = PayloadPool(count * limits.dense_row_bytes)
-    pool.preallocate(limits.dense_row_bytes, count)
+def slot_rows(limits: Limits) -> int:
+    """Dense rows two in-flight batches of every slot hold (the seed's 2 x 4 x 5)."""
+    return MAX_BATCHES_IN_FLIGHT * limits.max_slots * limits.max_depth
+
+
+def slot_buffers(limits: Limits, *, allocate: bool = True) -> PayloadPool:
+    """The link's payload buffers, sized from ``limits``: two in-flight batches of every
+    slot's dense rows (2 x 4 x 5 x 517 KB at 129280 tokens), allocated and touched now
+    unless ``allocate`` is False (then ``PayloadPool.preallocate`` later: the link
+    allocates them once a v2 session is negotiated, the design's order). Small rows come
+    from malloc (see PayloadPool)."""
+    pool = PayloadPool(slot_rows(limits) * limits.dense_row_bytes)
+    if allocate:
+        pool.preallocate(limits.dense_row_bytes, slot_rows(limits))
     return pool
 
 
@@ -105,7 +121,9 @@ class WorkerLink:
         self.refused: Reason | None = None  # the worker's last refusal of a session
         self.circuit = Circuit(Breaker(breaker), metrics)  # consulted before each STEP
         self._ended_by_refusal = False
-        self.pool = slot_buffers(config.limits)  # every session reuses these buffers
+        # every session reuses these buffers, allocated when the first v2 session is
+        # negotiated (the design: negotiate before allocating; v1 and off never do)
+        self.pool = slot_buffers(config.limits, allocate=False)
 
     # -- state -----------------------------------------------------------------
 
@@ -247,6 +265,8 @@ class WorkerLink:
                                                ("support", lim.max_support, need.support))
                  if have < want]
         ok = not short
+        if ok and ev.version == WIRE_V2 and not self.pool.allocations:
+            self.pool.preallocate(ev.limits.dense_row_bytes, slot_rows(ev.limits))
         if short:
             log.error("worker's limits too small for this verifier (%s); refusing the session",
                       ", ".join(short))

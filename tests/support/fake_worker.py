@@ -23,9 +23,11 @@ MODES = ("answer", "hang", "refuse")
 
 
 class FakeWorker:
-    def __init__(self, mode: str = "answer", versions=(2,), after_hello: bytes = b"") -> None:
+    def __init__(self, mode: str = "answer", versions=(2,), after_hello: bytes = b"",
+                 limits=None) -> None:
         assert mode in MODES
         self.mode = mode
+        self.limits = limits  # the capacity it offers (None: the golden vectors' LIMITS)
         self.after_hello = after_hello  # bytes sent in the same write as the HELLO answer
         self.versions = versions  # wire versions it accepts: (1,) refuses a v2 HELLO
         self.hellos = 0  # HELLOs received (each connection says one)
@@ -70,7 +72,8 @@ class FakeWorker:
 class _Conn(asyncio.Protocol):
     def __init__(self, owner: FakeWorker) -> None:
         self.owner = owner
-        self.ep = WorkerEndpoint(config(versions=owner.versions))
+        self.ep = WorkerEndpoint(config(versions=owner.versions) if owner.limits is None
+                                 else config(versions=owner.versions, limits=owner.limits))
         self.transport = None
 
     def connection_made(self, transport) -> None:
