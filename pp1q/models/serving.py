@@ -61,6 +61,9 @@ class Loaded:
     draft_id: str
     target_id: str
     load_seconds: float
+    # HELLO's draft_adapted: an early exit that runs a fitted exit adapter (True), or a
+    # native drafter for this target (False: the exit as it is, or a draft checkpoint)
+    draft_adapted: bool = False
 
 
 def _load(path: Path, settings, device: str | None = None):
@@ -105,12 +108,15 @@ def load_drafter(settings) -> Loaded:
         ckpt = _load(model_path(settings.draft_model), settings)
         drafter = HFDrafter.from_checkpoint(ckpt)
         target_id = checkpoint_identity(target_path)
+        adapter = None
     else:
         ckpt = _load(target_path, settings)
-        drafter = HFDrafter.early_exit(ckpt, *_exit(ckpt, settings))
+        k, adapter = _exit(ckpt, settings)
+        drafter = HFDrafter.early_exit(ckpt, k, adapter)
         target_id = ckpt.identity
     return Loaded(drafter, ckpt.tokenizer, drafter.tokenizer_digest, drafter.vocab,
-                  drafter.identity, target_id, ckpt.load_seconds)
+                  drafter.identity, target_id, ckpt.load_seconds,
+                  draft_adapted=adapter is not None)
 
 
 def load_target(settings, shard: Callable[[int], tuple[int, int]] | None = None,
@@ -124,12 +130,14 @@ def load_target(settings, shard: Callable[[int], tuple[int, int]] | None = None,
     from pp1q.models.hf import checkpoint_identity
 
     ckpt = _load(model_path(settings.model), settings, device)
+    adapter = None
     if settings.draft_model:
         draft_id = checkpoint_identity(model_path(settings.draft_model))
     else:
         from pp1q.models.hf_drafter import exit_identity
 
-        draft_id = exit_identity(ckpt, *_exit(ckpt, settings))
+        k, adapter = _exit(ckpt, settings)
+        draft_id = exit_identity(ckpt, k, adapter)
     if shard is None:
         from pp1q.models.hf_target import HFTarget
 
@@ -140,4 +148,4 @@ def load_target(settings, shard: Callable[[int], tuple[int, int]] | None = None,
         target = HFShard.from_checkpoint(ckpt, *shard(ckpt.vocab),
                                          kv_budget_bytes=settings.shard_kv_budget_bytes)
     return Loaded(target, ckpt.tokenizer, ckpt.tokenizer_digest, ckpt.vocab, draft_id,
-                  ckpt.identity, ckpt.load_seconds)
+                  ckpt.identity, ckpt.load_seconds, draft_adapted=adapter is not None)

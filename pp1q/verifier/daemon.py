@@ -106,7 +106,7 @@ def _load_engine(settings: VerifierSettings, plan, versions):
         loaded = load_target(settings, shard=lambda vocab: balanced(vocab, rv.world)[rv.rank],
                              device=rank_device(settings.device, rv.local_rank))
     ident = engine_identity(loaded.vocab, loaded.tokenizer_digest, loaded.draft_id,
-                            loaded.target_id)
+                            loaded.target_id, loaded.draft_adapted)
     config = verifier_config(ident, versions, settings.slots, settings.depth,
                              DEFAULT_MAX_SUPPORT)
     log.info("target %s loaded in %.1f s", loaded.target_id, loaded.load_seconds)

@@ -28,11 +28,14 @@ def identity(spec: ToySpec | Identity) -> Identity:
                            spec.target_identity)
 
 
-def engine_identity(vocab: int, id_map_hash: str, draft_id: str, target_id: str) -> Identity:
+def engine_identity(vocab: int, id_map_hash: str, draft_id: str, target_id: str,
+                    draft_adapted: bool = False) -> Identity:
     """A pair's identity: the tokenizer digest is the id map, the engines' identities
-    name the drafter and the target (pp1q.models.serving builds them for real models)."""
+    name the drafter and the target (pp1q.models.serving builds them for real models),
+    ``draft_adapted`` whether the drafter is adapted to the target (an exit adapter) or
+    native to it (the toy's drafter, an exit as it is, a draft checkpoint)."""
     return Identity(q_semantic_id=SEMANTIC_ID, verifier_id=VERIFIER_ID, vocab=vocab,
-                    id_map_hash=id_map_hash, draft_id=draft_id, draft_adapted=False,
+                    id_map_hash=id_map_hash, draft_id=draft_id, draft_adapted=draft_adapted,
                     target_id=target_id, rng_abi=RNG_ABI_ID, precision=PRECISION)
 
 

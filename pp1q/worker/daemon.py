@@ -46,7 +46,7 @@ def _build_engine(settings: WorkerSettings):
     """A real model's drafter (pp1q.models.serving); HELLO names the pair it drafts for."""
     loaded = load_drafter(settings)
     ident = engine_identity(loaded.vocab, loaded.tokenizer_digest, loaded.draft_id,
-                            loaded.target_id)
+                            loaded.target_id, loaded.draft_adapted)
     config = worker_config(ident, settings.versions, settings.max_support)
     metrics = Metrics("worker", {"draft": loaded.draft_id, "variant": loaded.engine.variant,
                                  "target": loaded.target_id,

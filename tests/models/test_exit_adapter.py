@@ -193,3 +193,22 @@ def test_the_longest_drafter_identity_fits_hello():
     adapter = ExitAdapter(torch.eye(H), torch.zeros(H), checkpoint, 998, 999, digest="e" * 64)
     ckpt = SimpleNamespace(identity=checkpoint, model=Shape())
     assert len(exit_identity(ckpt, 998, adapter)) <= MAX_ID_CHARS
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("setting,adapted", [("auto", True), ("none", False)])
+def test_hello_says_a_drafter_with_an_exit_adapter_is_adapted(smol, gguf_cache, setting,
+                                                              adapted):
+    # the design's HELLO "native-or-adapted identity": the verifier's expectation of the
+    # drafter (and the worker's own, built by the same serving code) names it
+    from pp1q.models.serving import load_target
+    from pp1q.runtime.settings import VerifierSettings
+    from pp1q.wire.session_config import engine_identity
+
+    loaded = load_target(VerifierSettings(model="embedded", gguf_cache=str(gguf_cache),
+                                          draft="early-exit:28", draft_adapter=setting))
+    assert loaded.draft_adapted is adapted
+    assert (":adapter=" in loaded.draft_id) is adapted  # the shipped map for exit 28
+    ident = engine_identity(loaded.vocab, loaded.tokenizer_digest, loaded.draft_id,
+                            loaded.target_id, loaded.draft_adapted)
+    assert ident.draft_adapted is adapted
