@@ -265,7 +265,8 @@ class WorkerLink:
                                                ("support", lim.max_support, need.support))
                  if have < want]
         ok = not short
-        if ok and ev.version == WIRE_V2 and not self.pool.allocations:
+        if ok and ev.version == WIRE_V2 and not self.pool.allocations:  # the first v2
+            # session: the rows its limits allow, touched now (later sessions reuse them)
             self.pool.preallocate(ev.limits.dense_row_bytes, slot_rows(ev.limits))
         if short:
             log.error("worker's limits too small for this verifier (%s); refusing the session",
