@@ -1,5 +1,6 @@
-"""In-process pieces of the daemons: settings, prefixes, context channel, worker state,
-greedy decisions, failure classification, the accepted-length expectation."""
+"""In-process pieces of the daemons: settings, prefixes, the session table's held
+contexts, worker state, greedy decisions, failure classification, the accepted-length
+expectation."""
 
 from __future__ import annotations
 
@@ -19,11 +20,8 @@ from pp1q.runtime.settings import parse_hostport
 from pp1q.tools.theory import expected_accepted
 from pp1q.verifier import rounds
 from pp1q.verifier.outcome import classify
-from pp1q.wire import FRAME_VERSION, MAGIC
 from pp1q.wire.events import ProposalFailed
 from pp1q.wire.sessions import SessionTable
-
-V2_FRAME_START = MAGIC + bytes([FRAME_VERSION, 0, 0, 0])  # a wire frame's first 8 bytes
 
 
 def _args(parser_fn, argv):

@@ -1,5 +1,5 @@
 """The verifier link counts sparse steps a worker answered row by row although one
-PROPOSAL fits them (``pp1q_proposals_streamed_total``): legal, but about 2 x depth frames
+PROPOSAL fits them (``pp1q_proposals_streamed_total``): legal, but depth + 1 frames
 for the verifier to check instead of one, so an operator can see a worker that never
 sends PROPOSALs. Real endpoints, the frames fed in memory, their events handed to
 ``WorkerLink.on_events`` as the link's protocol hands them."""

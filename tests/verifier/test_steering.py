@@ -5,8 +5,9 @@ the acceptance draw from the STEP's seed and sends a row that nearly forces its 
 token f exactly when that draw would accept f. Its x_1 is still drawn honestly from the
 row it sends, so the proposal re-derivation holds on every round.
 
-- Old keying (every draw keyed by the STEP's seed; a test-side Decider, production has
-  no such switch): the output at position 1 over-weights f and the judge's G against
+- Old keying (every draw keyed by the STEP's seed; a test-side DrawKeys,
+  WorkerKnownDraws, here and the OldKeying Decider in the daemon test; production has no
+  such switch): the output at position 1 over-weights f and the judge's G against
   the target rejects at alpha 1e-6.
 - Verifier-owned draws (production): the same worker, the same rounds, and the output
   passes the same judge as an honest worker's.

@@ -1,7 +1,8 @@
 """Bounds before memory: a declared length beyond the negotiated size is refused from
 the header alone, before anything is allocated for it, on every path a peer's bytes take
 (frame decoder, both endpoints, the BufferedProtocol hooks, REPLY, PROPOSAL and CONTEXT
-frames, the HTTP head, and live daemons). tracemalloc bounds what each refusal allocated."""
+frames, and live daemons; the HTTP head's: tests/verifier/test_http_api.py). tracemalloc
+bounds what each refusal allocated."""
 
 from __future__ import annotations
 

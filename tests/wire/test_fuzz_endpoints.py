@@ -302,7 +302,7 @@ def test_proposals_with_any_control_fields_fail_alone_or_are_handed_out_whole(sh
         assert all(row.count_of(t) > 0 for t, row in zip(ev.draft_ids, ev.q_rows, strict=True))
 
 
-# -- the context channel --------------------------------------------------------------------
+# -- CONTEXT frames -------------------------------------------------------------------------
 
 CONTEXTS = {"open": encode(context_frame(1, generation=2, tokens=[3, 1, 4])),
             "append": encode(context_frame(1, generation=3, tokens=[5], start=len(PREFIX),
@@ -312,9 +312,9 @@ CONTEXTS = {"open": encode(context_frame(1, generation=2, tokens=[3, 1, 4])),
 @FUZZ
 @given(st.sampled_from(sorted(CONTEXTS)), st.data())
 def test_context_frames_with_any_fields_are_refused_or_held_within_bounds(name, data):
-    """A CONTEXT with any control fields (checksums valid): a stream error, a refusal
-    (the slot then holds nothing), or a context whose ids are < vocab and whose length
-    is within max_context; never another exception."""
+    """A CONTEXT with any control fields (checksums valid): a stream error, a refusal,
+    or a context whose ids are < vocab and whose length is within max_context; never
+    another exception."""
     v, w = pair()
     base = CONTEXTS[name]
     control = data.draw(mutated_tree(control_of(base)))

@@ -229,7 +229,7 @@ def test_the_verifier_never_sends_a_bad_context(tokens, start, reason):
 
 
 def test_sizes_are_refused_before_the_payload_is_buffered():
-    """A CONTEXT declaring 256 KiB (under the header cap) but too long for max_context:
+    """A CONTEXT declaring 128 KiB (under the 256 KiB header cap) but too long for max_context:
     refused from its control part; its payload is skipped, never allocated."""
     lim = Limits.make(vocab=16, max_slots=4, max_support=4, dense_len=20,
                       max_context=1 << 16)

@@ -178,7 +178,7 @@ def test_one_header_and_payload_in_one_bytes_object():
     assert isinstance(FrameDecoder(LIM).feed(V["step_dense"])[0], Step)
 
 
-# -- the published header layout and protocol sniff ---------------------------------------
+# -- the published header layout and reseal ----------------------------------------------
 
 def test_read_header_reads_what_encode_wrote():
     from pp1q.wire import HEADER, read_header

@@ -86,8 +86,8 @@ def test_slots_past_the_negotiated_ones_hold_no_state():
 
 
 def test_hello_then_a_bad_frame_keeps_its_real_reason():
-    """HELLO and a corrupt frame in one read: the error names the frame's fault, and the
-    session the HELLO started is still reported (its answer is queued)."""
+    """HELLO and a corrupt frame in one read: the error names the frame's fault
+    (bad_magic), not the HELLO's."""
     v = VerifierEndpoint(config(), session=SESSION, step_timeout=1.0)
     w = WorkerEndpoint(config())
     with pytest.raises(RemoteProtocolError) as e:

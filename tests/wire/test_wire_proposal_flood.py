@@ -19,11 +19,11 @@ from pp1q.wire.sizes import proposal_fits
 pytestmark = pytest.mark.experiment  # many-frame floods in process
 
 LIVE = step(top_k=2, depth=5)  # five rows of two entries: the vectors' 80-byte cap exactly
-COPIES = 6000  # per reason: 12,000 frames of 112 bytes, 1.3 MB a verifier must not keep
-BATCH = 200  # frames a read: a socket read of ~22 KB
+COPIES = 6000  # per reason: 12,000 frames of 177 bytes, 2.1 MB a verifier must not keep
+BATCH = 200  # frames a read: a socket read of ~35 KB
 # Retained after the flood, beyond what the first batch left: a flood keeps nothing, so
-# any growth is the interpreter's own (a dict resize, say). 12,000 kept payloads of 40
-# bytes would hold 600 KB or more.
+# any growth is the interpreter's own (a dict resize, say). 12,000 kept payloads of 80
+# bytes would hold ~1 MB or more.
 RETAINED_BYTES = 16 * 1024
 # Peak while a batch is read: its events and one frame's copied-out payload at a time,
 # not the batch's payloads (and never the flood's).

@@ -116,9 +116,11 @@ def test_dense_reply_from_a_reused_zero_row_is_byte_identical():
 
     g = np.random.default_rng(60)
     scratch = ZeroRow()
-    for n in range(12):  # wide supports (memset clear) and narrow ones (indexed clear)
+    # top-7 rows in pairs between full-support ones: a full row is copied whole, a top-7
+    # row after it is scattered after a memset, the next top-7 row after an indexed clear
+    for n in range(12):
         logits = g.normal(size=300) * (1.0 if n % 3 else 40.0)
-        row = build_row(logits, top_k=None if n % 2 else 7)
+        row = build_row(logits, top_k=7 if n % 4 < 2 else None)
         token = int(row.ids[0])
 
         def frame(dense_row, row=row, token=token):

@@ -1,6 +1,6 @@
-"""Rank exchanges without torch: op bytes (pp1q.verifier.ranks.ops), votes and verdicts
-(pp1q.verifier.ranks.votes) and the replica (pp1q.verifier.ranks.replica), with several
-RankStates standing in for ranks."""
+"""Rank exchanges without torch.distributed (no process group): op bytes
+(pp1q.verifier.ranks.ops), votes and verdicts (pp1q.verifier.ranks.votes) and the replica
+(pp1q.verifier.ranks.replica), with several RankStates standing in for ranks."""
 
 from __future__ import annotations
 

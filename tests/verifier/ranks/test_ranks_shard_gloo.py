@@ -12,7 +12,7 @@ from shard_cases import ONE, SPLITS, D, V, cases, round_keys, round_on
 
 from pp1q.runtime.launcher import run_together
 
-ROUNDS = 60  # the simulated form runs 10^4 (tests/kernels/test_kernels_shard_step.py)
+ROUNDS = 60  # the simulated form runs 600 (10^4 with --runslow: test_kernels_shard_step.py)
 RUN_S = 240  # bound on one group's run (spawn, join, rounds)
 SUPPORT = Path(__file__).resolve().parents[2] / "support"
 

@@ -6,7 +6,7 @@ head), its decision step (``ShardedDecisions.step``) run in lockstep with the ot
 this process (shard_spmd.lockstep, no daemons, no threads). The first token a round
 emits (x_1 accepted, else the correction) and a target-only step's token are each
 checked against p from pp1q.models.processors (the one-process processors) by a
-chi-square test (tests/support/stats.py: fixed seeds, threshold at alpha = 1e-6). The
+G test (tests/support/stats.py's g_test: fixed seeds, false alarms under 1e-6). The
 planted bug is the one the issue warns of: a rank group whose rounds skip top-k / top-p
 while its target-only steps apply them, passed as each rank's RankDecisions the way a
 production group builds its own (a subclass, as tests/support/planted_ranks.py does).
