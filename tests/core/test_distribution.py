@@ -1,7 +1,7 @@
 """Output distribution of whole rounds: a per-position goodness-of-fit test, and planted bugs.
 
 Each trial is one round with its own keys (round id = trial index): the worker samples
-x_i from q_i with the PROPOSAL draw, the verifier core (pp1q.core.verify.decide) runs on the
+x_i from q_i with the PROPOSAL draw, the float64 reference (pp1q.core.verify.decide) runs on the
 ACCEPTANCE / CORRECTION / BONUS draws. Target rows are fixed per position (different
 from one position to the next), so, given that a round's output reaches position j,
 the token there must be distributed as p_j, whatever happened before (the draws of
@@ -121,7 +121,7 @@ def _outputs(drafts, accepted, token):
 
 
 def position_tests(rnd: Round, out: np.ndarray):
-    """Chi-square of each output position against its target row."""
+    """The G test (tests/support/stats.py) of each output position against its target row."""
     results = []
     for j in range(rnd.depth + 1):
         tok = out[:, j][out[:, j] >= 0]

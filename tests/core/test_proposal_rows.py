@@ -64,7 +64,7 @@ def test_both_checkers_parse_a_proposal_alike_and_keep_the_true_count_at_each_to
 
 class _OffByOne:
     """A planted bug in the kernel seam parse_sparse_rows reads (q_backend.kernels_for):
-    each row's count at its token taken one entry further on (its neighbour's count)."""
+    each row's count at its token kept one count too high (c_x + 1)."""
 
     def __init__(self, k) -> None:
         self._k = k

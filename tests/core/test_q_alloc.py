@@ -1,5 +1,5 @@
 """build_row's allocation, on both backends (numpy's passes with the subsample-bounded
-k-th largest selection, numba's four-pass kernel pp1q.core.q_scan.allocate), against a
+k-th largest selection, numba's five-pass kernel pp1q.core.q_scan.allocate), against a
 plain sort-based statement of the rule.
 
 tests/core/test_q.py covers small rows; here rows are long enough (>= 4096 entries) for the

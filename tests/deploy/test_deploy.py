@@ -1,5 +1,6 @@
 """deploy/: systemd units, the two-machine config, Prometheus rules and scrape config,
-the Grafana dashboard. Each check is also shown to catch a planted defect."""
+the Grafana dashboard. The systemd-analyze, promtool-rules, metric-name and PromQL checks
+are also shown to catch a planted defect."""
 
 import configparser
 import json

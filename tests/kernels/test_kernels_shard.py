@@ -150,8 +150,9 @@ def check_two_draw(n, layouts_):
 
 def test_two_draw_form_equal_in_distribution_and_planted_bug_rejected():
     """Seed's literal form: leader draw picks the shard, the owner's own keyed draw picks
-    the token. Chi-square at alpha 1e-6 (tests/support/stats.py) against the exact residual; the
-    planted bug (shard chosen by its p mass, not its residual mass) must be rejected."""
+    the token. The G test (tests/support/stats.py: false alarms under 1e-6) against the
+    exact residual; the planted bug (shard chosen by its p mass, not its residual mass)
+    must be rejected."""
     check_two_draw(40_000, [ShardLayout.cuts(12, [4, 9])])
 
 

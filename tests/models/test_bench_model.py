@@ -8,8 +8,8 @@ import re
 import pytest
 from real_model import run_pp1q
 
-# slow: two real-model daemons for one configuration (about 40 s); the bench's pieces
-# (pinning, start_pair with real-model options) run in the demo's model test
+# slow: two real-model daemons for one configuration (about 40 s); start_pair with
+# real-model options also runs in the demo's model test, the pinning only here
 pytestmark = [pytest.mark.model, pytest.mark.daemons, pytest.mark.slow]
 
 

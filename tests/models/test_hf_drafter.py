@@ -1,10 +1,9 @@
 """HFDrafter on the real 135M model: incremental rows, q built from them, early exit.
 
-The acceptance test runs whole rounds through pp1q's own verification (verify_round
-with RoundKeys) with the drafter equal to the target (early exit at every layer): if
-positions, caches, rollback or processors were off anywhere, p and q would differ
-and drafts would be rejected.
-"""
+The acceptance test runs whole rounds through pp1q's float64 reference verification
+(pp1q.core.verify.verify_round with RoundKeys) with the drafter equal to the target
+(early exit at every layer): if positions, caches, rollback or processors were off
+anywhere, p and q would differ and drafts would be rejected."""
 
 from __future__ import annotations
 

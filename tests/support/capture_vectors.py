@@ -5,7 +5,8 @@
 No daemon is involved: a ``VerifierEndpoint`` and a ``WorkerEndpoint`` are wired
 together in memory, the worker drafting with the worker daemon's proposal chain
 (pp1q.worker.proposer: build_row, sample, proposal_u24) and the verifier deciding like
-its scheduler (pp1q.verifier.rounds: verify_round, greedy argmax, target-only draws).
+its scheduler (pp1q.verifier.rounds: ``sampled`` through the kernel rounds, greedy argmax,
+target-only draws).
 The capture is taken on the verifier's side, as ``pp1q verifier --capture`` records:
 one wire v2 (revision 3) connection, the request context in its CONTEXT frames. The
 worker answers as its daemon does (pp1q.worker.drafting): a sparse step that fits one

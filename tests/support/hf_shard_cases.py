@@ -2,7 +2,7 @@
 the same ops decided by N gloo ranks, each holding its rows of SmolLM2-135M's LM head
 (hf_shard_gloo_rank.py), and by one rank holding their concatenation (the test itself).
 
-``play(decisions, tokenizer)`` runs the scenario through ShardedDecisions.decide, the
+``play(decisions, tokenizer, rank)`` runs the scenario through ShardedDecisions.decide, the
 production decision path (temperature, dense q scattered by slices, sparse q whole,
 greedy, target-only), extending the prefix by each decision; it returns the decisions.
 q rows come from a seeded generator with each draft given real mass, so every rank

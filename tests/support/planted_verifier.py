@@ -1,4 +1,5 @@
-"""A verifier daemon with a planted verification bug, used only by the distribution test.
+"""A verifier daemon with a planted verification bug, used only by the distribution tests
+(tests/verifier/test_daemon_distribution.py, tests/tools/test_chaos_matrix.py).
 
 ``--planted correction_from_target`` (default), a real bug in the wild: at a rejection
 the correction token is drawn from the target row p_i itself instead of the residual
@@ -30,7 +31,8 @@ from pp1q.verifier.kernel_decider import KernelDecider
 
 
 class CorrectionFromTarget(KernelDecider):
-    """The production decider, except that a rejection's correction is drawn from p_i."""
+    """The production decider, except that a rejection's correction is drawn from p_i
+    (keyed by the request seed, as draws were before the verifier had its own)."""
 
     async def decide_round(self, job, step, ready):
         out, kind = await super().decide_round(job, step, ready)
@@ -45,7 +47,9 @@ class CorrectionFromTarget(KernelDecider):
 
 
 class ProcessorsOnOnePath(LocalDecider):
-    """The production decider, except that a round's p skips the request's processors."""
+    """The one-process decider (LocalDecider: the same rule, one request at a time), except
+    that a round's p skips the request's processors and its draws are keyed by the
+    request seed, not the verifier's draw secret."""
 
     async def decide_round(self, job, step, ready):
         keys = RoundKeys(job.req.seed, step.generation, step.round_id, step.first_position)

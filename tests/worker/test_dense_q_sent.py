@@ -122,9 +122,9 @@ async def test_another_valid_q_fails_the_proposal_check(chosen):
 
 
 async def test_the_worker_keeps_no_sent_q_past_the_send(chosen):
-    """A row's q is 517 KB and the frame sends it without a copy: once a round's REPLYs
-    have left, nothing on the worker (drafting, the reused rows, the connection) still
-    holds any of them."""
+    """A row's q (517 KB at the real vocabulary of 129280) leaves in its frame without a
+    copy: once a round's REPLYs have left, nothing on the worker (drafting, the reused
+    rows, the connection) still holds any of them."""
 
     class Watched(Proposer):
         def __init__(self) -> None:

@@ -1,5 +1,6 @@
 """The worker's engine Proposer: same rows as the toy chain, and the drafter follows the
-committed prefix (commit kept, anything else reopened) without any COMMIT hook."""
+committed prefix (a commit kept, the same prefix reset, any other prefix reopened) without
+any COMMIT hook."""
 
 from __future__ import annotations
 
