@@ -7,7 +7,7 @@ then pp1q.verifier.rounds, one request at a time), ``KernelDecider``
 (pp1q.verifier.kernel_decider: the toy's production one, LocalDecider with the sampled
 rounds of one loop tick decided in one pp1q_kernels call), ``EngineDecider``
 (pp1q.verifier.engine_decider: a real model's, its Target scoring the queued requests in
-one forward), ``RankedDecider``
+one forward and their sampled rounds decided in one call), ``RankedDecider``
 (pp1q.verifier.ranks.decider: the same decision made by the op's deciding rank,
 committed by every rank or none). A planted-bug test injects its own Decider the way
 the daemon injects the production one (pp1q.verifier.daemon.Deciders).

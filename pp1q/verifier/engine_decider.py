@@ -6,11 +6,14 @@ arrives queues; when the forward ends, all queued requests go into the next
 ``Target.score`` call together. One thread owns the engine, so its per-request caches
 are never touched concurrently and the event loop keeps serving the wire meanwhile.
 
-Each decision ends the request's round on the engine at once: ``commit(accepted,
-token)`` keeps the accepted drafts and the correction/bonus token in the KV cache and
-rolls back the rest, so the engine's committed tokens always equal the job's prefix.
-p is the request's processed target row (pp1q.models.processors), the same function
-for rounds and for target-only steps.
+The sampled rounds whose forward ended together are decided together too: each hands its
+p to the decider's ``RoundBatch`` (pp1q.verifier.round_batch), one
+``KernelRounds.sampled`` call for the rounds of a loop tick, as KernelDecider decides
+the toy's. Each decision ends the request's round on the engine at once:
+``commit(accepted, token)`` keeps the accepted drafts and the correction/bonus token in
+the KV cache and rolls back the rest, so the engine's committed tokens always equal the
+job's prefix. p is the request's processed target row (pp1q.models.processors), the same
+function for rounds and for target-only steps.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from pp1q.models.processors import Processors
 from pp1q.verifier import rounds
 from pp1q.verifier.decider import Decider
 from pp1q.verifier.job import Job
+from pp1q.verifier.kernel_rounds import KernelRounds
+from pp1q.verifier.round_batch import RoundBatch
 from pp1q.wire import Step
 from pp1q.wire.events import ProposalReady
 
@@ -53,6 +58,7 @@ class EngineDecider(Decider):
         self._draining = False
         self.forwards = 0  # Target.score calls (metrics and benchmarks)
         self.scored = 0  # request rows scored by them
+        self.batch = RoundBatch(KernelRounds())  # the sampled rounds of a tick, one call
 
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._engine, fn, *args)
@@ -90,8 +96,8 @@ class EngineDecider(Decider):
 
     def verify_proposal(self, p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: list[int],
                        keys: RoundKeys) -> rounds.Outcome:
-        """Standard verification of one round (what ``decide_round`` runs between the
-        forward and the commit; ``pp1q bench profile`` times it alone)."""
+        """Standard verification of one round alone: what ``decide_round``'s batch runs
+        for a batch of one (``pp1q bench profile`` times it: one request)."""
         return rounds.sampled(p, q_rows, drafts, keys)
 
     async def open(self, job: Job) -> None:
@@ -106,7 +112,7 @@ class EngineDecider(Decider):
         else:
             keys = RoundKeys(self.draws.seed_for(job.req.seed), step.generation, step.round_id,
                              step.first_position)
-            out = self.verify_proposal(p, ready.q_rows, drafts, keys)
+            out = await self.batch.decide(p, ready.q_rows, drafts, keys)
         await self._call(self.target.commit, job.slot, out.accepted, out.token)
         return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
 

@@ -1,9 +1,9 @@
 """Sampled rounds and target-only picks decided through pp1q_kernels (exact integers).
 
-The service's decision rule for sampled rounds, whoever calls it: KernelDecider batches
-the rounds of one loop tick through one ``KernelRounds``; pp1q.verifier.rounds decides
-one round at a time the same way (EngineDecider for real models, rank replicas,
-replay, planted-bug deciders).
+The service's decision rule for sampled rounds, whoever calls it: KernelDecider and
+EngineDecider batch the rounds of one loop tick through one ``KernelRounds``
+(pp1q.verifier.round_batch); pp1q.verifier.rounds decides one round at a time the same
+way (rank replicas, replay, planted-bug deciders).
 
 Target rows p enter in fixed point, P = floor(p * 2^61), and a round uses P / S with
 S = sum(P) (docs/kernels.md). Every P * 2^-61 is a float64 (P >= 2^53 only where p >= 2^-8,
