@@ -42,7 +42,6 @@ class RoundBatch:
 
     def __init__(self, kernel: KernelRounds) -> None:
         self.kernel = kernel
-        self.calls = 0  # KernelRounds.sampled calls made (metrics-free: tests and benches)
         self._queued: list[_Queued] = []
 
     async def decide(self, p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: list[int],
@@ -72,7 +71,6 @@ class RoundBatch:
                         r.done.set_exception(e)
 
     def _decide(self, batch: list[_Queued]) -> None:
-        self.calls += 1
         outs = self.kernel.sampled([r.p for r in batch], [r.q_rows for r in batch],
                                    [r.drafts for r in batch], [r.keys for r in batch])
         for r, out in zip(batch, outs, strict=True):
