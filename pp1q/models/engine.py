@@ -53,6 +53,9 @@ class Engine(abc.ABC):
     tokenizer_digest: str  # digest of the id -> token map; pairs must agree
     vocab: int  # width of every logits row
     variant: str = ""  # run-time knobs that change numerics, not the checkpoint (metrics)
+    # where its logits are: a target's rounds are decided there (EngineDecider), so its
+    # p never crosses to the host
+    device: torch.device = torch.device("cpu")
 
     @abc.abstractmethod
     def close(self, request: RequestKey) -> None:

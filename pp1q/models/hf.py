@@ -228,6 +228,7 @@ class HFRole:
     def __init__(self, model, *, identity: str, tokenizer_digest: str, vocab: int,
                  variant: str = "") -> None:
         self.lm = CausalLM(model)
+        self.device = self.lm.device  # Engine.device: where its logits are
         self.identity = identity
         self.tokenizer_digest = tokenizer_digest
         self.vocab = int(vocab)

@@ -9,7 +9,10 @@ are never touched concurrently and the event loop keeps serving the wire meanwhi
 The sampled rounds whose forward ended together are decided together too: each hands its
 p to the decider's ``RoundBatch`` (pp1q.verifier.round_batch), one
 ``KernelRounds.sampled`` call for the rounds of a loop tick, as KernelDecider decides
-the toy's. Each decision ends the request's round on the engine at once:
+the toy's, on the target's device (``Target.device``, where its logits are): p is made
+there and read there, never copied to the host (a CUDA target decides with the torch lazy
+step; a CPU one with numba where it is chosen, reading the tensor's own memory). Each
+decision ends the request's round on the engine at once:
 ``commit(accepted, token)`` keeps the accepted drafts and the correction/bonus token in
 the KV cache and rolls back the rest, so the engine's committed tokens always equal the
 job's prefix. p is the request's processed target row (pp1q.models.processors), the same
@@ -22,7 +25,6 @@ import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 
 from pp1q.core.drawkey import DrawKeys
@@ -40,12 +42,12 @@ from pp1q.wire import Step
 from pp1q.wire.events import ProposalReady
 
 
-def round_p(processors: Processors, greedy: bool, logits: torch.Tensor) -> np.ndarray:
-    """The rows a decision reads from the target's logits [rows, V]: the logits widened
-    (greedy: argmax only), else p after the request's processors."""
+def round_p(processors: Processors, greedy: bool, logits: torch.Tensor) -> torch.Tensor:
+    """The rows a decision reads from the target's logits [rows, V], on their device:
+    the logits widened (greedy: argmax only), else p after the request's processors."""
     if greedy:
-        return logits.double().cpu().numpy()
-    return processors.probs(logits).cpu().numpy()
+        return logits.double()
+    return processors.probs(logits)
 
 
 class EngineDecider(Decider):
@@ -58,7 +60,8 @@ class EngineDecider(Decider):
         self._draining = False
         self.forwards = 0  # Target.score calls (metrics and benchmarks)
         self.scored = 0  # request rows scored by them
-        self.batch = RoundBatch(KernelRounds())  # the sampled rounds of a tick, one call
+        # the sampled rounds of a tick, one call, where the target's logits are
+        self.batch = RoundBatch(KernelRounds(target.device))
 
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._engine, fn, *args)
@@ -91,14 +94,14 @@ class EngineDecider(Decider):
             self._draining = False
 
     @staticmethod
-    def _p(job: Job, logits: torch.Tensor) -> np.ndarray:
+    def _p(job: Job, logits: torch.Tensor) -> torch.Tensor:
         return round_p(job.req.processors, job.req.greedy, logits)
 
-    def verify_proposal(self, p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: list[int],
-                       keys: RoundKeys) -> rounds.Outcome:
+    def verify_proposal(self, p: torch.Tensor, q_rows: Sequence[DyadicRow], drafts: list[int],
+                        keys: RoundKeys) -> rounds.Outcome:
         """Standard verification of one round alone: what ``decide_round``'s batch runs
         for a batch of one (``pp1q bench profile`` times it: one request)."""
-        return rounds.sampled(p, q_rows, drafts, keys)
+        return self.batch.kernel.sampled([p], [q_rows], [drafts], [keys])[0]
 
     async def open(self, job: Job) -> None:
         await self._call(self.target.open, job.slot, list(job.prefix.tokens))
@@ -107,8 +110,8 @@ class EngineDecider(Decider):
                            ready: ProposalReady) -> tuple[rounds.Outcome, StepKind]:
         drafts = list(ready.draft_ids)
         p = self._p(job, await self._score(job.slot, drafts))
-        if ready.greedy:
-            out = rounds.greedy(p, drafts)
+        if ready.greedy:  # v1: an argmax, on the host as before
+            out = rounds.greedy(p.cpu().numpy(), drafts)
         else:
             keys = RoundKeys(self.draws.seed_for(job.req.seed), step.generation, step.round_id,
                              step.first_position)
@@ -119,8 +122,10 @@ class EngineDecider(Decider):
     async def decide_target_only(self, job: Job, generation: int,
                                  round_id: int) -> rounds.Outcome:
         p = self._p(job, await self._score(job.slot, []))
-        out = rounds.target_only(p[0], self.draws.seed_for(job.req.seed), generation, round_id,
-                                 len(job.prefix.tokens), job.req.greedy)
+        greedy = job.req.greedy
+        out = rounds.target_only(p[0].cpu().numpy() if greedy else p[0],
+                                 self.draws.seed_for(job.req.seed), generation, round_id,
+                                 len(job.prefix.tokens), greedy, kernel=self.batch.kernel)
         await self._call(self.target.commit, job.slot, 0, out.token)
         return out
 

@@ -45,8 +45,15 @@ def warm_up_decisions() -> None:
                                             "%.2f s", name, why, seconds)
 
 
-def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(a)).to(device)
+def _tensor(a, device: torch.device) -> torch.Tensor:
+    """``a`` (an array, or a tensor on any device) on ``device``: no copy where it is."""
+    return torch.as_tensor(a, device=device)
+
+
+def _host(a):
+    """What the numba path reads: an array as it is, a CPU tensor's own memory (a tensor
+    on another device raises: its decisions belong on its device, not here)."""
+    return a.numpy() if isinstance(a, torch.Tensor) else a
 
 
 class KernelRounds:
@@ -61,10 +68,11 @@ class KernelRounds:
         self._numba = numba_rows.chosen()[2] if self.device.type == "cpu" else None
         self._scratch = numba_rows.Scratch()
 
-    def sampled(self, p_rows: Sequence[np.ndarray], q_rows: Sequence[Sequence[DyadicRow]],
+    def sampled(self, p_rows: Sequence, q_rows: Sequence[Sequence[DyadicRow]],
                 drafts: Sequence[Sequence[int]], keys: Sequence[RoundKeys]) -> list[Outcome]:
         """Standard verification of B rounds of one depth D: ``p_rows[b]`` [D+1, V]
-        (row D for the bonus), ``q_rows[b]`` the D q rows that sampled ``drafts[b]``."""
+        (row D for the bonus; numpy, or a torch tensor: on this device it is read where
+        it is), ``q_rows[b]`` the D q rows that sampled ``drafts[b]``."""
         B = len(keys)
         if not B or len(p_rows) != B or len(q_rows) != B or len(drafts) != B:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "batch sizes disagree")
@@ -80,7 +88,8 @@ class KernelRounds:
         c_x = [[row.require_token(int(x)) for row, x in zip(chain, xs, strict=True)]
                for chain, xs in zip(q_rows, drafts, strict=True)]
         if self._numba is not None:
-            acc, tok, _ = numba_rows.decide_rows(self._numba, p_rows, np.array(c_x, np.int64),
+            acc, tok, _ = numba_rows.decide_rows(self._numba, [_host(p) for p in p_rows],
+                                                 np.array(c_x, np.int64),
                                                  q_rows, np.array(drafts, np.int64), *draws,
                                                  scratch=self._scratch)
             return [Outcome(a, t) for a, t in zip(acc, tok, strict=True)]
@@ -100,10 +109,11 @@ class KernelRounds:
         return [Outcome(a, t) for a, t in zip(res.accepted.tolist(), res.token.tolist(),
                                               strict=True)]
 
-    def target_only(self, p_row: np.ndarray, keys: RoundKeys, position: int) -> Outcome:
-        """One token at absolute ``position`` from p alone (TARGET_ONLY draw)."""
+    def target_only(self, p_row, keys: RoundKeys, position: int) -> Outcome:
+        """One token at absolute ``position`` from p alone (TARGET_ONLY draw); ``p_row``
+        [V] as ``sampled`` takes its rows."""
         if self._numba is not None:
-            return Outcome(0, numba_rows.target_pick(self._numba, p_row,
+            return Outcome(0, numba_rows.target_pick(self._numba, _host(p_row),
                                                      target_only_draw(keys, position),
                                                      self._scratch))
         t = _tensor(p_row, self.device)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from pp1q.core.q import DyadicRow
 from pp1q.core.verify import RoundKeys
@@ -30,7 +31,9 @@ from pp1q.verifier.outcome import Outcome
 
 @dataclass(frozen=True)
 class _Queued:
-    p: np.ndarray  # [D+1, V]; may view a slot's buffer, read by the flush
+    # [D+1, V]: numpy, or a tensor on the kernel's device; may view a slot's buffer, read
+    # by the flush
+    p: np.ndarray | torch.Tensor
     q_rows: Sequence[DyadicRow]
     drafts: list[int]
     keys: RoundKeys
@@ -44,8 +47,8 @@ class RoundBatch:
         self.kernel = kernel
         self._queued: list[_Queued] = []
 
-    async def decide(self, p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: list[int],
-                     keys: RoundKeys) -> Outcome:
+    async def decide(self, p: np.ndarray | torch.Tensor, q_rows: Sequence[DyadicRow],
+                     drafts: list[int], keys: RoundKeys) -> Outcome:
         """One round's outcome, decided with the other rounds queued in this tick."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()

@@ -55,9 +55,11 @@ def greedy(target_rows: np.ndarray, drafts: Sequence[int]) -> Outcome:
 
 
 def target_only(p_row: np.ndarray, draw_seed: int, generation: int, round_id: int,
-                position: int, is_greedy: bool) -> Outcome:
-    """One token at absolute ``position`` from the target alone (the verifier's draw seed)."""
+                position: int, is_greedy: bool, kernel: KernelRounds | None = None) -> Outcome:
+    """One token at absolute ``position`` from the target alone (the verifier's draw seed);
+    ``kernel``: the decider's own (on its device; p_row may then be a tensor there),
+    else the CPU's. Greedy: an argmax of a host row."""
     if is_greedy:
         return Outcome(0, int(np.argmax(p_row)))
     keys = RoundKeys(draw_seed, generation, round_id, position)
-    return KernelRounds().target_only(p_row, keys, position)
+    return (kernel or KernelRounds()).target_only(p_row, keys, position)

@@ -263,7 +263,7 @@ def _target_only(pair: _Pair, clocks) -> tuple[float, float]:
     logits = pair.target.score([(0, [])])[0]
     p = round_p(pair.processors, False, logits)
     rounds.target_only(p[0], pair.decider.draws.seed_for(SEED), 1, pair.round_id + 1,
-                       len(pair.prefix), False)
+                       len(pair.prefix), False, kernel=pair.decider.batch.kernel)
     pair.target.reset(0)  # not committed: the profile's request goes on unchanged
     total = time.perf_counter() - t0
     forward = clocks["forward"].take()

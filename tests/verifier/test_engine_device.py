@@ -1,0 +1,174 @@
+"""EngineDecider (real models' Decider) decides on its target's device: the rows p it
+hands its kernel are tensors where the target's logits are (``Target.device``), never
+copied to the host first, and the decisions made there are the ones the CPU's kernel
+makes on the same rows. The issue's first lever: "one call per round batched over its
+requests, on the target's device".
+
+On the CPU this runs the numba path (reading the tensor's own memory) and the torch lazy
+step (PP1Q_DECIDE's two choices); on CUDA, where a GPU is (scripts/device_check.sh), the
+torch lazy step on the GPU. The reference decisions are a CPU KernelRounds' on the same
+p moved to the host: a device computes its own softmax, so its p may differ from the
+CPU's in the last bits, and the claim is about the decision, not the softmax."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, make_round, proposal
+from pp1q_kernels import numba_rows
+
+from pp1q.core.drawkey import DrawKeys
+from pp1q.models.engine import Target
+from pp1q.models.processors import Processors
+from pp1q.verifier.api import GenerateRequest
+from pp1q.verifier.engine_decider import EngineDecider
+from pp1q.verifier.job import Job
+from pp1q.verifier.kernel_rounds import KernelRounds
+
+TICKS = 24
+PROCESSORS = [Processors(), Processors(0.6), Processors(1.0, 4), Processors(1.4, None, 0.7)]
+NUMBA = importlib.util.find_spec("numba") is not None
+CUDA = torch.cuda.is_available()
+
+
+class TableEngine(Target):
+    """A target engine whose logits per prompt are given (log p of a table row), made on
+    ``device`` as a real model's forward makes them."""
+
+    identity = "table"
+    tokenizer_digest = "table"
+
+    def __init__(self, device: str) -> None:
+        self.vocab = VOCAB
+        self.device = torch.device(device)
+        self.table: dict[tuple[int, ...], np.ndarray] = {}
+        self.prompts: dict = {}
+
+    def open(self, request, prompt) -> None:
+        self.prompts[request] = tuple(prompt)
+
+    def score(self, batch) -> list[torch.Tensor]:
+        with np.errstate(divide="ignore"):  # a zero of p is a -inf logit: masked
+            return [torch.from_numpy(np.log(self.table[self.prompts[r]][:len(d) + 1]))
+                    .to(self.device) for r, d in batch]
+
+    def commit(self, request, accepted: int, token: int) -> None:
+        pass
+
+    def reset(self, request) -> None:
+        pass
+
+    def close(self, request) -> None:
+        self.prompts.pop(request, None)
+
+
+class Seen:
+    """The decider's kernel, wrapped at the seam its batch decides through: every p it
+    was handed (where it was), with the outcomes it gave."""
+
+    def __init__(self, decider: EngineDecider) -> None:
+        self.calls: list[tuple[str, list, tuple, list]] = []
+        kernel = decider.batch.kernel
+        sampled, target_only = kernel.sampled, kernel.target_only
+
+        def seen_sampled(p_rows, q_rows, drafts, keys):
+            out = sampled(p_rows, q_rows, drafts, keys)
+            self.calls.append(("sampled", list(p_rows), (q_rows, drafts, keys), out))
+            return out
+
+        def seen_target_only(p_row, keys, position):
+            out = target_only(p_row, keys, position)
+            self.calls.append(("target_only", [p_row], (keys, position), [out]))
+            return out
+
+        kernel.sampled, kernel.target_only = seen_sampled, seen_target_only
+
+
+def _decider(device: str, backend: str, draws: DrawKeys) -> tuple[EngineDecider, Seen]:
+    before = numba_rows.select(backend)
+    try:
+        decider = EngineDecider(TableEngine(device), slots=SLOTS, depth=DEPTH, draws=draws)
+    finally:
+        numba_rows.select(before)
+    return decider, Seen(decider)
+
+
+def _job(g, slot: int, n: int) -> Job:
+    greedy = n % 7 == 3
+    prompt = [int(x) for x in g.integers(0, VOCAB, 3 + n % 4)] + [slot]
+    req = GenerateRequest(prompt=prompt, max_tokens=8, seed=int(g.integers(0, 2**63)),
+                          speculative=True, greedy=greedy, draft_temperature=1.0, top_k=None,
+                          processors=Processors() if greedy else PROCESSORS[n % len(PROCESSORS)])
+    return Job(req, slot)
+
+
+async def _run(decider: EngineDecider, seed: int) -> list[tuple]:
+    """TICKS ticks of SLOTS rounds (every regime, greedy requests among them), each
+    round followed by a target-only step; the outcomes in order."""
+    g = np.random.default_rng(seed)
+    out = []
+    for n in range(TICKS):
+        rounds = []
+        for slot in range(SLOTS):
+            job = _job(g, slot, n + slot)
+            p, q = make_round(g, REGIMES[(n + slot) % len(REGIMES)], n % 2 == 1)
+            decider.target.table[tuple(job.req.prompt)] = p
+            step, ready = proposal(job, q, int(g.integers(1, 1 << 24)),
+                                   int(g.integers(1, 1 << 20)))
+            if job.req.greedy:
+                ready = type(ready)(ready.slot, ready.generation, ready.round_id,
+                                    ready.first_position, ready.draft_ids, (), (), True)
+            await decider.open(job)
+            rounds.append((job, step, ready))
+        got = await asyncio.gather(*(decider.decide_round(*r) for r in rounds))
+        out += [(o.accepted, o.token, kind) for o, kind in got]
+        for job, step, _ in rounds:
+            o = await decider.decide_target_only(job, step.generation + 1, step.round_id)
+            out.append((o.accepted, o.token))
+            decider.close(job)
+    return out
+
+
+def _on_host(kernel: KernelRounds, call: tuple) -> list:
+    """What ``kernel`` (the CPU's) decides for a recorded call, its p moved to the host."""
+    name, p_rows, args, _ = call
+    host = [p.cpu().numpy() for p in p_rows]
+    if name == "sampled":
+        return kernel.sampled(host, *args)
+    return [kernel.target_only(host[0], *args)]
+
+
+BACKENDS = [pytest.param("cpu", "numba", marks=pytest.mark.skipif(not NUMBA, reason="no numba")),
+            pytest.param("cpu", "torch"),
+            pytest.param("cuda", "torch", marks=pytest.mark.skipif(not CUDA, reason="no CUDA"))]
+
+
+@pytest.mark.parametrize(("device", "backend"), BACKENDS)
+def test_rounds_are_decided_where_the_targets_logits_are(device, backend):
+    draws = DrawKeys(bytes(range(32)))
+    decider, seen = _decider(device, backend, draws)
+    assert decider.batch.kernel.device.type == device
+    outcomes = asyncio.run(_run(decider, 71))
+    assert {o[0] for o in outcomes if len(o) == 3} == set(range(DEPTH + 1))  # every count
+    names = {name for name, *_ in seen.calls}
+    assert names == {"sampled", "target_only"}  # both decisions went through the kernel
+    for _, p_rows, _, _ in seen.calls:  # each p a tensor where the logits were made
+        assert all(isinstance(p, torch.Tensor) and p.device.type == device for p in p_rows)
+    reference = KernelRounds("cpu")  # the default CPU path (numba where it is installed)
+    for call in seen.calls:
+        assert _on_host(reference, call) == call[3]
+
+
+@pytest.mark.skipif(not NUMBA, reason="no numba")
+def test_both_cpu_paths_decide_the_engines_rounds_alike():
+    """The numba path reading a CPU tensor's memory and the torch lazy step on the tensor
+    itself: the same outcomes for the same rounds (as KernelDecider's are, in
+    test_decider_backends)."""
+    draws = DrawKeys(bytes(range(32)))
+    runs = [asyncio.run(_run(_decider("cpu", backend, draws)[0], 72))
+            for backend in ("numba", "torch")]
+    assert runs[0] == runs[1]
