@@ -220,7 +220,11 @@ class ToyDrafter(DraftModel):
         w = self._ideal
         cols = np.stack([TOY_SECOND_ORDER * w.embed(_tail(prefix, 2 - i + 1) if i <= 2 else None)
                          for i in range(1, depth + 1)])
-        return np.add(cols @ self._backbone_out, self._backbone_bias)
+        # einsum's own loop, not BLAS: each row is summed in the same order however many
+        # rows are asked for (an sgemm picks its kernel by the row count, and on some CPUs
+        # row i of 4 rows differs from row i of 8 in the last bits), so the engine seam's
+        # drafter (pp1q.models.toy_engine), which asks for more rows, drafts the same q
+        return np.add(np.einsum("ir,rv->iv", cols, self._backbone_out), self._backbone_bias)
 
     def markov_bias(self, prev_token: int | None) -> np.ndarray:
         if prev_token is None:

@@ -34,6 +34,17 @@ def test_seam_chain_equals_toy_chain():
         assert engine._requests.get("r").committed == prefix
 
 
+def test_backbone_rows_do_not_depend_on_how_many_are_asked_for():
+    """The seam's drafter asks for more backbone rows than a chain drafts (8 or more);
+    the toy chain asks for its depth. Row i must be the same bits either way (a BLAS
+    product's row i of 4 rows and of 8 differed in the last bits on an AMD EPYC)."""
+    model = ToyDrafter(SPEC, distance=0.2)
+    prefix = [5, 9, 17, 33]
+    most = model.backbone(prefix, 16)
+    for depth in range(1, 16):
+        assert np.array_equal(model.backbone(prefix, depth), most[:depth]), depth
+
+
 def test_toy_target_engine_equals_toy_target():
     model = ToyTarget(SPEC)
     engine = ToyTargetEngine(model)
