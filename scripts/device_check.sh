@@ -10,7 +10,7 @@
 #   3. the sharded sampler's device path: 3 ranks over gloo with the collectives' tensors
 #      on cuda, decisions against one rank's (NCCL itself needs a GPU per rank)
 #   4. a real model's decider on its target's device: rounds decided on CUDA against the
-#      CPU kernel's decisions on the same rows
+#      CPU kernel's decisions on the same rows; the worker's logits staged in pinned memory
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-device-check}
@@ -29,6 +29,6 @@ step bench-kernels 300 pp1q bench kernels
 step shard-cuda 300 env PP1Q_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 0 \
     tests/verifier/ranks/test_ranks_shard_gloo.py
 step engine-device 300 python3 -m pytest -q -p no:cacheprovider -n 0 \
-    tests/verifier/test_engine_device.py
+    tests/verifier/test_engine_device.py tests/models/test_host_staging.py
 if [ ${#failed[@]} -eq 0 ]; then echo "device_check: every step passed"; exit 0; fi
 echo "device_check: failed: ${failed[*]}"; exit 1

@@ -21,7 +21,7 @@ import torch
 
 from pp1q.core.q import DyadicRow
 from pp1q.models.engine import Drafter
-from pp1q.models.proposal import propose
+from pp1q.models.proposal import HostStaging, propose
 from pp1q.wire import Form, Step
 from pp1q.wire.validate import step_form
 from pp1q.worker.drafting import Proposer
@@ -34,6 +34,7 @@ class EngineProposer(Proposer):
     def __init__(self, drafter: Drafter) -> None:
         super().__init__(drafter)
         self.drafter = drafter
+        self.staging = HostStaging()  # an accelerator's logits land in one pinned buffer
         # (session, slot) -> (committed tokens, drafts of the last proposal), LRU order
         self._held: collections.OrderedDict[tuple[int, int], tuple[list[int], list[int]]] = (
             collections.OrderedDict())
@@ -77,6 +78,6 @@ class EngineProposer(Proposer):
         spec = ProposalSpec(seed=step.seed, generation=step.generation, round_id=step.round_id,
                             first_position=step.first_position, depth=step.depth,
                             temperature=step.temperature, top_k=step.top_k or None)
-        for draft in propose(self.drafter, key, spec):
+        for draft in propose(self.drafter, key, spec, self.staging):
             drafts.append(draft.token)
             yield draft.token, draft.row
