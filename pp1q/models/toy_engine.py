@@ -52,7 +52,8 @@ class ToyDrafterEngine(Drafter):
         i = len(ledger.spec)  # 0-based draft position of the row asked for
         rows = self._backbone.get(request)
         if rows is None or rows.shape[0] <= i:
-            # backbone row i does not depend on how many rows are asked for
+            # backbone row i does not depend on how many rows are asked for (ToyDrafter.
+            # backbone sums each row in one fixed order)
             rows = self.model.backbone(ledger.committed, max(8, 2 * (i + 1)))
             self._backbone[request] = rows
         prev = ledger.spec[-1] if ledger.spec else ledger.committed[-1]
