@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
 
 from pp1q.core.drawkey import DRAW_KEY_ID
@@ -114,8 +115,16 @@ def _load_engine(settings: VerifierSettings, plan, versions):
 
 
 def rank_device(device: str, local_rank: int) -> str:
-    """A rank's torch device: ``cuda`` without an index means this rank's own GPU."""
-    return f"cuda:{local_rank}" if device == "cuda" else device
+    """A rank's torch device: ``cuda`` without an index means this rank's own GPU, which
+    must exist (else a ConfigError now, not torch's "invalid device ordinal" mid-load)."""
+    if device != "cuda":
+        return device
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank >= gpus:
+        raise ConfigError(f"device cuda: local rank {local_rank} has no GPU of its own (this "
+                          f"machine has {gpus}); run at most {gpus} ranks a machine, or name "
+                          "the device (cuda:0)", key="device")
+    return f"cuda:{local_rank}"
 
 
 def _build_engine(settings: VerifierSettings, deciders: Deciders, plan):

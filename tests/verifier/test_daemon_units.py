@@ -108,3 +108,22 @@ def test_expected_accepted_orders_the_presets():
     adversarial = expected_accepted(*toy_pair(16, 0, "adversarial"), prompts,
                                     rounds_per_prompt=3)[0]
     assert 5 >= matched > far > adversarial >= 0
+
+
+def test_a_rank_without_a_gpu_of_its_own_is_refused_by_name(monkeypatch):
+    """``device = "cuda"`` gives local rank r cuda:r; a machine with fewer GPUs than ranks
+    is a ConfigError naming the setting, before any model is loaded on a missing GPU."""
+    import torch
+
+    from pp1q.verifier.daemon import rank_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [rank_device("cuda", r) for r in (0, 1)] == ["cuda:0", "cuda:1"]
+    assert rank_device("cuda:1", 5) == "cuda:1" and rank_device("cpu", 5) == "cpu"
+    with pytest.raises(ConfigError, match="local rank 2 has no GPU") as e:
+        rank_device("cuda", 2)
+    assert e.value.key == "device"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="has 0"):
+        rank_device("cuda", 0)
