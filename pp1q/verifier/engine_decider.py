@@ -110,8 +110,8 @@ class EngineDecider(Decider):
                            ready: ProposalReady) -> tuple[rounds.Outcome, StepKind]:
         drafts = list(ready.draft_ids)
         p = self._p(job, await self._score(job.slot, drafts))
-        if ready.greedy:  # v1: an argmax, on the host as before
-            out = rounds.greedy(p.cpu().numpy(), drafts)
+        if ready.greedy:  # v1: an argmax on the target's device, only the ids cross
+            out = rounds.greedy(p, drafts)
         else:
             keys = RoundKeys(self.draws.seed_for(job.req.seed), step.generation, step.round_id,
                              step.first_position)
@@ -122,10 +122,9 @@ class EngineDecider(Decider):
     async def decide_target_only(self, job: Job, generation: int,
                                  round_id: int) -> rounds.Outcome:
         p = self._p(job, await self._score(job.slot, []))
-        greedy = job.req.greedy
-        out = rounds.target_only(p[0].cpu().numpy() if greedy else p[0],
-                                 self.draws.seed_for(job.req.seed), generation, round_id,
-                                 len(job.prefix.tokens), greedy, kernel=self.batch.kernel)
+        out = rounds.target_only(p[0], self.draws.seed_for(job.req.seed), generation,
+                                 round_id, len(job.prefix.tokens), job.req.greedy,
+                                 kernel=self.batch.kernel)
         await self._call(self.target.commit, job.slot, 0, out.token)
         return out
 

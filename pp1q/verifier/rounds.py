@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from pp1q.core.q import DyadicRow, sample
 from pp1q.core.rng import proposal_u24
@@ -45,21 +46,30 @@ def proposal_matches(q_rows: Sequence[DyadicRow], drafts: Sequence[int],
     )
 
 
-def greedy(target_rows: np.ndarray, drafts: Sequence[int]) -> Outcome:
-    """v1 greedy: accept while draft == argmax (ties: lowest id), then the target's argmax."""
-    best = np.argmax(target_rows, axis=-1)
+def _argmax(rows) -> list[int] | int:
+    """The argmax of each row (ties: lowest id; a NaN counts as the largest, as numpy's
+    and torch's both take it); a tensor's where it is, so only the ids cross."""
+    if isinstance(rows, torch.Tensor):
+        return rows.argmax(-1).tolist()
+    return np.argmax(rows, axis=-1).tolist()
+
+
+def greedy(target_rows, drafts: Sequence[int]) -> Outcome:
+    """v1 greedy: accept while draft == argmax (ties: lowest id), then the target's argmax.
+    ``target_rows``: numpy, or a torch tensor on any device."""
+    best = _argmax(target_rows)
     accepted = 0
-    while accepted < len(drafts) and int(drafts[accepted]) == int(best[accepted]):
+    while accepted < len(drafts) and int(drafts[accepted]) == best[accepted]:
         accepted += 1
-    return Outcome(accepted, int(best[accepted]))
+    return Outcome(accepted, best[accepted])
 
 
 def target_only(p_row: np.ndarray, draw_seed: int, generation: int, round_id: int,
                 position: int, is_greedy: bool, kernel: KernelRounds | None = None) -> Outcome:
     """One token at absolute ``position`` from the target alone (the verifier's draw seed);
     ``kernel``: the decider's own (on its device; p_row may then be a tensor there),
-    else the CPU's. Greedy: an argmax of a host row."""
+    else the CPU's. Greedy: an argmax, where the row is."""
     if is_greedy:
-        return Outcome(0, int(np.argmax(p_row)))
+        return Outcome(0, _argmax(p_row))
     keys = RoundKeys(draw_seed, generation, round_id, position)
     return (kernel or KernelRounds()).target_only(p_row, keys, position)

@@ -87,6 +87,19 @@ def test_greedy_round_accepts_the_matching_prefix():
     assert rounds.greedy(rows, [1, 0, 2]) == rounds.Outcome(3, 1)  # all accepted: bonus
 
 
+def test_greedy_decides_alike_on_host_rows_and_tensors():
+    """A real target's greedy rows stay a tensor on its device (EngineDecider): the argmax
+    there is numpy's, ties to the lowest id and a NaN taken as the largest."""
+    import torch
+
+    rows = np.array([[0, 5, 5], [9, 0, 9], [np.nan, 0, 3], [1, np.nan, np.nan]])
+    for drafts in ([1, 0, 0], [1, 0, 2], [2, 0, 0], [1, 2, 0]):
+        assert rounds.greedy(torch.from_numpy(rows), drafts) == rounds.greedy(rows, drafts)
+    for row in rows:
+        assert rounds.target_only(torch.from_numpy(row), 0, 1, 1, 4, True) \
+            == rounds.target_only(row, 0, 1, 1, 4, True) == rounds.Outcome(0, int(np.argmax(row)))
+
+
 @pytest.mark.parametrize("reason, detail, by_peer, cause", [
     (Reason.STEP_TIMEOUT, "deadline", False, FallbackCause.WATCHDOG_TIMEOUT),
     (Reason.CONNECTION_LOST, "", False, FallbackCause.CONNECTION_LOST),
