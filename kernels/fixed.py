@@ -118,15 +118,25 @@ def to_fixed(p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     return out.copy_(scaled)
 
 
+def target_ok(p: torch.Tensor) -> torch.Tensor:
+    """A bool tensor on p's device, true when ``check_target`` would pass floating rows p:
+    one min/max pass (NaN fails both comparisons, +-inf one) and the float64 row sums,
+    read by nobody here, so a caller on a GPU can read several rows' flags in one sync."""
+    lo, hi = torch.aminmax(p)
+    return (lo >= 0) & (hi <= 1) & (p.sum(-1, dtype=torch.float64) < 2).all()
+
+
 def check_target(p: torch.Tensor) -> None:
     """Refuse a target row that is not a probability row (before any fixed-point use).
 
     One min/max pass covers NaN, +-inf, negatives and entries above 1; a float64 row
-    sum below 2 then rules out int64 overflow of S (which would need a sum >= 4).
+    sum below 2 then rules out int64 overflow of S (which would need a sum >= 4). The
+    passing case reads one flag (``target_ok``: one host sync on a GPU); a failing row
+    is then looked at again for the first failing check, in the order below.
     """
     if not p.is_floating_point():
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, f"target rows are {p.dtype}")
-    if not p.numel():
+    if not p.numel() or bool(target_ok(p)):
         return
     lo, hi = torch.aminmax(p)
     if not (bool(lo >= 0) and bool(hi <= 1)):  # NaN fails both comparisons
@@ -135,16 +145,35 @@ def check_target(p: torch.Tensor) -> None:
         if bool(lo < 0):
             raise DistributionError(Reason.NEGATIVE_VALUE, "negative target probability")
         raise DistributionError(Reason.WRONG_MASS, "target probability above 1")
-    if not bool((p.sum(-1, dtype=torch.float64) < 2).all()):
-        raise DistributionError(Reason.WRONG_MASS, "target row sums to 2 or more")
+    raise DistributionError(Reason.WRONG_MASS, "target row sums to 2 or more")
+
+
+def check_rows(rows) -> None:
+    """``check_target`` on each of ``rows`` (floating tensors on one device), in order:
+    their flags read in one sync; a failing batch is checked row by row, so the refusal
+    is the first failing row's, as checking them one at a time gives."""
+    if not rows:
+        return
+    if all(r.is_floating_point() and r.numel() for r in rows) \
+            and bool(torch.stack([target_ok(r) for r in rows]).all()):
+        return
+    for r in rows:
+        check_target(r)
+
+
+def totals_ok(s_total: torch.Tensor) -> torch.Tensor:
+    """A bool tensor, true when ``check_totals`` would pass (one flag to read)."""
+    return ((s_total > 0) & (s_total < S_LIMIT)).all()
 
 
 def check_totals(s_total: torch.Tensor) -> None:
-    """S must be positive (some mass at 2^-61 resolution) and below 2^62 (row sum < 2)."""
-    if s_total.numel() and not bool((s_total > 0).all()):
+    """S must be positive (some mass at 2^-61 resolution) and below 2^62 (row sum < 2);
+    the passing case reads one flag."""
+    if not s_total.numel() or bool(totals_ok(s_total)):
+        return
+    if not bool((s_total > 0).all()):
         raise DistributionError(Reason.ZERO_MASS, "target row has no mass at 2^-61")
-    if s_total.numel() and not bool((s_total < S_LIMIT).all()):
-        raise DistributionError(Reason.WRONG_MASS, "target row sums to 2 or more")
+    raise DistributionError(Reason.WRONG_MASS, "target row sums to 2 or more")
 
 
 # ---------------------------------------------------------------------------

@@ -22,16 +22,10 @@ import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
 
-from .fixed import block_sums, check_target, check_totals, to_fixed
+from .fixed import block_sums, check_rows, check_totals, to_fixed
 from .lookup import SparseCounts
 from .residual import BLOCK, sample_fixed
 from .verify_step import StepResult, check_drafted, first_rejection
-
-
-def _fixed_row(p: torch.Tensor, out: torch.Tensor, validate: bool) -> torch.Tensor:
-    if validate:
-        check_target(p)
-    return to_fixed(p, out)
 
 
 def decide_rows(p_rows: Sequence[torch.Tensor], c_x: torch.Tensor, q_at: Callable,
@@ -39,9 +33,15 @@ def decide_rows(p_rows: Sequence[torch.Tensor], c_x: torch.Tensor, q_at: Callabl
                 validate=True) -> StepResult:
     """``verify_step.decide`` with explicit draws, rows given per request.
 
-    ``c_x`` [B, D]: the q count of each draft; ``q_at(i)`` with i [B] (positions): the
-    q rows of request b at position i[b], [B] dense or SparseCounts (only the chosen
-    rows are ever asked for: a verifier need not stack every q row of a round).
+    ``c_x`` [B, D]: the q count of each draft; ``q_at(i)`` with i [B] (positions, a CPU
+    tensor): the q rows of request b at position i[b], [B] dense or SparseCounts on p's
+    device (only the chosen rows are ever asked for: a verifier need not stack every q
+    row of a round).
+
+    On a GPU every flag read waits for the device, so each position reads its rows'
+    checks, totals and ratio tests once each, not per row, and the accepted counts are
+    kept on the host as they are decided (the refusals are still the first failing
+    row's, position by position, as checking one row at a time gives).
     """
     B = len(p_rows)
     D1, V = p_rows[0].shape
@@ -51,41 +51,52 @@ def decide_rows(p_rows: Sequence[torch.Tensor], c_x: torch.Tensor, q_at: Callabl
     if any(tuple(p.shape) != (D1, V) for p in p_rows) or tuple(c_x.shape) != (B, D) \
             or tuple(draft.shape) != (B, D) or D < 1:
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "p, q and draft shapes disagree")
-    if int(draft.min()) < 0 or int(draft.max()) >= V:
+    c_x = c_x.to(torch.int64)
+    bad_id, zero_q = torch.stack([((draft < 0) | (draft >= V)).any(),
+                                  (c_x <= 0).any()]).tolist()  # one read for both
+    if bad_id:
         raise LocalProtocolError(Reason.ID_OUT_OF_RANGE, "draft id outside vocab")
-    c_x = check_drafted(c_x.to(torch.int64))
+    if zero_q:
+        check_drafted(c_x)  # raises
     if work is None or work.numel() < B * D1 * V:
         work = torch.empty(B * D1 * V, dtype=torch.int64, device=dev)
     P = work[: B * D1 * V].view(B, D1, V)
     s_total = torch.zeros((B, D1), dtype=torch.int64, device=dev)
-    accepted = torch.full((B,), D, dtype=torch.int64, device=dev)
+    accepted = [D] * B  # on the host: each is known once its rejection is read
     alive = list(range(B))
-    for i in range(D):  # position by position, over the requests still accepting
-        for b in alive:
-            s_total[b, i] = _fixed_row(p_rows[b][i], P[b, i], validate).sum()
-        rows = torch.tensor(alive, dtype=torch.int64, device=dev)
+
+    def fixed_rows(i: int) -> None:  # row i of every alive request: checked, P, S
         if validate:
-            check_totals(s_total[rows, i])
+            check_rows([p_rows[b][i] for b in alive])
+        for b in alive:
+            s_total[b, i] = to_fixed(p_rows[b][i], P[b, i]).sum()
+        if validate:
+            check_totals(s_total[torch.tensor(alive, device=dev), i])
+
+    for i in range(D):  # position by position, over the requests still accepting
+        fixed_rows(i)
+        rows = torch.tensor(alive, dtype=torch.int64, device=dev)
         p_x = P[rows, i, draft[rows, i]].unsqueeze(-1)
         rej = first_rejection(u_acc[rows, i].unsqueeze(-1), c_x[rows, i].unsqueeze(-1), p_x,
                               s_total[rows, i].unsqueeze(-1)) == 0
-        accepted[rows[rej]] = i
-        alive = [b for b, r in zip(alive, rej.tolist(), strict=True) if not r]
+        for b, r in zip(list(alive), rej.tolist(), strict=True):
+            if r:
+                accepted[b] = i
+                alive.remove(b)
         if not alive:
             break
-    for b in alive:  # every draft accepted: the bonus row decides
-        s_total[b, D] = _fixed_row(p_rows[b][D], P[b, D], validate).sum()
-    if validate and alive:
-        check_totals(s_total[torch.tensor(alive, device=dev), D])
+    if alive:  # every draft accepted: the bonus row decides
+        fixed_rows(D)
+    acc = torch.tensor(accepted, dtype=torch.int64, device=dev)
     b = torch.arange(B, device=dev)
-    chosen = P[b, accepted]  # a copy: the pick edits it in place
-    use_q = accepted < D
-    qi = accepted.clamp(max=D - 1)
+    chosen = P[b, acc]  # a copy: the pick edits it in place
+    use_q = acc < D
+    qi = acc.clamp(max=D - 1)
     u = torch.where(use_q, u_corr.gather(-1, qi.unsqueeze(-1)).squeeze(-1), u_bonus)
-    q_rows = q_at(qi)
+    q_rows = q_at(torch.tensor([min(a, D - 1) for a in accepted], dtype=torch.int64))
     if (q_rows.vocab if isinstance(q_rows, SparseCounts) else q_rows.shape[-1]) != V:
         raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "q vocab differs from p")
-    token, under = sample_fixed(chosen, s_total[b, accepted], q_rows, u, use_q=use_q,
+    token, under = sample_fixed(chosen, s_total[b, acc], q_rows, u, use_q=use_q,
                                 psums=block_sums(chosen, BLOCK),
-                                fresh=lambda rows: P[rows, accepted[rows]])
-    return StepResult(accepted, token, under)
+                                fresh=lambda rows: P[rows, acc[rows]])
+    return StepResult(acc, token, under)

@@ -130,15 +130,21 @@ def sample_fixed(P, s_total, q, u53, *, use_q=None, fresh, psums=None, block: in
         sums = block_sums(R, block)
     total = sums.sum(-1)
     under = total == 0
-    if bool(under.any()):  # pick from p itself with the same draw, flagged
+    u53 = u53.to(torch.int64)
+    # picked before the underflow is known (a row with no residual mass picks past the
+    # end, harmlessly): both flags then come back in one read, one sync on a GPU
+    ids = pick_blocks(R, sums, draw_threshold(u53, total), block)
+    any_under, past = torch.stack([under.any(), (ids >= P.shape[-1]).any()]).tolist()
+    if any_under:  # pick from p itself with the same draw, flagged
         rows = under.nonzero().squeeze(-1)
         R[rows] = fresh(rows)
         sums[rows] = block_sums(R[rows], block)
         total = sums.sum(-1)
         if bool((total == 0).any()):
             raise DistributionError(Reason.ZERO_MASS, "target row has no mass at 2^-61")
-    ids = pick_blocks(R, sums, draw_threshold(u53.to(torch.int64), total), block)
-    if bool((ids >= P.shape[-1]).any()):  # unreachable by construction; never hand it out
+        ids = pick_blocks(R, sums, draw_threshold(u53, total), block)
+        past = bool((ids >= P.shape[-1]).any())
+    if past:  # unreachable by construction; never hand it out
         raise LocalProtocolError(Reason.ID_OUT_OF_RANGE, "pick fell past the last id")
     return ids, under
 

@@ -76,14 +76,18 @@ def processed_probs(logits: torch.Tensor, temperature: float = 1.0,
     # +inf is the max; max(x / T) = max(x) / T (a correctly rounded division by T > 0
     # is monotone), so an overflow to +inf or an all -inf row shows there too
     top = x.amax(dim=-1)
-    if bool(torch.isnan(top).any()):
-        raise DistributionError(Reason.NAN_LOGIT, "NaN logit")
-    if bool(torch.isposinf(top).any()):
-        raise DistributionError(Reason.POSINF_LOGIT, "+inf logit")
+    flags = [torch.isnan(top).any(), torch.isposinf(top).any()]
     if temperature != 1:
         x = x / float(temperature)
         top = top / float(temperature)
-    if not bool(torch.isfinite(top).all()):  # every logit -inf, or overflow after / T
+    flags.append(~torch.isfinite(top).all())  # every logit -inf, or overflow after / T
+    # the three refusals' flags in one read (one sync on a GPU), raised in this order
+    nan, posinf, no_mass = torch.stack(flags).tolist()
+    if nan:
+        raise DistributionError(Reason.NAN_LOGIT, "NaN logit")
+    if posinf:
+        raise DistributionError(Reason.POSINF_LOGIT, "+inf logit")
+    if no_mass:
         raise DistributionError(Reason.ZERO_MASS, "no finite probability mass")
     p = torch.softmax(x, dim=-1)
     vocab = p.shape[-1]

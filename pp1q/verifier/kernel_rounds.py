@@ -106,8 +106,8 @@ class KernelRounds:
             self._work = torch.empty(need, dtype=torch.int64, device=self.device)
         res = decide_rows(p, c_x, q_at, torch.tensor(drafts, dtype=torch.int64, device=self.device),
                           u_acc, u_corr, u_bonus, work=self._work)
-        return [Outcome(a, t) for a, t in zip(res.accepted.tolist(), res.token.tolist(),
-                                              strict=True)]
+        accepted, token = torch.stack([res.accepted, res.token]).tolist()  # one read
+        return [Outcome(a, t) for a, t in zip(accepted, token, strict=True)]
 
     def target_only(self, p_row, keys: RoundKeys, position: int) -> Outcome:
         """One token at absolute ``position`` from p alone (TARGET_ONLY draw); ``p_row``
