@@ -29,8 +29,9 @@ come from a threshold (torch.topk's k-th value, ties completed lowest id first);
 alone sorts only the ids at or above a power of two found by one histogram pass of
 mass per binade, checking that their running sum reaches top_p (else every id with
 mass). Any value threshold keeps ties whole, so the candidates are a prefix of the
-order, and a CPU cumsum is a sequential float64 loop, so their running sums are the
-whole row's first ones: the kept set is the one a full stable sort gives
+order, and their running sum is taken on the host, where a cumsum is a sequential
+float64 loop (on any device: a GPU's scan may round otherwise, run to run), so their
+running sums are the whole row's first ones: the kept set is the one a full stable sort gives
 (tests/models/test_processors.py compares the two). At V = 49152 the full sort of a
 round's six rows took 23 ms of a ~100 ms round on one core.
 """
@@ -169,11 +170,13 @@ def _prefix(ids: torch.Tensor, row: torch.Tensor, total: torch.Tensor, top_p: fl
     if not ids.numel():
         return None if not complete else ids
     # the renormalised prefix's running sum; the mass strictly before an id is the sum
-    # before it (shifted, not run - top: that would round differently from run itself)
-    run = torch.cumsum(row[ids] / total, dim=0)
+    # before it (shifted, not run - top: that would round differently from run itself).
+    # Run on the host whatever the device: a CPU cumsum is one sequential float64 loop,
+    # a GPU's a parallel scan that may round otherwise, and not the same way every run
+    run = torch.cumsum((row[ids] / total).cpu(), dim=0)
     if not complete and float(run[-1]) < top_p:
         return None
-    return ids[torch.cat([run.new_zeros(1), run[:-1]]) < top_p]
+    return ids[(torch.cat([run.new_zeros(1), run[:-1]]) < top_p).to(ids.device)]
 
 
 DEFAULT_CONTEXT_VERSION = 0  # T = 1, no top-k, no top-p: what every STEP carried before
