@@ -21,7 +21,7 @@ from pp1q.models.engine import Drafter, RequestKey
 
 class HostStaging:
     """The drafter's logits on the host, where build_row reads them: a CPU tensor as it
-    is; an accelerator's copied into one preallocated page-locked buffer, reused row
+    is; a CUDA tensor copied into one preallocated page-locked buffer, reused row
     after row (the design's "preallocated registered host staging": the copy DMAs into
     memory kept for it, not into a fresh pageable tensor a row). build_row widens what
     it reads into rows of its own, so nothing it returns views the buffer."""
@@ -32,6 +32,8 @@ class HostStaging:
     def host(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.device.type == "cpu":
             return logits
+        if not logits.is_cuda:  # no page-locked allocator promised elsewhere (mps, xpu)
+            return logits.cpu()
         buf = self._pinned
         if buf is None or buf.shape != logits.shape or buf.dtype != logits.dtype:
             buf = self._pinned = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
