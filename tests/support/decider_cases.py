@@ -8,7 +8,9 @@ from kernels_cases import received_dense
 
 from pp1q.core.q import MASS, build_row, sample
 from pp1q.core.rng import proposal_u24
+from pp1q.models.processors import Processors
 from pp1q.models.toy import TargetModel, softmax64
+from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.job import Job
 from pp1q.wire import Step
 from pp1q.wire.events import ProposalReady
@@ -19,6 +21,9 @@ SLOTS = 4
 # "received": far drafts' full-support rows as a verifier holds a received dense REPLY
 # (FP32 read in place), so the residual pick reads q from the FP32 row
 REGIMES = ("close", "far", "adversarial", "sparse", "equal", "received")
+# the target processors the Decider tests' requests cycle through (greedy ones use none)
+PROCESSORS = [Processors(), Processors(0.6), Processors(1.0, 4), Processors(1.4, None, 0.7),
+              Processors(0.8, 6, 0.9)]
 
 
 class TableTarget(TargetModel):
@@ -57,6 +62,16 @@ def make_round(g, regime: str, float32: bool):
     if regime == "equal":  # p is exactly q: every draft accepted, the bonus decides
         p[:DEPTH] = np.stack([r.dense_counts() for r in q]) / MASS
     return p, q
+
+
+def request_job(g, slot: int, n: int) -> Job:
+    """Request n's job on ``slot``: every 7th greedy, the others cycling PROCESSORS."""
+    greedy = n % 7 == 3
+    prompt = [int(x) for x in g.integers(0, VOCAB, 3 + n % 4)] + [slot]
+    req = GenerateRequest(prompt=prompt, max_tokens=8, seed=int(g.integers(0, 2**63)),
+                          speculative=True, greedy=greedy, draft_temperature=1.0, top_k=None,
+                          processors=Processors() if greedy else PROCESSORS[n % len(PROCESSORS)])
+    return Job(req, slot)
 
 
 def proposal(job: Job, q, generation: int, round_id: int):

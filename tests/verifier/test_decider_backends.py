@@ -13,19 +13,23 @@ import importlib.util
 
 import numpy as np
 import pytest
-from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, TableTarget, make_round, proposal
+from decider_cases import (
+    DEPTH,
+    REGIMES,
+    SLOTS,
+    VOCAB,
+    TableTarget,
+    make_round,
+    proposal,
+    request_job,
+)
 from pp1q_kernels import numba_rows
 
 from pp1q.core.drawkey import DrawKeys
-from pp1q.models.processors import Processors
-from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.daemon import STANDARD
-from pp1q.verifier.job import Job
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
                                 reason="numba not installed (the fast extra)")
-PROCESSORS = [Processors(), Processors(0.6), Processors(1.0, 4), Processors(1.4, None, 0.7),
-              Processors(0.8, 6, 0.9)]
 
 
 def decider(backend: str, draws: DrawKeys):
@@ -38,22 +42,13 @@ def decider(backend: str, draws: DrawKeys):
     return d
 
 
-def job(g, slot: int, n: int) -> Job:
-    greedy = n % 7 == 3
-    prompt = [int(x) for x in g.integers(0, VOCAB, 3 + n % 4)] + [slot]
-    req = GenerateRequest(prompt=prompt, max_tokens=8, seed=int(g.integers(0, 2**63)),
-                          speculative=True, greedy=greedy, draft_temperature=1.0, top_k=None,
-                          processors=Processors() if greedy else PROCESSORS[n % len(PROCESSORS)])
-    return Job(req, slot)
-
-
 async def run(deciders, seed: int, ticks: int):
     g = np.random.default_rng(seed)
     out = {id(d): [] for d in deciders}
     for n in range(ticks):
         rounds = []
         for slot in range(SLOTS):
-            j = job(g, slot, n + slot)
+            j = request_job(g, slot, n + slot)
             p, q = make_round(g, REGIMES[(n + slot) % len(REGIMES)], n % 2 == 1)
             for d in deciders:
                 d.target.table[tuple(j.req.prompt)] = p

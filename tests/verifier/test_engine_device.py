@@ -18,19 +18,15 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, make_round, proposal
+from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, make_round, proposal, request_job
 from pp1q_kernels import numba_rows
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.models.engine import Target
-from pp1q.models.processors import Processors
-from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.engine_decider import EngineDecider
-from pp1q.verifier.job import Job
 from pp1q.verifier.kernel_rounds import KernelRounds
 
 TICKS = 24
-PROCESSORS = [Processors(), Processors(0.6), Processors(1.0, 4), Processors(1.4, None, 0.7)]
 NUMBA = importlib.util.find_spec("numba") is not None
 CUDA = torch.cuda.is_available()
 
@@ -97,15 +93,6 @@ def _decider(device: str, backend: str, draws: DrawKeys) -> tuple[EngineDecider,
     return decider, Seen(decider)
 
 
-def _job(g, slot: int, n: int) -> Job:
-    greedy = n % 7 == 3
-    prompt = [int(x) for x in g.integers(0, VOCAB, 3 + n % 4)] + [slot]
-    req = GenerateRequest(prompt=prompt, max_tokens=8, seed=int(g.integers(0, 2**63)),
-                          speculative=True, greedy=greedy, draft_temperature=1.0, top_k=None,
-                          processors=Processors() if greedy else PROCESSORS[n % len(PROCESSORS)])
-    return Job(req, slot)
-
-
 async def _run(decider: EngineDecider, seed: int) -> list[tuple]:
     """TICKS ticks of SLOTS rounds (every regime, greedy requests among them), each
     round followed by a target-only step; the outcomes in order."""
@@ -114,7 +101,7 @@ async def _run(decider: EngineDecider, seed: int) -> list[tuple]:
     for n in range(TICKS):
         rounds = []
         for slot in range(SLOTS):
-            job = _job(g, slot, n + slot)
+            job = request_job(g, slot, n + slot)
             p, q = make_round(g, REGIMES[(n + slot) % len(REGIMES)], n % 2 == 1)
             decider.target.table[tuple(job.req.prompt)] = p
             step, ready = proposal(job, q, int(g.integers(1, 1 << 24)),
