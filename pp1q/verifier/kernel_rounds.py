@@ -59,8 +59,9 @@ def _host(a):
 class KernelRounds:
     """Decisions on one device, reading only the target rows a round reaches: on the CPU
     pp1q_kernels.numba_rows when numba is chosen (PP1Q_DECIDE: one pass per reached row,
-    numpy arrays in), else pp1q_kernels.lazy_step (torch, reusing one int64 work buffer
-    for the fixed-point rows). Both decide identically (tests/kernels)."""
+    numpy arrays in: a CPU tensor's own memory), else pp1q_kernels.lazy_step (torch,
+    reusing one int64 work buffer for the fixed-point rows). Both decide identically
+    (tests/kernels)."""
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
