@@ -94,7 +94,7 @@ def processed_probs(logits: torch.Tensor, temperature: float = 1.0,
     vocab = p.shape[-1]
     k = vocab if top_k is None else min(int(top_k), vocab)
     use_p = top_p is not None and float(top_p) < 1.0
-    if k == vocab and not use_p:
+    if (k == vocab and not use_p) or not p.numel():  # nothing to keep from no rows
         return p
     rows = p.reshape(-1, vocab)
     keep = _top_k(rows, k) if k < vocab else None

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from pp1q.core.drawkey import DrawKeys
+from pp1q.core.errors import ConfigError
 from pp1q.core.outcomes import StepKind
 from pp1q.core.q import DyadicRow
 from pp1q.core.verify import RoundKeys
@@ -93,8 +94,11 @@ class EngineDecider(Decider):
         finally:
             self._draining = False
 
-    @staticmethod
-    def _p(job: Job, logits: torch.Tensor) -> torch.Tensor:
+    def _p(self, job: Job, logits: torch.Tensor) -> torch.Tensor:
+        if logits.device != self.batch.kernel.device:  # an engine misnaming its device
+            raise ConfigError(f"target {self.target.identity} names its device "
+                              f"{self.batch.kernel.device} (Target.device) but its logits "
+                              f"are on {logits.device}", key="device")
         return round_p(job.req.processors, job.req.greedy, logits)
 
     def verify_proposal(self, p: torch.Tensor, q_rows: Sequence[DyadicRow], drafts: list[int],

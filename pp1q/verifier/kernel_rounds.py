@@ -64,8 +64,8 @@ class KernelRounds:
     (tests/kernels)."""
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
-        self.device = torch.device(device)
-        self._work = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._work = torch.empty(0, dtype=torch.int64, device=device)
+        self.device = self._work.device  # "cuda" named as the tensors are: cuda:0
         self._numba = numba_rows.chosen()[2] if self.device.type == "cpu" else None
         self._scratch = numba_rows.Scratch()
 

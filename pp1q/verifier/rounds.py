@@ -64,11 +64,11 @@ def greedy(target_rows, drafts: Sequence[int]) -> Outcome:
     return Outcome(accepted, best[accepted])
 
 
-def target_only(p_row: np.ndarray, draw_seed: int, generation: int, round_id: int,
+def target_only(p_row, draw_seed: int, generation: int, round_id: int,
                 position: int, is_greedy: bool, kernel: KernelRounds | None = None) -> Outcome:
     """One token at absolute ``position`` from the target alone (the verifier's draw seed);
-    ``kernel``: the decider's own (on its device; p_row may then be a tensor there),
-    else the CPU's. Greedy: an argmax, where the row is."""
+    ``p_row`` [V]: numpy, or a torch tensor (on ``kernel``'s device: the decider's own
+    kernel; else the CPU's). Greedy: an argmax, where the row is."""
     if is_greedy:
         return Outcome(0, _argmax(p_row))
     keys = RoundKeys(draw_seed, generation, round_id, position)

@@ -85,6 +85,14 @@ def test_bad_logits_refused():
     assert err.value.reason is Reason.POSINF_LOGIT
 
 
+@pytest.mark.parametrize(("top_k", "top_p"), [(None, None), (3, None), (None, 0.9), (3, 0.5)])
+def test_no_rows_give_no_rows(top_k, top_p):
+    """Logits with no rows ([0, V]) give p of the same shape under every processor (top-p
+    raised torch.cat's ValueError on them, found by a fuzzer)."""
+    p = processed_probs(torch.zeros(0, 10), 0.7, top_k, top_p)
+    assert p.shape == (0, 10) and p.dtype == torch.float64
+
+
 def full_sort(logits: torch.Tensor, temperature: float, top_k, top_p) -> torch.Tensor:
     """The definition with one full stable sort per row (what processed_probs avoids):
     top-k mass summed in id order, running sum over the whole descending order."""

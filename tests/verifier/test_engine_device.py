@@ -22,7 +22,9 @@ from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, make_round, proposal, re
 from pp1q_kernels import numba_rows
 
 from pp1q.core.drawkey import DrawKeys
+from pp1q.core.errors import ConfigError
 from pp1q.models.engine import Target
+from pp1q.verifier import rounds
 from pp1q.verifier.engine_decider import EngineDecider
 from pp1q.verifier.kernel_rounds import KernelRounds
 
@@ -135,19 +137,49 @@ BACKENDS = [pytest.param("cpu", "numba", marks=pytest.mark.skipif(not NUMBA, rea
 
 
 @pytest.mark.parametrize(("device", "backend"), BACKENDS)
-def test_rounds_are_decided_where_the_targets_logits_are(device, backend):
+def test_rounds_are_decided_where_the_targets_logits_are(device, backend, monkeypatch):
     draws = DrawKeys(bytes(range(32)))
     decider, seen = _decider(device, backend, draws)
-    assert decider.batch.kernel.device.type == device
+    where = decider.batch.kernel.device
+    assert where.type == device
+    greedy, host_greedy = [], rounds.greedy
+
+    def seen_greedy(p, drafts):  # the greedy rounds' argmax, where p is, and on the host
+        out = host_greedy(p, drafts)
+        greedy.append((p.device, out, host_greedy(p.cpu().numpy(), drafts)))
+        return out
+
+    monkeypatch.setattr(rounds, "greedy", seen_greedy)
     outcomes = asyncio.run(_run(decider, 71))
+    assert greedy and all(d == where and out == host for d, out, host in greedy)
     assert {o[0] for o in outcomes if len(o) == 3} == set(range(DEPTH + 1))  # every count
     names = {name for name, *_ in seen.calls}
     assert names == {"sampled", "target_only"}  # both decisions went through the kernel
     for _, p_rows, _, _ in seen.calls:  # each p a tensor where the logits were made
-        assert all(isinstance(p, torch.Tensor) and p.device.type == device for p in p_rows)
+        assert all(isinstance(p, torch.Tensor) and p.device == where for p in p_rows)
     reference = KernelRounds("cpu")  # the default CPU path (numba where it is installed)
     for call in seen.calls:
         assert _on_host(reference, call) == call[3]
+
+
+def test_a_target_misnaming_its_device_is_refused_by_name():
+    """An engine whose logits are not where ``Target.device`` says: a ConfigError naming
+    the setting, not a decision on rows copied across (or a TypeError from numpy)."""
+    decider, _ = _decider("meta", "torch", DrawKeys(bytes(range(32))))  # logits: on the CPU
+    decider.target.device = torch.device("cpu")
+    g = np.random.default_rng(3)
+    job = request_job(g, 0, 0)
+    p, q = make_round(g, "close", False)
+    decider.target.table[tuple(job.req.prompt)] = p
+    step, ready = proposal(job, q, 1, 1)
+
+    async def go():
+        await decider.open(job)
+        return await decider.decide_round(job, step, ready)
+
+    with pytest.raises(ConfigError, match="names its device meta") as e:
+        asyncio.run(go())
+    assert e.value.key == "device"
 
 
 @pytest.mark.skipif(not NUMBA, reason="no numba")
