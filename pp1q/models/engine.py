@@ -15,9 +15,11 @@ Both roles are per-request and stateful, because every real engine keeps a KV ca
 Both end a round the same way: ``commit(req, accepted, token)`` keeps the first
 ``accepted`` speculative tokens plus the correction/bonus ``token`` and rolls the KV
 cache back over the rest; ``reset(req)`` drops speculative state only (a discarded
-round); ``close(req)`` frees the request. Logits are float32 or float64 torch tensors;
-turning them into q (pp1q.q.build_row) or into p (processors.processed_probs) is the
-caller's job, so the q shipped is always built from exactly the logits returned here.
+round); ``close(req)`` frees the request. Logits are float32 or float64 torch tensors
+on the engine's ``device`` (a target's rounds are decided there: EngineDecider refuses
+logits found elsewhere); turning them into q (pp1q.q.build_row) or into p
+(processors.processed_probs) is the caller's job, so the q shipped is always built from
+exactly the logits returned here.
 
 Each engine names itself for HELLO: ``identity`` (checkpoint digest, plus early-exit
 depth and the like), ``tokenizer_digest`` (digest of the id -> token map) and ``vocab``
