@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import torch
 from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, make_round, proposal, request_job
-from pp1q_kernels import numba_rows
+from host_reads import HostReads
+from pp1q_kernels import lazy_step, numba_rows
+from pp1q_kernels.fixed import check_target
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import ConfigError
@@ -180,6 +182,65 @@ def test_a_target_misnaming_its_device_is_refused_by_name():
     with pytest.raises(ConfigError, match="names its device meta") as e:
         asyncio.run(go())
     assert e.value.key == "device"
+
+
+# The reads a decision may make of its device's tensors (each a host sync on a GPU): a
+# sampled tick, the drafts' range and counts (1), then per position reached its rows'
+# checks, totals and ratio tests (3 each, D positions) and the bonus row's checks and
+# totals (2), the pick's underflow and range flags (1) and the outcome (1); a target-only
+# pick, its row's check, its total, the pick's flags and the token (4).
+SAMPLED_READS = 1 + 3 * DEPTH + 2 + 1 + 1
+TARGET_ONLY_READS = 4
+
+
+def _reads_per_call(per_row: bool = False) -> dict[str, int]:
+    """The most device reads one kernel call made, by kind, over the engine-device run on
+    the torch lazy step (what a GPU runs), the target's logits marked as on the device.
+    ``per_row``: the planted variant, the rows of a position checked one call (and one
+    read) a row, as the step checked them before."""
+    decider, _ = _decider("cpu", "torch", DrawKeys(bytes(range(32))))
+    mode, most = HostReads(), {"sampled": 0, "target_only": 0}
+    score = decider.target.score
+
+    def on_device(batch):  # a GPU target's logits
+        out = score(batch)
+        mode.on_device(out)
+        return out
+
+    decider.target.score = on_device
+    kernel = decider.batch.kernel
+    for name in most:
+        call = getattr(kernel, name)
+
+        def counted(*args, call=call, name=name):
+            before = mode.reads
+            out = call(*args)
+            most[name] = max(most[name], mode.reads - before)
+            return out
+
+        setattr(kernel, name, counted)
+    with mode:
+        if per_row:
+            def check_rows(rows):
+                for r in rows:
+                    check_target(r)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(lazy_step, "check_rows", check_rows)
+                asyncio.run(_run(decider, 73))
+        else:
+            asyncio.run(_run(decider, 73))
+    return most
+
+
+def test_a_decision_reads_few_flags_from_the_device():
+    """On a GPU every flag read back waits for the device; the lazy step reads once per
+    position, not per row (counted by tests/support/host_reads.py). The planted variant
+    (rows checked one call a row, the step before) exceeds the bound."""
+    most = _reads_per_call()
+    assert 0 < most["sampled"] <= SAMPLED_READS
+    assert 0 < most["target_only"] <= TARGET_ONLY_READS
+    assert _reads_per_call(per_row=True)["sampled"] > SAMPLED_READS
 
 
 @pytest.mark.skipif(not NUMBA, reason="no numba")
