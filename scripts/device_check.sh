@@ -6,7 +6,8 @@
 # Each step's output goes to OUT_DIR (default ./device-check); a failed step does not
 # stop the others; the summary says which failed.
 #   1. the Triton kernels compiled on CUDA tensors, bit for bit against the torch path
-#   2. pp1q bench kernels (the kernels on CUDA against their baselines, one run)
+#   2. pp1q bench kernels (the kernels on CUDA against their baselines, one run; and a
+#      real target's rounds decided on the device against p copied to the host)
 #   3. the sharded sampler's device path: 3 ranks over gloo with the collectives' tensors
 #      on cuda, decisions against one rank's (NCCL itself needs a GPU per rank)
 #   4. a real model's decider on its target's device: rounds decided on CUDA against the
