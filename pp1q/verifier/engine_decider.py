@@ -105,7 +105,7 @@ class EngineDecider(Decider):
                         keys: RoundKeys) -> rounds.Outcome:
         """Standard verification of one round alone: what ``decide_round``'s batch runs
         for a batch of one (``pp1q bench profile`` times it: one request)."""
-        return self.batch.kernel.sampled([p], [q_rows], [drafts], [keys])[0]
+        return rounds.sampled(p, q_rows, drafts, keys, kernel=self.batch.kernel)
 
     async def open(self, job: Job) -> None:
         await self._call(self.target.open, job.slot, list(job.prefix.tokens))

@@ -22,11 +22,12 @@ from pp1q.verifier.outcome import Outcome
 __all__ = ["Outcome", "greedy", "proposal_matches", "sampled", "target_only"]
 
 
-def sampled(p: np.ndarray, q_rows: Sequence[DyadicRow], drafts: Sequence[int],
-            keys: RoundKeys) -> Outcome:
+def sampled(p, q_rows: Sequence[DyadicRow], drafts: Sequence[int],
+            keys: RoundKeys, kernel: KernelRounds | None = None) -> Outcome:
     """Standard verification; ``keys.first_position`` is the absolute position of x_1 and
-    ``keys.seed`` the verifier's draw seed (pp1q.core.drawkey), never the STEP's seed."""
-    return KernelRounds().sampled([p], [q_rows], [drafts], [keys])[0]
+    ``keys.seed`` the verifier's draw seed (pp1q.core.drawkey), never the STEP's seed;
+    ``p`` and ``kernel`` as ``target_only`` takes them."""
+    return (kernel or KernelRounds()).sampled([p], [q_rows], [drafts], [keys])[0]
 
 
 def proposal_matches(q_rows: Sequence[DyadicRow], drafts: Sequence[int],
