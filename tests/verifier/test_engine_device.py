@@ -68,24 +68,25 @@ class TableEngine(Target):
 
 class Seen:
     """The decider's kernel, wrapped at the seam its batch decides through: every p it
-    was handed (where it was), with the outcomes it gave."""
+    was handed (where it was), with the outcomes it gave and, once ``mode`` is set (a
+    HostReads), the device reads the call made."""
 
     def __init__(self, decider: EngineDecider) -> None:
-        self.calls: list[tuple[str, list, tuple, list]] = []
+        self.calls: list[tuple[str, list, tuple, list, int]] = []
+        self.mode: HostReads | None = None
         kernel = decider.batch.kernel
         sampled, target_only = kernel.sampled, kernel.target_only
 
-        def seen_sampled(p_rows, q_rows, drafts, keys):
-            out = sampled(p_rows, q_rows, drafts, keys)
-            self.calls.append(("sampled", list(p_rows), (q_rows, drafts, keys), out))
+        def seen(name, call, p_rows, args, one):
+            before = self.mode.reads if self.mode else 0
+            out = call(*p_rows, *args) if one else call(p_rows, *args)
+            reads = (self.mode.reads if self.mode else 0) - before
+            self.calls.append((name, list(p_rows), args, [out] if one else out, reads))
             return out
 
-        def seen_target_only(p_row, keys, position):
-            out = target_only(p_row, keys, position)
-            self.calls.append(("target_only", [p_row], (keys, position), [out]))
-            return out
-
-        kernel.sampled, kernel.target_only = seen_sampled, seen_target_only
+        kernel.sampled = lambda p_rows, *args: seen("sampled", sampled, p_rows, args, False)
+        kernel.target_only = lambda p_row, *args: seen("target_only", target_only, [p_row],
+                                                       args, True)
 
 
 def _decider(device: str, backend: str, draws: DrawKeys) -> tuple[EngineDecider, Seen]:
@@ -126,7 +127,7 @@ async def _run(decider: EngineDecider, seed: int) -> list[tuple]:
 
 def _on_host(kernel: KernelRounds, call: tuple) -> list:
     """What ``kernel`` (the CPU's) decides for a recorded call, its p moved to the host."""
-    name, p_rows, args, _ = call
+    name, p_rows, args, *_ = call
     host = [p.cpu().numpy() for p in p_rows]
     if name == "sampled":
         return kernel.sampled(host, *args)
@@ -157,7 +158,7 @@ def test_rounds_are_decided_where_the_targets_logits_are(device, backend, monkey
     assert {o[0] for o in outcomes if len(o) == 3} == set(range(DEPTH + 1))  # every count
     names = {name for name, *_ in seen.calls}
     assert names == {"sampled", "target_only"}  # both decisions went through the kernel
-    for _, p_rows, _, _ in seen.calls:  # each p a tensor where the logits were made
+    for _, p_rows, *_ in seen.calls:  # each p a tensor where the logits were made
         assert all(isinstance(p, torch.Tensor) and p.device == where for p in p_rows)
     reference = KernelRounds("cpu")  # the default CPU path (numba where it is installed)
     for call in seen.calls:
@@ -198,8 +199,8 @@ def _reads_per_call(per_row: bool = False) -> dict[str, int]:
     the torch lazy step (what a GPU runs), the target's logits marked as on the device.
     ``per_row``: the planted variant, the rows of a position checked one call (and one
     read) a row, as the step checked them before."""
-    decider, _ = _decider("cpu", "torch", DrawKeys(bytes(range(32))))
-    mode, most = HostReads(), {"sampled": 0, "target_only": 0}
+    decider, seen = _decider("cpu", "torch", DrawKeys(bytes(range(32))))
+    seen.mode = mode = HostReads()
     score = decider.target.score
 
     def on_device(batch):  # a GPU target's logits
@@ -208,29 +209,17 @@ def _reads_per_call(per_row: bool = False) -> dict[str, int]:
         return out
 
     decider.target.score = on_device
-    kernel = decider.batch.kernel
-    for name in most:
-        call = getattr(kernel, name)
 
-        def counted(*args, call=call, name=name):
-            before = mode.reads
-            out = call(*args)
-            most[name] = max(most[name], mode.reads - before)
-            return out
+    def check_rows(rows):
+        for r in rows:
+            check_target(r)
 
-        setattr(kernel, name, counted)
-    with mode:
+    with mode, pytest.MonkeyPatch.context() as patch:
         if per_row:
-            def check_rows(rows):
-                for r in rows:
-                    check_target(r)
-
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(lazy_step, "check_rows", check_rows)
-                asyncio.run(_run(decider, 73))
-        else:
-            asyncio.run(_run(decider, 73))
-    return most
+            patch.setattr(lazy_step, "check_rows", check_rows)
+        asyncio.run(_run(decider, 73))
+    return {name: max(reads for n, *_, reads in seen.calls if n == name)
+            for name in ("sampled", "target_only")}
 
 
 def test_a_decision_reads_few_flags_from_the_device():
