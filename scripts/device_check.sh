@@ -12,6 +12,9 @@
 #      on cuda, decisions against one rank's (NCCL itself needs a GPU per rank)
 #   4. a real model's decider on its target's device: rounds decided on CUDA against the
 #      CPU kernel's decisions on the same rows; the worker's logits staged in pinned memory
+#   5. pp1q bench profile --quick: issue 13's real-model goal (the verifier's work other
+#      than the forward <= 10% of it) with the embedded model on CUDA, where the forward
+#      is far shorter than on a CPU (needs the embedded model: scripts/install.sh)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-device-check}
@@ -31,5 +34,6 @@ step shard-cuda 300 env PP1Q_TEST_DEVICE=cuda python3 -m pytest -q -p no:cachepr
     tests/verifier/ranks/test_ranks_shard_gloo.py
 step engine-device 300 python3 -m pytest -q -p no:cacheprovider -n 0 \
     tests/verifier/test_engine_device.py tests/models/test_host_staging.py
+step bench-profile 300 pp1q bench profile --quick
 if [ ${#failed[@]} -eq 0 ]; then echo "device_check: every step passed"; exit 0; fi
 echo "device_check: failed: ${failed[*]}"; exit 1

@@ -49,6 +49,41 @@ def test_profiled_rounds_commit_on_both_ends(smol, case):
     assert sum(accepted) >= 6  # drafter = target: nearly every draft accepted
 
 
+def test_every_clock_read_waits_for_the_device_first(smol, monkeypatch):
+    """On a GPU a stage returns before its kernels finish: a clock read that does not
+    wait for the device charges that stage's work to the next one. On the CPU the wait is
+    a no-op, so here each wait is recorded instead, and every clock read of the round
+    (its stages, the target-only step, the probes) must come right after one."""
+    from types import SimpleNamespace
+
+    from pp1q.models.hf_drafter import HFDrafter
+    from pp1q.models.hf_target import HFTarget
+    from pp1q.models.text import TextCodec
+    from pp1q.tools.bench import profile
+
+    events: list[str] = []
+    monkeypatch.setattr(profile, "time", SimpleNamespace(
+        perf_counter=lambda: events.append("clock") or float(len(events))))
+
+    def wait() -> None:
+        events.append("wait")
+
+    prompt = TextCodec(smol.tokenizer).encode(profile.PROMPT, chat=True)
+    target = HFTarget.from_checkpoint(smol)
+    assert profile.device_clock(target.device) is profile.device_clock("cpu")
+    with profile.probes(target) as clocks:
+        for clock in clocks.values():
+            clock.sync = wait
+        pair = profile.open_pair(smol, HFDrafter.early_exit(smol, 8), target, prompt,
+                                 profile.CASES[2])
+        pair.sync = wait
+        profile.one_round(pair, clocks)
+        profile._target_only(pair, clocks)
+    reads = [i for i, e in enumerate(events) if e == "clock"]
+    assert len(reads) >= 2 * len(profile.STAGES)  # a start and an end a stage at least
+    assert all(i > 0 and events[i - 1] == "wait" for i in reads), events
+
+
 @pytest.mark.slow  # about 30 s: four cases x 5 rounds of the real model
 def test_bench_profile_command_prints_every_case(cache_home):
     from pp1q.tools.bench import profile

@@ -31,6 +31,10 @@ daemon frames them. Probes split composite calls: ``check_proposal`` and
 CausalLM.forward, each wrapped with a clock for the run and restored after; nothing
 else is replaced.
 
+The model runs on CUDA where there is a GPU (as ``pp1q bench kernels`` does;
+scripts/device_check.sh runs this suite there), else on the CPU. A GPU runs behind its
+caller, so there every clock read waits for the device first (``torch.cuda.synchronize``):
+a stage is charged for the device work it queued, not the next stage that waits for it.
 The process is pinned to one core (the last it may use) with one torch thread and
 OMP_WAIT_POLICY=PASSIVE (pp1q.cli.bench sets it before torch loads), as a verifier
 daemon runs on the two-core machine; affinity and threads are restored afterwards.
@@ -64,18 +68,35 @@ TITLE = (f"Real model: one verifier round stage by stage (SmolLM2-135M, early ex
          f"k={K}, depth {DEPTH}, in process, one core)")
 
 
-class _Clock:
-    """Seconds spent inside a wrapped callable since the last ``take`` (and its calls)."""
+def _no_device() -> None:
+    """The CPU's ``sync``: its work is done when the call returns."""
 
-    def __init__(self, fn) -> None:
-        self.fn, self.spent, self.calls = fn, 0.0, 0
+
+def device_clock(device):
+    """What waits for ``device`` (a torch.device or its name) before a clock read: a
+    no-op on the CPU, else ``torch.cuda.synchronize`` (its queued kernels finish first)."""
+    if str(device) == "cpu":
+        return _no_device
+    import torch
+
+    return torch.cuda.synchronize
+
+
+class _Clock:
+    """Seconds spent inside a wrapped callable since the last ``take`` (and its calls);
+    ``sync`` waits for the device before each clock read."""
+
+    def __init__(self, fn, sync=_no_device) -> None:
+        self.fn, self.spent, self.calls, self.sync = fn, 0.0, 0, sync
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
+        self.sync()
         t0 = time.perf_counter()
         try:
             return self.fn(*args, **kwargs)
         finally:
+            self.sync()
             self.spent += time.perf_counter() - t0
 
     def take(self) -> float:
@@ -106,12 +127,13 @@ def _pinned() -> Iterator[str]:
 def probes(target) -> Iterator[dict[str, _Clock]]:
     """Clocks on ``check_reply`` and ``check_proposal`` (as the VerifierEndpoint module
     calls them) and on the target's model forward, for the block; the originals are
-    back after it."""
+    back after it. Each clock waits for the target's device before it reads."""
     from pp1q.wire import verifier_endpoint
 
-    clocks = {"check": _Clock(verifier_endpoint.check_reply),
-              "check_proposal": _Clock(verifier_endpoint.check_proposal),
-              "forward": _Clock(target.lm.forward)}
+    sync = device_clock(target.device)
+    clocks = {"check": _Clock(verifier_endpoint.check_reply, sync),
+              "check_proposal": _Clock(verifier_endpoint.check_proposal, sync),
+              "forward": _Clock(target.lm.forward, sync)}
     verifier_endpoint.check_reply = clocks["check"]
     verifier_endpoint.check_proposal = clocks["check_proposal"]
     target.lm.forward = clocks["forward"]
@@ -138,6 +160,12 @@ class _Pair:
     temperature: float
     top_k: int | None
     round_id: int = 0
+    sync: object = _no_device  # device_clock of the target's device
+
+    def now(self) -> float:
+        """The clock, once the target's device has done what was queued on it."""
+        self.sync()
+        return time.perf_counter()
 
 
 def _config(vocab: int):
@@ -174,7 +202,8 @@ def open_pair(ckpt, drafter, target, prompt: list[int], case) -> _Pair:
     decider = EngineDecider(target, slots=1, depth=DEPTH, draws=DrawKeys(b"\x01" * 32))
     target.open(0, prompt)
     return _Pair(w, EngineProposer(drafter), v, decider, target, prefix,
-                 normalised(temperature, None, top_p, ckpt.vocab), temperature, top_k)
+                 normalised(temperature, None, top_p, ckpt.vocab), temperature, top_k,
+                 sync=device_clock(target.device))
 
 
 def one_round(pair: _Pair, clocks: dict[str, _Clock]) -> tuple[dict[str, float], int]:
@@ -194,9 +223,9 @@ def one_round(pair: _Pair, clocks: dict[str, _Clock]) -> tuple[dict[str, float],
                 temperature=pair.temperature, top_k=pair.top_k or 0,
                 context_version=pair.processors.context_version, seed=SEED)
     t = {}
-    t0 = time.perf_counter()
+    t0 = pair.now()
     step_bytes = v.send(step, now=0.0)
-    t["framing"] = time.perf_counter() - t0
+    t["framing"] = pair.now() - t0
     w.receive_data(step_bytes, 0.0)  # the worker drafts (untimed)
     form = step_form(step)
     drafted = list(pair.proposer.rows(step, w.context(0)))
@@ -213,40 +242,40 @@ def one_round(pair: _Pair, clocks: dict[str, _Clock]) -> tuple[dict[str, float],
     stream = b"".join(frames)
     clocks["check"].take()
     clocks["check_proposal"].take()
-    t0 = time.perf_counter()
+    t0 = pair.now()
     ready = [e for e in v.receive_data(stream, 0.0) if isinstance(e, ProposalReady)]
     t["q checks"] = clocks["check"].take() + clocks["check_proposal"].take()
-    t["framing"] += time.perf_counter() - t0 - t["q checks"]
+    t["framing"] += pair.now() - t0 - t["q checks"]
     if len(ready) != 1:
         raise RuntimeError("the profiled round did not validate")
     ready = ready[0]
     drafts = list(ready.draft_ids)
-    t0 = time.perf_counter()
+    t0 = pair.now()
     ok = rounds.proposal_matches(ready.q_rows, drafts,
                                  RoundKeys(SEED, 1, step.round_id, step.first_position))
-    t["q decode"] = time.perf_counter() - t0
+    t["q decode"] = pair.now() - t0
     if not ok:
         raise RuntimeError("a draft does not follow from its q")
     clocks["forward"].take()
-    t0 = time.perf_counter()
+    t0 = pair.now()
     logits = pair.target.score([(0, drafts)])[0]
-    score = time.perf_counter() - t0
+    score = pair.now() - t0
     t["forward"] = clocks["forward"].take()
-    t0 = time.perf_counter()
+    t0 = pair.now()
     p = round_p(pair.processors, False, logits)
-    t["p"] = time.perf_counter() - t0
+    t["p"] = pair.now() - t0
     keys = RoundKeys(pair.decider.draws.seed_for(SEED), 1, step.round_id, step.first_position)
-    t0 = time.perf_counter()
+    t0 = pair.now()
     out = pair.decider.verify_proposal(p, ready.q_rows, drafts, keys)
-    t["decision"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t["decision"] = pair.now() - t0
+    t0 = pair.now()
     pair.target.commit(0, out.accepted, out.token)
-    t["cache"] = score - t["forward"] + time.perf_counter() - t0
+    t["cache"] = score - t["forward"] + pair.now() - t0
     commit = Commit(session=1, slot=0, generation=1, round_id=step.round_id,
                     accepted=out.accepted, token=out.token, committed=last + out.accepted + 1)
-    t0 = time.perf_counter()
+    t0 = pair.now()
     commit_bytes = v.send(commit)
-    t["framing"] += time.perf_counter() - t0
+    t["framing"] += pair.now() - t0
     w.receive_data(commit_bytes, 0.0)
     prefix.extend(drafts[: out.accepted] + [out.token])
     return t, out.accepted
@@ -259,13 +288,13 @@ def _target_only(pair: _Pair, clocks) -> tuple[float, float]:
     from pp1q.verifier.engine_decider import round_p
 
     clocks["forward"].take()
-    t0 = time.perf_counter()
+    t0 = pair.now()
     logits = pair.target.score([(0, [])])[0]
     p = round_p(pair.processors, False, logits)
     rounds.target_only(p[0], pair.decider.draws.seed_for(SEED), 1, pair.round_id + 1,
                        len(pair.prefix), False, kernel=pair.decider.batch.kernel)
     pair.target.reset(0)  # not committed: the profile's request goes on unchanged
-    total = time.perf_counter() - t0
+    total = pair.now() - t0
     forward = clocks["forward"].take()
     return forward, total - forward
 
@@ -289,9 +318,10 @@ def run(quick: bool = False) -> Iterator[str]:
 
     quiet_progress_bars()
     n_rounds = QUICK_ROUNDS if quick else ROUNDS
+    device = _device()
     with _pinned() as how:
-        yield how
-        ckpt = load_checkpoint(smollm2_gguf(), gguf_cache=default_cache())
+        yield how + f"; the model on {_where(device)}"
+        ckpt = load_checkpoint(smollm2_gguf(), device=device, gguf_cache=default_cache())
         prompt = TextCodec(ckpt.tokenizer).encode(PROMPT, chat=True)
         yield (f"model loaded in {ckpt.load_seconds:.1f} s; vocabulary {ckpt.vocab}; prompt "
                f"{len(prompt)} tokens; {WARMUP_ROUNDS} warm-up + {n_rounds} rounds per case, "
@@ -322,6 +352,22 @@ def run(quick: bool = False) -> Iterator[str]:
                     f"{_ms(statistics.median(r for _, r in steps))}), medians")
             yield f"goal: non-forward <= {GOAL:.0%} of the round's forward"
             yield from notes
+
+
+def _device() -> str:
+    """Where the models run: CUDA where there is a GPU (as bench kernels), else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _where(device: str) -> str:
+    import torch
+
+    if device == "cpu":
+        return "the CPU"
+    return f"{torch.cuda.get_device_name()} (every clock read waits for the device)"
+
 
 def _name(case) -> str:
     form, top_k, temperature, top_p = case
