@@ -147,36 +147,43 @@ def _nucleus(rows: torch.Tensor, candidates: torch.Tensor, total: torch.Tensor, 
     # on every device: by value within rows (ties stay in id order), then by row
     order = torch.argsort(rows[r, ids], descending=True, stable=True)
     order = order[torch.argsort(r[order], stable=True)]
-    ids = ids[order]
+    r, ids = r[order], ids[order]
+    # every candidate's row and share of its row's mass, read to the host at once (one
+    # wait on a GPU for all rows, not one a row; a row index is exact in float64)
+    host_r, share = torch.stack([r.to(torch.float64), rows[r, ids] / total[r]]).cpu()
+    counts = torch.bincount(host_r.long(), minlength=rows.shape[0]).tolist()
     kept_rows, kept_ids = [], []
     start = 0
-    for row, m in enumerate(torch.bincount(r, minlength=rows.shape[0]).tolist()):
-        kept = _prefix(ids[start:start + m], rows[row], total[row], top_p, complete)
-        if kept is None:  # the binned mass rounded past top_p: every id with mass (rare)
+    for row, m in enumerate(counts):
+        n = _prefix_length(share[start:start + m], top_p, complete)
+        if n is not None:
+            kept = ids[start:start + n]
+        else:  # the binned mass rounded past top_p: every id with mass (rare)
             every = (rows[row] > 0).nonzero().squeeze(-1)
             every = every[torch.argsort(rows[row][every], descending=True, stable=True)]
-            kept = _prefix(every, rows[row], total[row], top_p, complete=True)
+            kept = every[:_prefix_length((rows[row][every] / total[row]).cpu(), top_p, True)]
         kept_rows.append(torch.full_like(kept, row))
         kept_ids.append(kept)
         start += m
     return torch.cat(kept_rows), torch.cat(kept_ids)
 
 
-def _prefix(ids: torch.Tensor, row: torch.Tensor, total: torch.Tensor, top_p: float,
-            complete: bool) -> torch.Tensor | None:
-    """The kept part of candidates ``ids`` (a prefix of the descending order), or None
-    when they may end too early: unless ``complete``, the first id left out must have
-    mass >= top_p before it, i.e. the candidates' inclusive running sum reaches top_p."""
-    if not ids.numel():
-        return None if not complete else ids
+def _prefix_length(share: torch.Tensor, top_p: float, complete: bool) -> int | None:
+    """How many of a row's candidates are kept, given their shares of the row's mass in
+    descending order (a host tensor); None when they may end too early: unless
+    ``complete``, the first id left out must have mass >= top_p before it, i.e. the
+    candidates' inclusive running sum reaches top_p."""
+    if not share.numel():
+        return None if not complete else 0
     # the renormalised prefix's running sum; the mass strictly before an id is the sum
     # before it (shifted, not run - top: that would round differently from run itself).
-    # Run on the host whatever the device: a CPU cumsum is one sequential float64 loop,
-    # a GPU's a parallel scan that may round otherwise, and not the same way every run
-    run = torch.cumsum((row[ids] / total).cpu(), dim=0)
+    # On the host whatever the device: a CPU cumsum is one sequential float64 loop, a
+    # GPU's a parallel scan that may round otherwise, and not the same way every run.
+    # The shares are >= 0, so the running sum never falls: the ids kept are a prefix.
+    run = torch.cumsum(share, dim=0)
     if not complete and float(run[-1]) < top_p:
         return None
-    return ids[(torch.cat([run.new_zeros(1), run[:-1]]) < top_p).to(ids.device)]
+    return int((torch.cat([run.new_zeros(1), run[:-1]]) < top_p).sum())
 
 
 DEFAULT_CONTEXT_VERSION = 0  # T = 1, no top-k, no top-p: what every STEP carried before

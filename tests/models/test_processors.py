@@ -142,11 +142,36 @@ def test_overflow_after_temperature_is_zero_mass():
 def test_candidates_that_may_end_too_early_are_refused():
     # the binned mass only proposes candidates: a prefix whose running sum stays under
     # top_p could be followed by kept ids, so it must not be taken as the answer
-    from pp1q.models.processors import _prefix
+    from pp1q.models.processors import _prefix_length
 
-    row = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
-    total = row.sum()
-    assert _prefix(torch.tensor([0]), row, total, 0.9, complete=False) is None
-    assert _prefix(torch.tensor([0, 1, 2]), row, total, 0.9, complete=False).tolist() == [0, 1, 2]
-    assert _prefix(torch.tensor([0, 1]), row, total, 0.7, complete=False).tolist() == [0, 1]
-    assert _prefix(torch.tensor([0]), row, total, 0.9, complete=True).tolist() == [0]
+    share = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)  # in descending order
+    assert _prefix_length(share[:1], 0.9, complete=False) is None
+    assert _prefix_length(share, 0.9, complete=False) == 3
+    assert _prefix_length(share[:2], 0.7, complete=False) == 2
+    assert _prefix_length(share[:1], 0.9, complete=True) == 1
+    assert _prefix_length(share[:0], 0.9, complete=True) == 0
+
+
+# The reads of device tensors back to the host that top-p makes, whatever the rows (each
+# a wait on a GPU): the refusal flags, its candidates' count (nonzero), and every
+# candidate's row and share of the row's mass, for all rows at once.
+TOP_P_READS = 3
+
+
+@pytest.mark.parametrize("top_k", [None, 40])
+def test_top_p_reads_the_device_as_often_for_six_rows_as_for_one(top_k):
+    """Counted on the CPU by tests/support/host_reads.py (the logits marked as a GPU
+    target's). Until 2 Dec 2026 each row read its shares and took its kept ids by a
+    mask, two reads a row: 5 for one row, 15 for six."""
+    from host_reads import HostReads
+
+    rng = np.random.default_rng(5)
+    reads = {}
+    for rows in (1, 6):
+        logits = torch.from_numpy(rng.standard_normal((rows, 5000)) * 3.0)
+        with HostReads() as mode:
+            mode.on_device(logits)
+            got = processed_probs(logits, 0.7, top_k, 0.9)
+        assert torch.equal(got, full_sort(logits, 0.7, top_k, 0.9))
+        reads[rows] = mode.reads
+    assert reads[6] == reads[1] <= TOP_P_READS, reads

@@ -6,9 +6,12 @@ TorchFunctionMode) a tensor is a *device* tensor when it was made with an explic
 ``device=`` (what code does for tensors meant for the decider's device), moved with
 ``.to(device)``, or computed from a device tensor; a tensor made from host data without
 ``device=`` (torch.tensor, from_numpy, as_tensor) is a host tensor, and ``.cpu()`` makes
-one. ``reads`` counts every read of a device tensor back to Python: bool / int / float
-/ item / tolist / numpy, ``nonzero`` and indexing by a bool mask (both need the count
-of true entries first).
+one. ``reads`` counts every read of a device tensor back to Python or the host: bool / int
+/ float / item / tolist / numpy, ``.cpu()`` (a copy the caller waits for), ``nonzero``
+and indexing by a bool mask (both need the count of true entries first). (``.to`` a
+device name is always a move *to* the device here: on a CPU-only machine every name is
+"cpu", so ``.to("cpu")`` cannot be told apart and is not counted; code that reads back
+to the host says ``.cpu()``.)
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy",
-          "__array__", "nonzero"}
+          "__array__", "nonzero", "cpu"}
 _FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.empty, torch.zeros,
               torch.ones, torch.full, torch.arange}
 
@@ -60,8 +63,9 @@ class HostReads(TorchFunctionMode):
                 t.dtype == torch.bool for t in _tensors([args[1]], [])):
             self.reads += 1
         out = func(*args, **kwargs)
-        if name == "cpu":
-            return out
+        if name == "cpu":  # a host copy: on the CPU torch returns the tensor itself,
+            # which would leave the copy marked as the device tensor it came from
+            return out.clone() if from_device and out is args[0] else out
         moved = name == "to" and (any(isinstance(a, (str, torch.device)) for a in args[1:])
                                   or "device" in kwargs)
         made_there = func in _FACTORIES and kwargs.get("device") is not None
