@@ -140,3 +140,25 @@ def test_a_rank_without_a_gpu_of_its_own_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="has 0"):
         rank_device("cuda", 0)
+
+
+def test_a_daemon_makes_its_own_gpu_the_current_one_before_loading(monkeypatch):
+    """What uses the current CUDA device (pinned staging, a bare synchronize) must land on
+    the daemon's or rank's own GPU, not cuda:0: the model loader makes a named CUDA device
+    current before it loads, and leaves the CPU (and a plain ``cuda``) alone."""
+    import types
+
+    import torch
+
+    from pp1q.models import hf, serving
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: events.append(("current", str(d))))
+    monkeypatch.setattr(hf, "load_checkpoint",
+                        lambda path, device, **_: events.append(("load", device)))
+    settings = types.SimpleNamespace(device="cpu", dtype="float32", gguf_cache=None)
+    serving._load("model", settings, "cuda:1")  # a rank's device (rank_device)
+    serving._load("model", settings)
+    serving._load("model", types.SimpleNamespace(**{**vars(settings), "device": "cuda"}))
+    assert events == [("current", "cuda:1"), ("load", "cuda:1"), ("load", "cpu"),
+                      ("load", "cuda")]
