@@ -18,3 +18,26 @@ SUITES = {
 
 # run only when named: both need the real model (model: about 10 minutes; profile: 2)
 OPT_IN = frozenset({"model", "profile"})
+
+
+def bench_device() -> str:
+    """Where a suite's tensors and models go: CUDA where there is a GPU, else the CPU
+    (scripts/device_check.sh runs the kernels and profile suites on a GPU machine)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def no_wait() -> None:
+    """The CPU's wait: its work is done when a call returns."""
+
+
+def device_clock(device):
+    """What waits for ``device`` (a torch.device or its name) before a clock read: a
+    no-op on the CPU, else ``torch.cuda.synchronize`` (a GPU runs behind its caller:
+    without the wait a clock charges queued work to whatever waits for it next)."""
+    if str(device) == "cpu":
+        return no_wait
+    import torch
+
+    return torch.cuda.synchronize

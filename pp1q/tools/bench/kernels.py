@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from pp1q.tools.bench import bench_device, device_clock
+
 TITLE = ("Kernels: residual sampling, count allocation (20 rows of 129280, torch; on CUDA "
          "where there is a GPU)")
 
@@ -29,12 +31,6 @@ DEPTH = 5  # the seed's production depth
 BATCH = 4  # the seed's bound on requests per batch
 TOP_K = 32  # the seed's initial sparse candidate
 ROWS = BATCH * DEPTH
-
-
-def _device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _cases(dev: str):
@@ -145,10 +141,10 @@ def _medians(cases, reps: int, sync) -> list[float]:
 def run(quick: bool) -> list[str]:
     import torch
 
-    dev = _device()
+    dev = bench_device()
     cases = _cases(dev)
     reps = 5 if quick else 30
-    medians = _medians(cases, reps, torch.cuda.synchronize if dev != "cpu" else lambda: None)
+    medians = _medians(cases, reps, device_clock(dev))
     where = (f"on {torch.cuda.get_device_name()}" if dev != "cpu"
              else f"on the CPU, {torch.get_num_threads()} threads")
     lines = [f"torch {torch.__version__} {where}, {ROWS} rows of {VOCAB}; per row = median "

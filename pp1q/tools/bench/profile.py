@@ -51,6 +51,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from pp1q.tools.bench import bench_device, device_clock, no_wait
+
 K = 28  # early exit at 28 of 30 layers: the daemons' and the demo's default drafter
 DEPTH = 5
 TOP_K = 32  # the sparse case's q support (the design's initial bounded candidate)
@@ -68,25 +70,11 @@ TITLE = (f"Real model: one verifier round stage by stage (SmolLM2-135M, early ex
          f"k={K}, depth {DEPTH}, in process, one core)")
 
 
-def _no_device() -> None:
-    """The CPU's ``sync``: its work is done when the call returns."""
-
-
-def device_clock(device):
-    """What waits for ``device`` (a torch.device or its name) before a clock read: a
-    no-op on the CPU, else ``torch.cuda.synchronize`` (its queued kernels finish first)."""
-    if str(device) == "cpu":
-        return _no_device
-    import torch
-
-    return torch.cuda.synchronize
-
-
 class _Clock:
     """Seconds spent inside a wrapped callable since the last ``take`` (and its calls);
     ``sync`` waits for the device before each clock read."""
 
-    def __init__(self, fn, sync=_no_device) -> None:
+    def __init__(self, fn, sync=no_wait) -> None:
         self.fn, self.spent, self.calls, self.sync = fn, 0.0, 0, sync
 
     def __call__(self, *args, **kwargs):
@@ -160,7 +148,7 @@ class _Pair:
     temperature: float
     top_k: int | None
     round_id: int = 0
-    sync: object = _no_device  # device_clock of the target's device
+    sync: object = no_wait  # device_clock of the target's device
 
     def now(self) -> float:
         """The clock, once the target's device has done what was queued on it."""
@@ -318,7 +306,7 @@ def run(quick: bool = False) -> Iterator[str]:
 
     quiet_progress_bars()
     n_rounds = QUICK_ROUNDS if quick else ROUNDS
-    device = _device()
+    device = bench_device()
     with _pinned() as how:
         yield how + f"; the model on {_where(device)}"
         ckpt = load_checkpoint(smollm2_gguf(), device=device, gguf_cache=default_cache())
@@ -352,13 +340,6 @@ def run(quick: bool = False) -> Iterator[str]:
                     f"{_ms(statistics.median(r for _, r in steps))}), medians")
             yield f"goal: non-forward <= {GOAL:.0%} of the round's forward"
             yield from notes
-
-
-def _device() -> str:
-    """Where the models run: CUDA where there is a GPU (as bench kernels), else the CPU."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _where(device: str) -> str:
