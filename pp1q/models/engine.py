@@ -115,6 +115,29 @@ class Target(Engine):
         """Forget the last scored drafts (a discarded round); committed tokens stay."""
 
 
+def make_current(device: str | torch.device | None) -> None:
+    """Make a numbered CUDA ``device`` the calling thread's current one (a CPU, a plain
+    ``cuda`` or None is left as it is). Our tensors name their device, but what uses the
+    current one does not: page-locked host memory (the worker's staging), a bare
+    synchronize, Triton's launches. CUDA keeps the current device per thread, so every
+    thread that runs a model calls this (``on_device``, EngineDecider's executor): left
+    at cuda:0, a rank or daemon on cuda:1 would open a context on a GPU that is not its
+    own (hundreds of MB there) and wait on the wrong device. (A rank's ``cuda`` is its
+    own ``cuda:r``: pp1q.verifier.daemon.rank_device.)"""
+    if device is None:
+        return
+    where = torch.device(device)
+    if where.type == "cuda" and where.index is not None:  # plain "cuda": the current one
+        torch.cuda.set_device(where)
+
+
+def on_device(device: str | torch.device | None, fn, *args):
+    """``fn(*args)`` after ``make_current(device)``: the entry of a thread that runs a
+    model (a rank's exchange thread)."""
+    make_current(device)
+    return fn(*args)
+
+
 def check_pair(drafter: Engine, target: Engine) -> None:
     """Refuse a pair whose ids mean different things (or whose rows differ in width)."""
     if drafter.tokenizer_digest != target.tokenizer_digest:

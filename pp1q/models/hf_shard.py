@@ -94,6 +94,7 @@ class HFShard:
             self.weight = head.weight[lo:hi].detach().clone()  # never a view of the whole
             bias = getattr(head, "bias", None)
             self.bias = None if bias is None else bias[lo:hi].detach().clone()
+        self.device = self.weight.device  # where its rows are (a rank's exchange thread)
         self.lm = CausalLM(decoder)
         self.lm.new_cache()  # sliding-window layers are refused here, at load, not per op
         self.budget = int(kv_budget_bytes)

@@ -67,26 +67,13 @@ class Loaded:
 
 
 def _load(path: Path, settings, device: str | None = None):
+    from pp1q.models.engine import make_current
     from pp1q.models.hf import load_checkpoint
 
     device = device or settings.device
-    make_current(device)
+    make_current(device)  # the daemon's main thread, its event loop's (the worker drafts there)
     return load_checkpoint(path, device=device, dtype=settings.dtype,
                            gguf_cache=settings.gguf_cache)
-
-
-def make_current(device: str) -> None:
-    """Make a CUDA ``device`` this process's current one (a CPU is left as it is). Our
-    tensors name their device, but what uses the current one does not: page-locked
-    host memory (the worker's staging), a bare synchronize, Triton's launches. Left at
-    cuda:0, a rank or daemon on cuda:1 would open a context on a GPU that is not its own
-    (hundreds of MB there) and wait on the wrong device. (A rank's ``cuda`` is its own
-    ``cuda:r``: pp1q.verifier.daemon.rank_device.)"""
-    import torch
-
-    where = torch.device(device)
-    if where.type == "cuda" and where.index is not None:  # plain "cuda": the current one
-        torch.cuda.set_device(where)
 
 
 def _exit(ckpt, settings):

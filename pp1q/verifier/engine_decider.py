@@ -32,7 +32,7 @@ from pp1q.core.errors import ConfigError
 from pp1q.core.outcomes import StepKind
 from pp1q.core.q import DyadicRow
 from pp1q.core.verify import RoundKeys
-from pp1q.models.engine import Target
+from pp1q.models.engine import Target, make_current
 from pp1q.models.processors import Processors
 from pp1q.verifier import rounds
 from pp1q.verifier.decider import Decider
@@ -56,7 +56,9 @@ class EngineDecider(Decider):
                  target_delay_s: float = 0.0) -> None:
         self.target = target
         self.draws = draws  # the verifier's own draw keys (pp1q.core.drawkey)
-        self._engine = ThreadPoolExecutor(1, thread_name_prefix="pp1q-target")
+        # the forwards and decisions run here, so the target's GPU is this thread's own
+        self._engine = ThreadPoolExecutor(1, thread_name_prefix="pp1q-target",
+                                          initializer=make_current, initargs=(target.device,))
         self._queue: list[tuple[int, list[int], asyncio.Future]] = []
         self._draining = False
         self.forwards = 0  # Target.score calls (metrics and benchmarks)

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 
 from pp1q.core.outcomes import RankFailure
+from pp1q.models.engine import on_device
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier.ranks.collective import GroupError
@@ -102,7 +103,8 @@ async def serve_follower(settings: VerifierSettings, plan: RankPlan, limits: Lim
         watcher = asyncio.get_running_loop().create_task(stop.wait())
         watcher.add_done_callback(lambda _t: flag.set())
         try:
-            return await asyncio.to_thread(follow, plan, state, metrics, record, flag,
-                                           announce)
+            # toy targets are numpy on the host: no device
+            return await asyncio.to_thread(on_device, getattr(target, "device", None), follow,
+                                           plan, state, metrics, record, flag, announce)
         finally:
             watcher.cancel()

@@ -38,6 +38,7 @@ import time
 
 from pp1q.core.errors import Pp1qError, Reason
 from pp1q.core.outcomes import RankFailure
+from pp1q.models.engine import on_device
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier.ranks.collective import Collective, GroupError
@@ -73,8 +74,11 @@ class RankGroup:
     """Rank 0's side of the exchanges: a queue of ops, one thread, futures on the loop."""
 
     def __init__(self, coll: Collective, state: RankState, metrics: Metrics,
-                 rank_timeout_s: float) -> None:
+                 rank_timeout_s: float, device=None) -> None:
+        """``device``: the target's (the exchange thread makes it its current one; None:
+        a host model)."""
         self.coll, self.state, self.metrics = coll, state, metrics
+        self.device = device
         self.world = coll.world
         self.heartbeat_s = rank_timeout_s * HEARTBEAT_FRACTION
         self.lost: GroupLostError | None = None
@@ -92,7 +96,8 @@ class RankGroup:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="pp1q-ranks", daemon=True)
+        self._thread = threading.Thread(target=on_device, args=(self.device, self._run),
+                                        name="pp1q-ranks", daemon=True)
         self._thread.start()
 
     def submit(self, op: Op) -> asyncio.Future:
@@ -238,7 +243,9 @@ async def start_group(settings: VerifierSettings, launch, decider, config,
                           decider.target_delay_s)
     state.decisions.draws = share_draw_secret(records)
     state.joined(coll)
-    group = RankGroup(coll, state, metrics, settings.rank_timeout_s)
+    # toy targets are numpy on the host: no device
+    group = RankGroup(coll, state, metrics, settings.rank_timeout_s,
+                      getattr(decider.target, "device", None))
     group.peers, group.children = records, launch.children
     loop = asyncio.get_running_loop()
     grace = settings.rank_exit_grace_s
