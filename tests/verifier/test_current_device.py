@@ -12,6 +12,7 @@ own thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import types
 
@@ -78,7 +79,7 @@ def test_a_follower_ranks_thread_makes_its_shards_gpu_its_own(made_current, monk
                                      metrics_port=None)
     plan = types.SimpleNamespace(rv=types.SimpleNamespace(rank=1, world=2, master=None,
                                                           backend="gloo"))
-    metrics = types.SimpleNamespace(served=lambda *_a: _no_server())
+    metrics = types.SimpleNamespace(served=lambda *_a: contextlib.nullcontext())
     target = types.SimpleNamespace(identity="shard", device=GPU)
     status = asyncio.run(follower.serve_follower(
         settings, plan, types.SimpleNamespace(sharded=False), target, metrics,
@@ -100,11 +101,3 @@ def test_rank_zeros_exchange_thread_makes_its_gpu_its_own(made_current, monkeypa
     group._thread.join(5.0)
     assert ran == ["pp1q-ranks"]
     assert made_current == [("pp1q-ranks", "cuda:1")]
-
-
-class _no_server:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *_exc):
-        return False
