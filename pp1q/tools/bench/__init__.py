@@ -5,6 +5,8 @@ lines to print (or a generator: each line prints as it comes): ratios measured s
 side in the same run (ours vs the physical limit and vs the peer approach).
 """
 
+import functools
+
 SUITES = {
     "q": "pp1q.tools.bench.q",
     "wire": "pp1q.tools.bench.wire",
@@ -40,4 +42,5 @@ def device_clock(device):
         return no_wait
     import torch
 
-    return torch.cuda.synchronize
+    # its own device: a bare synchronize waits on the current one, which need not be it
+    return functools.partial(torch.cuda.synchronize, device)
