@@ -137,6 +137,7 @@ class _ToyWeights:
         self.bias = -0.5 * np.log1p(rank)
         self.scale = TOY_SHARPNESS * math.sqrt(2.0 * math.log(v))
         self.e_out_scaled = self.e_out * np.float32(self.scale)  # s * E_out, one product later
+        self.e_out_t = np.ascontiguousarray(self.e_out_scaled.T)  # [r, V] for project
         self.zero = np.zeros(r, dtype=np.float32)
 
     def embed(self, token: int | None) -> np.ndarray:
@@ -144,7 +145,19 @@ class _ToyWeights:
 
     def project(self, h: np.ndarray) -> np.ndarray:
         """bias + s * E_out . h for h of shape [r, n] -> [n, vocab] (FP32 product, FP64 sum)."""
-        return np.add(h.T @ self.e_out_scaled.T, self.bias)
+        return project_rows(h, self.e_out_t, self.bias)
+
+
+def project_rows(h: np.ndarray, out: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """bias + h.T . out: h [r, n], out [r, width] -> FP64 [n, width]. einsum's own loop,
+    not BLAS: every entry is summed in the same order whatever n and whatever columns
+    ``out`` holds. An sgemm picks its kernel by the shape, so a round's row i (D + 1 rows
+    scored) and the target-only step's one row differed by float32 roundings (3.8e-6 in
+    a logit on an Intel Xeon): the speculative path and target-only sampling read
+    different p for the same prefix. A vocabulary shard's columns equal the whole row's
+    the same way (pp1q.verifier.ranks.shard_target)."""
+    rows = np.ascontiguousarray(h.T)  # [n, r]: the same strides for any n
+    return np.add(np.einsum("ir,rv->iv", rows, out), bias)
 
 
 def context_columns(embed, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:
@@ -220,11 +233,10 @@ class ToyDrafter(DraftModel):
         w = self._ideal
         cols = np.stack([TOY_SECOND_ORDER * w.embed(_tail(prefix, 2 - i + 1) if i <= 2 else None)
                          for i in range(1, depth + 1)])
-        # einsum's own loop, not BLAS: each row is summed in the same order however many
-        # rows are asked for (an sgemm picks its kernel by the row count, and on some CPUs
-        # row i of 4 rows differs from row i of 8 in the last bits), so the engine seam's
-        # drafter (pp1q.models.toy_engine), which asks for more rows, drafts the same q
-        return np.add(np.einsum("ir,rv->iv", cols, self._backbone_out), self._backbone_bias)
+        # each row the same bits however many are asked for (project_rows; with an sgemm
+        # row i of 4 rows and of 8 differed on an AMD EPYC), so the engine seam's drafter
+        # (pp1q.models.toy_engine), which asks for more rows, drafts the same q
+        return project_rows(cols.T, self._backbone_out, self._backbone_bias)
 
     def markov_bias(self, prev_token: int | None) -> np.ndarray:
         if prev_token is None:

@@ -7,9 +7,10 @@ hi - lo] for the ids [lo, hi), and ``close(slot)``:
   unigram bias (pp1q.models.toy._ToyWeights) and computes the same expression as
   ``ToyTarget.logits`` for those ids only; the context embedding (E_in) stays whole, as
   a vocabulary-parallel LM head keeps its input replicated. The product is one dot
-  product of TOY_RANK terms per id, so a shard's logits equal the same ids of the whole
-  row bit for bit (tests/verifier/ranks/test_ranks_shard_daemon.py checks it). It keeps
-  nothing per slot.
+  product of TOY_RANK terms per id, summed in one order (pp1q.models.toy.project_rows),
+  so a shard's logits equal the same ids of the whole row bit for bit, for any number of
+  rows (tests/verifier/ranks/test_ranks_shard_daemon.py, tests/models/test_toy_engine.py
+  check it). It keeps nothing per slot.
 - ``HFShard`` (pp1q.models.hf_shard) is a Hugging Face model's head rows over its whole
   decoder, with a K/V cache per slot; it is cut when the model is loaded
   (pp1q.models.serving.load_target), so the full head is never kept.
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from pp1q.core.errors import ConfigError
-from pp1q.models.toy import ToyTarget, context_columns
+from pp1q.models.toy import ToyTarget, context_columns, project_rows
 
 
 class ToyShard:
@@ -38,8 +39,8 @@ class ToyShard:
     def logits(self, slot: Hashable, prefix: Sequence[int], draft: Sequence[int]
                ) -> torch.Tensor:
         """FP64 logits [len(draft) + 1, hi - lo] of this shard's ids (ToyTarget.logits)."""
-        return torch.from_numpy(np.add(context_columns(self._embed, prefix, draft).T @ self._out,
-                                       self._bias))
+        return torch.from_numpy(project_rows(context_columns(self._embed, prefix, draft),
+                                             self._out, self._bias))
 
     def close(self, slot: Hashable) -> None:
         """Nothing is kept per slot."""
