@@ -149,15 +149,22 @@ class _ToyWeights:
 
 
 def project_rows(h: np.ndarray, out: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """bias + h.T . out: h [r, n], out [r, width] -> FP64 [n, width]. einsum's own loop,
-    not BLAS: every entry is summed in the same order whatever n and whatever columns
-    ``out`` holds. An sgemm picks its kernel by the shape, so a round's row i (D + 1 rows
-    scored) and the target-only step's one row differed by float32 roundings (3.8e-6 in
-    a logit on an Intel Xeon): the speculative path and target-only sampling read
-    different p for the same prefix. A vocabulary shard's columns equal the whole row's
-    the same way (pp1q.verifier.ranks.shard_target)."""
+    """bias + h.T . out: h [r, n], out [r, width] -> FP64 [n, width], every entry summed
+    in one order whatever n and whatever columns ``out`` holds: term by term over r, each
+    a float32 product added to a float32 sum. An sgemm picks its kernel by the shape, so
+    a round's row i (D + 1 rows scored) and the target-only step's one row differed by
+    float32 roundings (3.8e-6 in a logit on an Intel Xeon): the speculative path and
+    target-only sampling read different p for the same prefix. A vocabulary shard's
+    columns equal the whole row's the same way (pp1q.verifier.ranks.shard_target)."""
     rows = np.ascontiguousarray(h.T)  # [n, r]: the same strides for any n
-    return np.add(np.einsum("ir,rv->iv", rows, out), bias)
+    if out.shape[1] > 1:  # einsum's own loop (not BLAS) runs along the columns, adding
+        return np.add(np.einsum("ir,rv->iv", rows, out), bias)  # the terms in r order
+    # one column: einsum drops the axis and sums each dot product in an order of its
+    # own (a one-id shard of a tiny vocabulary differed from the whole row)
+    total = rows[:, :1] * out[0]
+    for k in range(1, out.shape[0]):
+        total += rows[:, k:k + 1] * out[k]
+    return np.add(total, bias)
 
 
 def context_columns(embed, prefix: Sequence[int], draft: Sequence[int]) -> np.ndarray:

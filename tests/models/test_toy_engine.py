@@ -45,23 +45,43 @@ def test_backbone_rows_do_not_depend_on_how_many_are_asked_for():
         assert np.array_equal(model.backbone(prefix, depth), most[:depth]), depth
 
 
-def test_target_rows_do_not_depend_on_how_many_are_scored():
+def _term_by_term(h: np.ndarray, out: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """project_rows' stated order, written out: a float32 sum over r, term by term."""
+    rows = np.ascontiguousarray(h.T)
+    total = rows[:, :1] * out[0]
+    for k in range(1, out.shape[0]):
+        total += rows[:, k:k + 1] * out[k]
+    return total + bias
+
+
+@pytest.mark.parametrize("vocab", [SPEC.vocab, 5])
+def test_target_rows_do_not_depend_on_how_many_are_scored(vocab):
     """A round scores D + 1 rows, a target-only step one: row i must be the p the
     target-only step reads for the same prefix, bit for bit, and a vocabulary shard's ids
-    the whole row's (with an sgemm every row of 17 differed from the one-row step in a
-    float32 rounding, on an Intel Xeon)."""
+    the whole row's, one id wide included (with an sgemm every row of 17 differed from
+    the one-row step in a float32 rounding, on an Intel Xeon; with einsum alone a one-id
+    shard differed from the whole row)."""
+    from pp1q.models.toy import project_rows
     from pp1q.verifier.ranks.shard_target import ToyShard
 
-    model = ToyTarget(SPEC)
-    prefix, drafts = [5, 9, 17, 33], list(range(40, 56))
+    model = ToyTarget(ToySpec(vocab=vocab, seed=SPEC.seed))
+    prefix, drafts = [4, 1, 3, 2], [(40 + i) % vocab for i in range(16)]
     most = model.logits(prefix, drafts)
     for i in range(len(drafts) + 1):
         assert np.array_equal(model.logits(prefix + drafts[:i], [])[0], most[i]), i
         assert np.array_equal(model.logits(prefix, drafts[:i]), most[:i + 1]), i
-    shard = ToyShard(model, 100, 300)
-    for i in (0, 3, len(drafts)):
-        assert np.array_equal(shard.logits(0, prefix, drafts[:i]).numpy(),
-                              most[:i + 1, 100:300]), i
+    cuts = [(0, 1), (vocab - 1, vocab), (1, 3), (0, vocab)] + [(100, 300)] * (vocab > 300)
+    for lo, hi in cuts:
+        shard = ToyShard(model, lo, hi)
+        for i in (0, 3, len(drafts)):
+            assert np.array_equal(shard.logits(0, prefix, drafts[:i]).numpy(),
+                                  most[:i + 1, lo:hi]), (lo, hi, i)
+    h = np.random.default_rng(vocab).standard_normal((16, 6)).astype(np.float32)
+    w = model._w  # noqa: SLF001 - the order itself, on the toy's own weights
+    for lo, hi in cuts:
+        out = np.ascontiguousarray(w.e_out_t[:, lo:hi])
+        assert np.array_equal(project_rows(h, out, w.bias[lo:hi]),
+                              _term_by_term(h, out, w.bias[lo:hi])), (lo, hi)
 
 
 def test_toy_target_engine_equals_toy_target():
