@@ -120,7 +120,8 @@ def make_current(device: str | torch.device | None) -> None:
     ``cuda`` or None is left as it is). Our tensors name their device, but what uses the
     current one does not: page-locked host memory (the worker's staging), a bare
     synchronize, Triton's launches. CUDA keeps the current device per thread, so every
-    thread that runs a model calls this (``on_device``, EngineDecider's executor): left
+    thread that runs a model calls this (the loading thread, EngineDecider's executor, a
+    follower rank's thread after its join, rank 0's exchange thread: ``on_device``): left
     at cuda:0, a rank or daemon on cuda:1 would open a context on a GPU that is not its
     own (hundreds of MB there) and wait on the wrong device. (A rank's ``cuda`` is its
     own ``cuda:r``: pp1q.verifier.daemon.rank_device.)"""
@@ -133,7 +134,7 @@ def make_current(device: str | torch.device | None) -> None:
 
 def on_device(device: str | torch.device | None, fn, *args):
     """``fn(*args)`` after ``make_current(device)``: the entry of a thread that runs a
-    model (a rank's exchange thread)."""
+    model (rank 0's exchange thread)."""
     make_current(device)
     return fn(*args)
 

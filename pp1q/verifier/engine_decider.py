@@ -56,7 +56,9 @@ class EngineDecider(Decider):
                  target_delay_s: float = 0.0) -> None:
         self.target = target
         self.draws = draws  # the verifier's own draw keys (pp1q.core.drawkey)
-        # the forwards and decisions run here, so the target's GPU is this thread's own
+        # the target's calls (open, score, commit, close) run in this thread, so its GPU
+        # is this thread's current one too; p and the decisions run on the event loop's
+        # thread, which loaded the model (pp1q.models.serving._load made it current)
         self._engine = ThreadPoolExecutor(1, thread_name_prefix="pp1q-target",
                                           initializer=make_current, initargs=(target.device,))
         self._queue: list[tuple[int, list[int], asyncio.Future]] = []

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 
 from pp1q.core.outcomes import RankFailure
-from pp1q.models.engine import on_device
+from pp1q.models.engine import make_current
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier.ranks.collective import GroupError
@@ -37,14 +37,18 @@ log = logging.getLogger("pp1q.verifier.ranks.group")
 
 
 def follow(plan: RankPlan, state: RankState, metrics: Metrics, record: dict,
-           stop: threading.Event, announce) -> int:
-    """Blocking: join, then exchanges until the group stops or fails. Exit status."""
+           stop: threading.Event, announce, device=None) -> int:
+    """Blocking: join, then exchanges until the group stops or fails. Exit status.
+    ``device``: the target's, made this thread's current one (None: a host model)."""
     rv = plan.rv
     try:
         coll, records = join(rv, state.limits, None, record)
     except Exception as e:  # noqa: BLE001 - torch raises several types when joining fails
         log.error("rank %d could not join the group: %s", rv.rank, e)
         return EXIT_RANKS_LOST
+    # after the join, which under nccl made cuda:LOCAL_RANK current in this thread (the
+    # same GPU for device = cuda); rank 0's exchange thread does the same (RankGroup)
+    make_current(device)
     check_identities(records)  # ConfigError: exit status 2, on every rank alike
     state.decisions.draws = share_draw_secret(records)
     state.joined(coll)
@@ -104,7 +108,7 @@ async def serve_follower(settings: VerifierSettings, plan: RankPlan, limits: Lim
         watcher.add_done_callback(lambda _t: flag.set())
         try:
             # toy targets are numpy on the host: no device
-            return await asyncio.to_thread(on_device, getattr(target, "device", None), follow,
-                                           plan, state, metrics, record, flag, announce)
+            return await asyncio.to_thread(follow, plan, state, metrics, record, flag,
+                                           announce, getattr(target, "device", None))
         finally:
             watcher.cancel()
