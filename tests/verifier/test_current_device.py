@@ -5,9 +5,9 @@ synchronize, Triton's launches) lands on cuda:0 in a thread that never set it. T
 model loader sets it on the daemon's main thread, where the event loop computes p and
 decides (tests/verifier/test_daemon_units.py); these tests hold the other threads to it:
 EngineDecider's target executor, a follower rank's thread (after its join, which sets
-cuda:LOCAL_RANK under nccl) and rank 0's exchange thread. No GPU is needed: ``torch.cuda.set_device``
-is replaced by a recorder of (thread, device), and each model thread's work records its
-own thread.
+cuda:LOCAL_RANK under nccl) and rank 0's exchange thread. No GPU is needed:
+``torch.cuda.set_device`` is replaced by a recorder of (thread, device), and each model
+thread's work records its own thread.
 """
 
 from __future__ import annotations
