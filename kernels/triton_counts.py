@@ -39,7 +39,10 @@ def _tile(base, t, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _allocate(w_ptr, out_ptr, status_ptr, V, NT, BLOCK: tl.constexpr):
+def _allocate(w_ptr, out_ptr, status_ptr, V, NT: tl.constexpr, BLOCK: tl.constexpr):
+    # NT (tiles a row) bounds Python loops, so it is a compile-time constant: Triton 3.6's
+    # interpreter cannot take a runtime loop bound under NumPy >= 2.4; one variant a
+    # vocabulary
     r = tl.program_id(0).to(tl.int64)
     base = w_ptr + r * V
     floor_sum = r * 0

@@ -29,15 +29,18 @@ _BONUS = tl.constexpr(int(Domain.BONUS))
 
 @triton.jit
 def _decide(p_ptr, psum_ptr, q_ptr, qid_ptr, draft_ptr, seed_ptr, gen_ptr, rnd_ptr, first_ptr,
-            acc_ptr, prow_ptr, qrow_ptr, u_ptr, bad_ptr, V, NT, K, D,
+            acc_ptr, prow_ptr, qrow_ptr, u_ptr, bad_ptr, V, NT, K, D: tl.constexpr,
             SPARSE: tl.constexpr, NT_P2: tl.constexpr, K_P2: tl.constexpr):
+    # D bounds a Python loop, so it is a compile-time constant: Triton 3.6's interpreter
+    # cannot take a runtime loop bound under NumPy >= 2.4 (its scalars are 1-element
+    # arrays), and a GPU compiles one variant per depth (1..16), as it would anyway
     b = tl.program_id(0).to(tl.int64)
     seed = tl.load(seed_ptr + b)
     gen = tl.load(gen_ptr + b)
     rnd = tl.load(rnd_ptr + b)
     first_position = tl.load(first_ptr + b)
     tiles = tl.arange(0, NT_P2)
-    accepted = D.to(tl.int64) + b * 0
+    accepted = b * 0 + D
     done = b * 0
     bad = b * 0
     for i in range(D):
