@@ -235,13 +235,14 @@ async def test_verifier_refuses_and_counts_a_worker_it_cannot_authenticate(pki, 
 
 async def test_verifier_counts_a_worker_identity_that_does_not_match():
     async def fake_worker(reader, writer):  # answers any HELLO with another model's identity
-        hello = FrameDecoder().feed(await reader.read(65536))[0]
-        other = identity(ToySpec(vocab=VOCAB, seed=1))
-        writer.write(encode(HelloAnswer(session=hello.session, version=2, identity=other,
-                                        revision=WIRE_REVISION,
-                                        limits=hello.limits)))
-        await reader.read(65536)
-        writer.close()
+        try:
+            hello = FrameDecoder().feed(await reader.read(65536))[0]
+            other = identity(ToySpec(vocab=VOCAB, seed=1))
+            writer.write(encode(HelloAnswer(session=hello.session, version=2, identity=other,
+                                            revision=WIRE_REVISION, limits=hello.limits)))
+            await reader.read(65536)
+        finally:  # from Python 3.12, leaving ``async with server`` waits for this close
+            writer.close()
 
     server = await asyncio.start_server(fake_worker, "127.0.0.1", 0)
     async with server:

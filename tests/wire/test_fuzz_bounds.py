@@ -246,11 +246,14 @@ async def test_live_verifier_refuses_a_2_pow_31_reply_after_the_header_and_count
     closed = asyncio.Event()
 
     async def rogue_worker(reader, writer):
-        w = WorkerEndpoint(worker_config(ToySpec(vocab=16), (2, 1), 256))
-        w.receive_data(await reader.read(65536), 0.0)
-        writer.write(w.data_to_send() + _header("payload_len", 1 << 31))
-        if not await reader.read(65536):
-            closed.set()
+        try:
+            w = WorkerEndpoint(worker_config(ToySpec(vocab=16), (2, 1), 256))
+            w.receive_data(await reader.read(65536), 0.0)
+            writer.write(w.data_to_send() + _header("payload_len", 1 << 31))
+            if not await reader.read(65536):
+                closed.set()
+        finally:  # from Python 3.12, leaving ``async with server`` waits for this close
+            writer.close()
 
     server = await asyncio.start_server(rogue_worker, "127.0.0.1", 0)
     async with server:
