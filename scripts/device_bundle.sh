@@ -10,8 +10,7 @@
 # The two calls that use it (docs/kernels.md, "GPU status"; scripts/device_env.sh puts
 # them together there):
 #   1. carry .device/whl and .device/model1:
-#      source scripts/device_env.sh && bash scripts/device_check.sh "$OUT/dc" \
-#          triton bench-kernels shard-cuda engine-device
+#      source scripts/device_env.sh && bash scripts/device_check.sh "$OUT/dc" triton bench-kernels shard-cuda engine-device
 #   2. at once, while the machine is warm (it keeps /tmp about 30 s after a call), carry
 #      .device/model2:
 #      source scripts/device_env.sh && bash scripts/device_check.sh "$OUT/dc" bench-profile

