@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,41 @@ def test_device_check_refuses_a_step_it_does_not_have(tmp_path):
     out = subprocess.run(["bash", str(ROOT / "scripts/device_check.sh"), str(tmp_path / "o"),
                           "triton", "tritno"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "no step named tritno" in out.stdout
+
+
+def _shims(where: Path, kernels_status: int, profile_status: int, profile_says: str) -> dict:
+    """PATH with a python3 that reports a CUDA device (and runs everything else with this
+    interpreter) and a pp1q whose two benches end as asked: device_check's steps and its
+    summary, on a machine with no GPU."""
+    bin_ = where / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text(
+        "#!/bin/sh\ncase \"$2\" in *torch.cuda.is_available*) exit 0 ;; esac\n"
+        f'exec {sys.executable} "$@"\n')
+    (bin_ / "pp1q").write_text(
+        f'#!/bin/sh\ncase "$*" in "bench kernels") exit {kernels_status} ;;\n'
+        f'"bench profile --quick") echo "{profile_says}"; exit {profile_status} ;; esac\n'
+        "exit 99\n")
+    for shim in bin_.iterdir():
+        shim.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("kernels_status, profile_status, profile_says, summary", [
+    (0, 0, "| dense T=1.0 | 3.1% |", "every step passed"),
+    (3, 0, "skipped: the hf extra is not installed", "failed: bench-kernels bench-profile"),
+    (0, 1, "skipped: the hf extra is not installed", "failed: bench-profile"),
+    (0, 1, "Traceback", "failed: bench-profile"),
+])
+def test_device_check_sums_up_its_steps(tmp_path, kernels_status, profile_status,
+                                        profile_says, summary):
+    env = _shims(tmp_path, kernels_status, profile_status, profile_says)
+    out = subprocess.run(["bash", str(ROOT / "scripts/device_check.sh"), str(tmp_path / "o"),
+                          "bench-kernels", "bench-profile"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.splitlines()[-1] == f"device_check: {summary}"  # each failure once
+    assert out.returncode == (0 if summary.startswith("every") else 1)
+    assert (tmp_path / "o/bench-profile.log").read_text().strip() == profile_says
 
 
 def _bundle(where: Path, data: bytes, digest: str | None = None) -> None:
