@@ -10,12 +10,12 @@
 # The two calls that use it (docs/kernels.md, "GPU status"; scripts/device_env.sh puts
 # them together there):
 #   1. carry .device/whl and .device/model1:
-#      source scripts/device_env.sh && bash scripts/device_check.sh "$OUT/dc" triton bench-kernels shard-cuda engine-device
+#      source scripts/device_env.sh && bash scripts/device_check.sh "$OUT/dc" triton bench-kernels engine-device
 #   2. at once, while the machine is warm (it keeps /tmp about 30 s after a call), carry
 #      .device/model2:
-#      source scripts/device_env.sh && bash scripts/device_check.sh "$OUT/dc" bench-profile
+#      source scripts/device_env.sh && bash scripts/device_check.sh "$OUT/dc" bench-profile shard-cuda
 # A second call that finds the machine bare says so and stops (status 1): the recovery is
-# two calls more (.device/whl and .device/model1, then .device/model2, bench-profile).
+# two calls more (.device/whl and .device/model1, then .device/model2 and call 2's steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

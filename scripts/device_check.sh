@@ -6,26 +6,28 @@
 #   bash scripts/device_check.sh [OUT_DIR [STEP...]]
 # Each step's output goes to OUT_DIR (default ./device-check); a failed step does not
 # stop the others; the summary says which failed. STEPs (names below) run only those.
-# Bounds: steps 1-4 at most 8 min together, step 5 at most 3 (a device call: 10 min).
+# Bounds: steps 1-3 at most 6 min together, steps 4-5 at most 5 (a device call: 10 min);
+# on a lent machine (no registry, 64 MiB a call) they are two calls, 1-3 then 4-5, the
+# second carrying the model's other half (scripts/device_bundle.sh), the goal's step first.
 #   1. the Triton kernels compiled on CUDA tensors, bit for bit against the torch path
 #   2. pp1q bench kernels (the kernels on CUDA against their baselines, one run; and a
 #      real target's rounds decided on the device against p copied to the host)
-#   3. the sharded sampler's device path: 3 ranks over gloo with the collectives' tensors
-#      on cuda, decisions against one rank's (NCCL itself needs a GPU per rank)
-#   4. a real model's decider on its target's device: rounds decided on CUDA against the
+#   3. a real model's decider on its target's device: rounds decided on CUDA against the
 #      CPU kernel's decisions on the same rows; the worker's logits staged in pinned memory
-#   5. pp1q bench profile --quick: issue 13's real-model goal (the verifier's work other
+#   4. pp1q bench profile --quick: issue 13's real-model goal (the verifier's work other
 #      than the forward <= 10% of it) with the embedded model on CUDA, where the forward
 #      is far shorter than on a CPU (needs the embedded model: scripts/install.sh; a
 #      skip is reported as a failure, since nothing was measured); read the goal's
 #      figures from device-check/bench-profile.log
+#   5. the sharded sampler's device path: 3 ranks over gloo with the collectives' tensors
+#      on cuda, decisions against one rank's (NCCL itself needs a GPU per rank)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-device-check}
 shift || true
 only=" $* "  # the steps asked for; none: every step
 for name in "$@"; do
-    case " triton bench-kernels shard-cuda engine-device bench-profile " in
+    case " triton bench-kernels engine-device bench-profile shard-cuda " in
         *" $name "*) ;;
         *) echo "device_check: no step named $name"; exit 2 ;;
     esac
@@ -48,8 +50,6 @@ step() {  # step NAME TIMEOUT_S COMMAND...
 step triton 150 python3 -m pytest -q -p no:cacheprovider -n 0 ${hang[@]+"${hang[@]}"} \
     tests/kernels/test_kernels_triton.py
 step bench-kernels 120 pp1q bench kernels
-step shard-cuda 120 env PP1Q_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 0 \
-    ${hang[@]+"${hang[@]}"} tests/verifier/ranks/test_ranks_shard_gloo.py
 step engine-device 90 python3 -m pytest -q -p no:cacheprovider -n 0 ${hang[@]+"${hang[@]}"} \
     tests/verifier/test_engine_device.py tests/models/test_host_staging.py
 step bench-profile 180 pp1q bench profile --quick
@@ -59,5 +59,7 @@ if [ "$only" = "  " ] || [[ "$only" == *" bench-profile "* ]] \
     echo "  not measured, counted as failed: $(grep -m1 '^skipped' "$OUT/bench-profile.log")"
     [[ " ${failed[*]-} " == *" bench-profile "* ]] || failed+=("bench-profile")
 fi
+step shard-cuda 120 env PP1Q_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 0 \
+    ${hang[@]+"${hang[@]}"} tests/verifier/ranks/test_ranks_shard_gloo.py
 if [ ${#failed[@]} -eq 0 ]; then echo "device_check: every step passed"; exit 0; fi
 echo "device_check: failed: ${failed[*]}"; exit 1
