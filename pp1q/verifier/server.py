@@ -177,5 +177,10 @@ class HttpServer:
             with contextlib.suppress(Exception):
                 await self._runner.cleanup()
         if self._server is not None:
+            # From Python 3.12 wait_closed waits for every connection, and one whose client
+            # stopped reading a large response never closes (its buffer never drains):
+            # drop such clients (3.13 has abort_clients) and bound the wait in any case
+            if hasattr(self._server, "abort_clients"):
+                self._server.abort_clients()
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+                await asyncio.wait_for(self._server.wait_closed(), HANDLER_GRACE_S)

@@ -48,8 +48,8 @@ class FakeWorker:
             transport.close()
         if self._server is not None:
             self._server.close()
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+            with contextlib.suppress(Exception):  # bounded: from Python 3.12 it waits for
+                await asyncio.wait_for(self._server.wait_closed(), 5.0)  # every connection
 
     def refuse_connection(self, reason: Reason = Reason.PEER_REFUSED) -> None:
         for ep, transport in self._conns:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 
 import pytest
 from fake_decider import FakeDecider
@@ -73,3 +74,25 @@ async def test_a_step_queued_when_its_request_goes_never_leaves(caplog):
             await asyncio.sleep(0.05)
         assert worker.steps == []
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_the_server_closes_while_a_client_leaves_a_large_response_unread():
+    """From Python 3.12 a server's wait_closed waits for every connection; a client that
+    stops reading a response larger than the sockets' buffers kept it waiting forever
+    (a SIGTERM'd verifier then never closed its link). On 3.11 wait_closed never waited."""
+    async def large(_request):
+        return 200, {"filler": "x" * (32 << 20)}
+
+    http = HttpServer({("GET", "/large"): large})
+    port = await http.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+    try:
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        writer.write(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        # the response has started (the server is writing it); then the client reads no more
+        assert await asyncio.wait_for(reader.read(1), WAIT_S)
+        writer.transport.pause_reading()
+        await asyncio.wait_for(http.close(), WAIT_S)
+    finally:
+        writer.close()
