@@ -33,7 +33,7 @@ def _decide(p_ptr, psum_ptr, q_ptr, qid_ptr, draft_ptr, seed_ptr, gen_ptr, rnd_p
             SPARSE: tl.constexpr, NT_P2: tl.constexpr, K_P2: tl.constexpr):
     # D bounds a Python loop, so it is a compile-time constant: Triton 3.6's interpreter
     # cannot take a runtime loop bound under NumPy >= 2.4 (its scalars are 1-element
-    # arrays), and a GPU compiles one variant per depth (1..16), as it would anyway
+    # arrays); a GPU compiles once per depth a deployment uses (1..64; often one)
     b = tl.program_id(0).to(tl.int64)
     seed = tl.load(seed_ptr + b)
     gen = tl.load(gen_ptr + b)
