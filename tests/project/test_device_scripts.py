@@ -23,22 +23,33 @@ def test_device_check_refuses_a_step_it_does_not_have(tmp_path):
     assert out.returncode == 2 and "no step named tritno" in out.stdout
 
 
-def _shims(where: Path, kernels_status: int, profile_status: int, profile_says: str) -> dict:
-    """PATH with a python3 that reports a CUDA device (and runs everything else with this
-    interpreter) and a pp1q whose two benches end as asked: device_check's steps and its
-    summary, on a machine with no GPU."""
+def _shims(where: Path, kernels_status: int = 0, profile_status: int = 0,
+           profile_says: str = "| dense T=1.0 | 3.1% |", timeout_plugin: bool = False) -> dict:
+    """PATH with stand-in python3 and pp1q commands: python3 reports a CUDA device and
+    whether pytest-timeout imports, passes for any pytest run (the steps' tests need a
+    GPU), and runs anything else with this interpreter; pp1q's two benches end as asked.
+    Both log each call to where/calls. device_check's steps and summary, with no GPU."""
     bin_ = where / "bin"
     bin_.mkdir()
+    log = where / "calls"
     (bin_ / "python3").write_text(
-        "#!/bin/sh\ncase \"$2\" in *torch.cuda.is_available*) exit 0 ;; esac\n"
-        f'exec {sys.executable} "$@"\n')
+        '#!/bin/sh\ncase "$2" in *torch.cuda.is_available*) exit 0 ;;\n'
+        f'"import pytest_timeout") exit {0 if timeout_plugin else 1} ;; esac\n'
+        f'if [ "$1 $2" = "-m pytest" ]; then echo "python3 $*" >> "{log}"; exit 0; fi\n'
+        f'exec "{sys.executable}" "$@"\n')
     (bin_ / "pp1q").write_text(
-        f'#!/bin/sh\ncase "$*" in "bench kernels") exit {kernels_status} ;;\n'
+        f'#!/bin/sh\necho "pp1q $*" >> "{log}"\n'
+        f'case "$*" in "bench kernels") exit {kernels_status} ;;\n'
         f'"bench profile --quick") echo "{profile_says}"; exit {profile_status} ;; esac\n'
         "exit 99\n")
     for shim in bin_.iterdir():
         shim.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
+
+
+def _device_check(where: Path, env: dict, *steps: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "scripts/device_check.sh"), str(where / "o"),
+                           *steps], env=env, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("kernels_status, profile_status, profile_says, summary", [
@@ -50,12 +61,25 @@ def _shims(where: Path, kernels_status: int, profile_status: int, profile_says: 
 def test_device_check_sums_up_its_steps(tmp_path, kernels_status, profile_status,
                                         profile_says, summary):
     env = _shims(tmp_path, kernels_status, profile_status, profile_says)
-    out = subprocess.run(["bash", str(ROOT / "scripts/device_check.sh"), str(tmp_path / "o"),
-                          "bench-kernels", "bench-profile"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    out = _device_check(tmp_path, env, "bench-kernels", "bench-profile")
     assert out.stdout.splitlines()[-1] == f"device_check: {summary}"  # each failure once
     assert out.returncode == (0 if summary.startswith("every") else 1)
     assert (tmp_path / "o/bench-profile.log").read_text().strip() == profile_says
+
+
+@pytest.mark.parametrize("timeout_plugin", [False, True])
+def test_device_check_runs_every_step_in_its_order(tmp_path, timeout_plugin):
+    """The goal's profile before the sharded step (the recipe's call 2 runs both); a
+    pytest step asks for a hung test's stack only where pytest-timeout imports."""
+    out = _device_check(tmp_path, _shims(tmp_path, timeout_plugin=timeout_plugin))
+    assert out.returncode == 0, out.stdout
+    calls = (tmp_path / "calls").read_text().splitlines()
+    order = ["test_kernels_triton.py", "pp1q bench kernels", "test_engine_device.py",
+             "pp1q bench profile --quick", "test_ranks_shard_gloo.py"]
+    assert [next(w for w in order if w in c) for c in calls] == order
+    for call in calls:
+        if call.startswith("python3"):
+            assert ("--timeout 60" in call) == timeout_plugin, call
 
 
 def _bundle(where: Path, data: bytes, digest: str | None = None) -> None:
