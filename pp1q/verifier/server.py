@@ -40,6 +40,9 @@ BODY_TIMEOUT_S = 30.0  # a declared body must arrive within this time (slow-body
 # closing: handlers still running this long after the drain are cancelled (the drain
 # itself, pp1q.verifier.scheduler.Scheduler.drain, already gave them their deadline)
 HANDLER_GRACE_S = 1.0
+# closing: how long the server waits for its connections after aiohttp's cleanup closed
+# them (one whose client stopped reading never finishes closing; Python >= 3.12 waits)
+CONNECTIONS_CLOSE_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable["tuple[int, object] | web.StreamResponse"]]
 
@@ -183,4 +186,4 @@ class HttpServer:
             if hasattr(self._server, "abort_clients"):
                 self._server.abort_clients()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), HANDLER_GRACE_S)
+                await asyncio.wait_for(self._server.wait_closed(), CONNECTIONS_CLOSE_S)
