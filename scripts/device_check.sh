@@ -36,10 +36,11 @@ mkdir -p "$OUT"
 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || {
     echo "device_check: no CUDA device here"; exit 2; }
 failed=()
-# a test that hangs prints its stack and fails before the step's bound kills pytest
+# the pytest steps run one process; a test that hangs prints its stack and fails before
+# the step's bound kills pytest
 # (pytest-timeout: in the GPU image, and wherever it is installed; else no such stack)
-hang=()
-if python3 -c 'import pytest_timeout' 2>/dev/null; then hang=(--timeout 60); fi
+pytest=(python3 -m pytest -q -p no:cacheprovider -n 0)
+if python3 -c 'import pytest_timeout' 2>/dev/null; then pytest+=(--timeout 60); fi
 step() {  # step NAME TIMEOUT_S COMMAND...
     local name=$1 limit=$2; shift 2
     if [ "$only" != "  " ] && [[ "$only" != *" $name "* ]]; then return; fi
@@ -47,11 +48,10 @@ step() {  # step NAME TIMEOUT_S COMMAND...
     if timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; then echo "  ok"
     else echo "  FAILED (status $?; $OUT/$name.log)"; failed+=("$name"); fi
 }
-step triton 150 python3 -m pytest -q -p no:cacheprovider -n 0 ${hang[@]+"${hang[@]}"} \
-    tests/kernels/test_kernels_triton.py
+step triton 150 "${pytest[@]}" tests/kernels/test_kernels_triton.py
 step bench-kernels 120 pp1q bench kernels
-step engine-device 90 python3 -m pytest -q -p no:cacheprovider -n 0 ${hang[@]+"${hang[@]}"} \
-    tests/verifier/test_engine_device.py tests/models/test_host_staging.py
+step engine-device 90 "${pytest[@]}" tests/verifier/test_engine_device.py \
+    tests/models/test_host_staging.py
 step bench-profile 180 pp1q bench profile --quick
 # the suite exits 0 when it skips (no real-model extra): that is not a measurement
 if [ "$only" = "  " ] || [[ "$only" == *" bench-profile "* ]] \
@@ -59,7 +59,7 @@ if [ "$only" = "  " ] || [[ "$only" == *" bench-profile "* ]] \
     echo "  not measured, counted as failed: $(grep -m1 '^skipped' "$OUT/bench-profile.log")"
     [[ " ${failed[*]-} " == *" bench-profile "* ]] || failed+=("bench-profile")
 fi
-step shard-cuda 120 env PP1Q_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 0 \
-    ${hang[@]+"${hang[@]}"} tests/verifier/ranks/test_ranks_shard_gloo.py
+step shard-cuda 120 env PP1Q_TEST_DEVICE=cuda "${pytest[@]}" \
+    tests/verifier/ranks/test_ranks_shard_gloo.py
 if [ ${#failed[@]} -eq 0 ]; then echo "device_check: every step passed"; exit 0; fi
 echo "device_check: failed: ${failed[*]}"; exit 1
