@@ -106,9 +106,14 @@ def _call(cwd: Path, site: Path, parts: Path, carried: tuple[str, ...]):
     for package, text in (("pp1q", "__version__ = 'carried'\n"), ("kernels", "")):
         (call / package).mkdir(exist_ok=True)  # the carried tree's packages, standing in
         (call / package / "__init__.py").write_text(text)
+    return _source(call, site, parts)
+
+
+def _source(cwd: Path, site: Path, parts: Path, then: str = ""):
+    """``source scripts/device_env.sh`` in ``cwd``, then the shell command ``then``."""
     env = {**os.environ, "PP1Q_SITE": str(site), "PP1Q_PARTS": str(parts)}
-    return subprocess.run(["bash", "-c", f"source {ROOT / 'scripts/device_env.sh'}"],
-                          cwd=call, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(["bash", "-c", f"source {ROOT / 'scripts/device_env.sh'}{then}"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
@@ -163,9 +168,7 @@ def test_run_by_bash_rather_than_sourced_it_refuses(tmp_path):
 
 
 def test_sourced_outside_the_repository_root_it_links_nothing(tmp_path, site):
-    env = {**os.environ, "PP1Q_SITE": str(site), "PP1Q_PARTS": str(tmp_path / "parts")}
-    out = subprocess.run(["bash", "-c", f"source {ROOT / 'scripts/device_env.sh'}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    out = _source(tmp_path, site, tmp_path / "parts")
     assert out.returncode == 1 and "in the repository root" in out.stderr
     assert not (site / "pp1q").is_symlink()  # the wheel's copy stays; no dangling link
 
@@ -173,12 +176,9 @@ def test_sourced_outside_the_repository_root_it_links_nothing(tmp_path, site):
 def test_sourced_twice_the_path_holds_the_site_once(tmp_path, site):
     _bundle(tmp_path, os.urandom(64))
     _call(tmp_path, site, tmp_path / "parts", ("model1",))
-    call = tmp_path / "call"
-    env = {**os.environ, "PP1Q_SITE": str(site), "PP1Q_PARTS": str(tmp_path / "parts")}
-    script = ROOT / "scripts/device_env.sh"
-    out = subprocess.run(["bash", "-c", f"source {script} && source {script} && "
-                          'echo "$PYTHONPATH" && echo "$PATH"'], cwd=call, env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = _source(tmp_path / "call", site, tmp_path / "parts",
+                  f' && source {ROOT / "scripts/device_env.sh"} && echo "$PYTHONPATH"'
+                  ' && echo "$PATH"')
     assert out.returncode == 0, out.stderr
     pythonpath, path = out.stdout.splitlines()[-2:]
     assert pythonpath.split(":").count(str(site)) == 1
