@@ -43,6 +43,9 @@ def add_arguments(p) -> None:
     add_setting(p, v, "breaker_open_max_s", "S", "longest open period of the circuit")
     add_setting(p, v, "drain_timeout_s", "S",
                 "on SIGTERM: how long in-flight requests may finish (queued ones get 503)")
+    add_setting(p, v, "http_connections_per_address", "N",
+                "HTTP connections one client address may hold (0: no such bound, for a "
+                "proxy in front)")
     add_setting(p, v, "target_delay_ms", "MS",
                 "simulated forward-pass latency of the embedded toy target per call "
                 "(the demo uses it to model a large target)")

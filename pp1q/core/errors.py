@@ -94,6 +94,10 @@ class Reason(enum.StrEnum):
     # HTTP connections at their bound: one 503; worker: a newer wire connection took the
     # place of this one before its HELLO (pp1q.wire.sessions)
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    # HTTP: one client address at its share of the connections (pp1q.verifier.http_gate)
+    TOO_MANY_CONNECTIONS_FROM_ADDRESS = "too_many_connections_from_address"
+    # HTTP: a client read none of its response for write_stall_s; its connection aborted
+    CLIENT_STALLED = "client_stalled"
     # -- the HTTP client (pp1q.tools.client) --
     UNREACHABLE = "unreachable"  # no answer from the verifier's HTTP API
     BAD_RESPONSE = "bad_response"  # an answer that is not the API's JSON

@@ -50,12 +50,15 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "rank_kv_evictions": VERIFIER,
     "steps": WORKER, "context_tokens": VERIFIER, "speculation": BOTH,
     "circuit_trips": VERIFIER, "circuit_state": VERIFIER, "requests_refused": VERIFIER,
-    "requests_queued": VERIFIER, "connections_closed": WORKER, "drafting_aborts": WORKER,
+    "requests_queued": VERIFIER, "http_connections_aborted": VERIFIER,
+    "connections_closed": WORKER, "drafting_aborts": WORKER,
 }
 # Why the verifier refused a request before it took a slot (requests_refused's labels):
-# 503 for the first three, 422 for processors a rank group cannot apply exactly
+# 503 for the first four, 422 for processors a rank group cannot apply exactly
 REFUSED_REQUESTS = (Reason.QUEUE_FULL, Reason.STOPPING, Reason.TOO_MANY_CONNECTIONS,
-                    Reason.UNSUPPORTED_PROCESSORS)
+                    Reason.TOO_MANY_CONNECTIONS_FROM_ADDRESS, Reason.UNSUPPORTED_PROCESSORS)
+# Why the verifier aborted an HTTP connection it had admitted (http_connections_aborted)
+ABORTED_CONNECTIONS = (Reason.CLIENT_STALLED,)
 
 
 class Metrics:
@@ -132,7 +135,11 @@ class Metrics:
                                 ("outcome",))
         self.requests_refused = counter(
             "requests_refused", "Requests refused before they took a slot, by reason: 503 "
-            "queue_full, stopping, too_many_connections; 422 unsupported_processors",
+            "queue_full, stopping, too_many_connections, too_many_connections_from_address; "
+            "422 unsupported_processors", ("reason",))
+        self.http_connections_aborted = counter(
+            "http_connections_aborted", "HTTP connections the verifier aborted, by reason: "
+            "client_stalled (the client read none of its response for write_stall_s)",
             ("reason",))
         self.requests_queued = gauge("requests_queued", "Requests waiting for a slot")
         self.slots_in_use = gauge("slots_in_use", "Request slots currently held")
@@ -175,6 +182,8 @@ class Metrics:
             self.peers_refused.labels(reason=refusal.value)
         for reason in REFUSED_REQUESTS:
             self.requests_refused.labels(reason=reason.value)
+        for reason in ABORTED_CONNECTIONS:
+            self.http_connections_aborted.labels(reason=reason.value)
         for reason in DISCARD_REASONS:
             self.late_replies.labels(reason=reason.value)
 
@@ -194,6 +203,9 @@ class Metrics:
 
     def request_refused(self, reason: Reason) -> None:
         self.requests_refused.labels(reason=Reason(reason).value).inc()
+
+    def http_connection_aborted(self, reason: Reason) -> None:
+        self.http_connections_aborted.labels(reason=Reason(reason).value).inc()
 
     def connection_closed(self, reason: Reason) -> None:
         self.connections_closed.labels(reason=Reason(reason).value).inc()

@@ -30,6 +30,8 @@ from pp1q.models.toy import (
     MAX_VOCAB,
     MIN_VOCAB,
 )
+from pp1q.verifier.http_gate import MAX_CONNECTIONS as MAX_HTTP_CONNECTIONS
+from pp1q.verifier.http_gate import MAX_CONNECTIONS_PER_ADDRESS
 from pp1q.wire import WIRE_V1, WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT
 from pp1q.wire.sessions import (
@@ -182,6 +184,10 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     breaker_open_max_s: Positive = 60.0
     # SIGTERM: in-flight requests may finish within this, queued ones are answered 503
     drain_timeout_s: NonNegative = 30.0
+    # one client address's share of the HTTP connections (pp1q.verifier.http_gate); 0: no
+    # such bound, for a proxy in front (every client then has the proxy's address)
+    http_connections_per_address: Annotated[int, Meta(ge=0, le=MAX_HTTP_CONNECTIONS)] = \
+        MAX_CONNECTIONS_PER_ADDRESS
     target_delay_ms: NonNegative = 0.0
     tls_server_name: str | None = None  # None: the host of ``worker``
     ranks: Annotated[int, Meta(ge=1, le=MAX_RANKS)] = 1

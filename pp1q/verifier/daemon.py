@@ -36,7 +36,7 @@ from pp1q.verifier.openai_routes import openai_routes
 from pp1q.verifier.ranks.launch import rank_plan
 from pp1q.verifier.ranks.replica import RankDecisions
 from pp1q.verifier.scheduler import Scheduler
-from pp1q.verifier.server import HttpServer, read_body
+from pp1q.verifier.server import HttpServer, Limits, read_body
 from pp1q.wire import WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, engine_identity, verifier_config
 
@@ -266,7 +266,9 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
     # a target with a tokenizer takes text (scheduler.text; the toy has none)
     http = HttpServer(routes(settings, link, scheduler, config,
                              plan.rv.world if plan is not None else 1),
-                      on_refused=metrics.request_refused)
+                      Limits(max_connections_per_address=settings.http_connections_per_address),
+                      on_refused=metrics.request_refused,
+                      on_aborted=metrics.http_connection_aborted)
     host, port = parse_hostport(settings.http)
     try:
         port = await http.start(host, port)

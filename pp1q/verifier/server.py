@@ -6,7 +6,9 @@ into the API's JSON error body (pp1q.verifier.http). A handler takes the
 ``web.Request`` and returns ``(status, json_body)`` or a prepared ``web.StreamResponse``
 (server-sent events). A client that disconnects cancels its handler
 (``handler_cancellation``), so the scheduler's release path frees its slot and RESETs
-the worker's context at once instead of generating into a closed socket.
+the worker's context at once instead of generating into a closed socket. Connections
+meet pp1q.verifier.http_gate first: the connection bounds (in all, and per client
+address) and the write-stall deadline for a client that stops reading.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from aiohttp import web
 
 from pp1q.core.errors import Reason, ServiceError
 from pp1q.verifier.http import HttpError, as_http, error_body
+from pp1q.verifier.http_gate import (
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_ADDRESS,
+    WRITE_STALL_S,
+    Gates,
+)
 
 log = logging.getLogger("pp1q.http")
 # aiohttp logs a traceback for every malformed request it answers 400: the client's fault,
@@ -32,9 +40,8 @@ _parser_log.setLevel(logging.CRITICAL)
 MAX_BODY_BYTES = 1 << 20  # a prompt of ~100k token ids in JSON fits in 1 MiB
 MAX_LINE_BYTES = 8 * 1024  # request line or one header line; the API needs a few hundred
 MAX_HEADERS = 64  # more header lines than any client of this API sends
-# open connections; more are answered 503 and closed. Bounds file descriptors and, with
-# MAX_BODY_BYTES, the bodies buffered at once: 512 MiB at worst
-MAX_CONNECTIONS = 512
+# the connection bounds (MAX_CONNECTIONS: with MAX_BODY_BYTES, the bodies buffered at
+# once are 512 MiB at worst) and the write-stall deadline are the gate's, in http_gate
 HEAD_TIMEOUT_S = 15.0  # a whole request head (or an idle keep-alive gap) within this (slowloris)
 BODY_TIMEOUT_S = 30.0  # a declared body must arrive within this time (slow-body bound)
 # closing: handlers still running this long after the drain are cancelled (the drain
@@ -59,8 +66,10 @@ class Limits:
     max_line_bytes: int = MAX_LINE_BYTES
     max_headers: int = MAX_HEADERS
     max_connections: int = MAX_CONNECTIONS
+    max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS  # 0: no such bound
     head_timeout_s: float = HEAD_TIMEOUT_S
     body_timeout_s: float = BODY_TIMEOUT_S
+    write_stall_s: float = WRITE_STALL_S
 
 
 DEFAULT_LIMITS = Limits()
@@ -114,36 +123,24 @@ async def _errors(request: web.Request, handler):
     return json_response(status, body)
 
 
-class _Refuse(asyncio.Protocol):
-    """A connection over MAX_CONNECTIONS: one 503 and close (never parsed)."""
-
-    BODY = b'{"error":{"code":"busy","message":"too many connections"}}\n'
-
-    def __init__(self, on_refused: Callable[[Reason], None] | None) -> None:
-        if on_refused is not None:
-            on_refused(Reason.TOO_MANY_CONNECTIONS)
-
-    def connection_made(self, transport) -> None:
-        transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
-                        % (len(self.BODY), self.BODY))
-        transport.close()
-
-
 class HttpServer:
     """Routes ``(METHOD, path)`` to handlers, on one listening socket."""
 
     def __init__(self, routes: dict[tuple[str, str], Handler],
                  limits: Limits = DEFAULT_LIMITS,
-                 on_refused: Callable[[Reason], None] | None = None) -> None:
-        """``on_refused(reason)``: a connection was answered 503 unparsed (counted)."""
+                 on_refused: Callable[[Reason], None] | None = None,
+                 on_aborted: Callable[[Reason], None] | None = None) -> None:
+        """``on_refused(reason)``: a connection was answered 503 unparsed (counted);
+        ``on_aborted(reason)``: an admitted connection was aborted (a stalled client)."""
         self.limits = limits
         self.on_refused = on_refused
+        self.on_aborted = on_aborted
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_errors])
         self.app[LIMITS] = limits
         for (method, path), handler in routes.items():
             self.app.router.add_route(method, path, handler)
         self._runner: web.AppRunner | None = None
+        self.gates: Gates | None = None  # the open connections, once started
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -157,15 +154,9 @@ class HttpServer:
             max_line_size=lim.max_line_bytes, max_field_size=lim.max_line_bytes,
             max_headers=lim.max_headers, lingering_time=1.0, shutdown_timeout=HANDLER_GRACE_S)
         await self._runner.setup()
-        server = self._runner.server
-
-        def protocol():
-            if len(server.connections) >= lim.max_connections:
-                return _Refuse(self.on_refused)
-            return server()
-
+        self.gates = Gates(lim, self._runner.server, self.on_refused, self.on_aborted)
         self._server = await asyncio.get_running_loop().create_server(
-            protocol, host, port, backlog=min(lim.max_connections, 1024))
+            self.gates, host, port, backlog=min(lim.max_connections, 1024))
         return self._server.sockets[0].getsockname()[1]
 
     def stop_accepting(self) -> None:

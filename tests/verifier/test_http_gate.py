@@ -1,0 +1,274 @@
+"""The HTTP connection gate (pp1q.verifier.http_gate): one client address gets its share
+of the connections and no more; a client that stops reading its answers loses its
+connection after the write-stall deadline instead of holding it for good (and enough of
+them no longer lock every other client out); a streamed request whose client stops
+reading frees its slot when its generation ends, then its connection. From outside
+through sockets, and the gate alone fed a transport's events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+from fake_decider import FakeDecider
+from fake_worker import FakeWorker
+from link_harness import PROMPT, WAIT_S, linked, until
+from wire_helpers import config
+
+from pp1q.core.errors import Reason
+from pp1q.runtime.metrics import Metrics
+from pp1q.runtime.settings import VerifierSettings
+from pp1q.verifier.daemon import routes
+from pp1q.verifier.http_gate import Gates
+from pp1q.verifier.scheduler import Scheduler
+from pp1q.verifier.server import HttpServer, Limits
+
+pytestmark = pytest.mark.daemons  # binds servers on 127.0.0.1
+
+GET = b"GET /small HTTP/1.1\r\nHost: a\r\n\r\n"
+# pipelined requests a stalling client sends: ~8 MB of answers, past what the sockets'
+# buffers on both ends and the transport's take (~2-3 MB on loopback), so writing pauses
+PIPELINED = 30_000
+
+
+class _Served:
+    """An HttpServer on 127.0.0.1 with one small route, recording what the gate counts."""
+
+    def __init__(self, limits: Limits, routes_: dict | None = None) -> None:
+        self.refused: list[Reason] = []
+        self.aborted: list[Reason] = []
+
+        async def small(_request):
+            return 200, {"pad": "x" * 200}
+
+        self.server = HttpServer(routes_ or {("GET", "/small"): small}, limits,
+                                 on_refused=self.refused.append, on_aborted=self.aborted.append)
+
+    async def __aenter__(self):
+        self.port = await self.server.start("127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.server.close()
+
+
+async def _connect(port: int, source: str = "127.0.0.1", rcvbuf: int | None = None):
+    """A client connection from ``source`` (any 127/8 address is this machine's)."""
+    sock = socket.socket()
+    if rcvbuf is not None:  # before connecting: the window it offers stays this small
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.bind((source, 0))
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return await asyncio.open_connection(sock=sock, limit=1024)
+
+
+async def _status(port: int, source: str = "127.0.0.1") -> tuple[int, str]:
+    """One GET /small from ``source``: the status and, for an error, its code."""
+    reader, writer = await _connect(port, source)
+    try:
+        writer.write(GET)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        body = json.loads(await asyncio.wait_for(reader.readexactly(length), WAIT_S))
+        return int(head.split(b" ")[1]), body.get("error", {}).get("code", "")
+    finally:
+        writer.close()
+
+
+async def _stalling_client(port: int):
+    """Pipelines PIPELINED requests and never reads an answer."""
+    reader, writer = await _connect(port, rcvbuf=4096)
+    reader._transport.pause_reading()  # the client reads nothing, not even into its buffer
+    writer.write(GET * PIPELINED)
+    return writer
+
+
+@pytest.mark.parametrize("stall_s, honest", [
+    (0.5, (200, "")),
+    (3600.0, (503, "busy")),  # no deadline in reach: the stalled clients hold every place
+])
+async def test_clients_that_stop_reading_lose_their_connections(stall_s, honest):
+    # an idle connection closes after head_timeout_s: one still open past it is stuck
+    limits = Limits(max_connections=3, max_connections_per_address=0, head_timeout_s=0.5,
+                    write_stall_s=stall_s)
+    async with _Served(limits) as s:
+        writers = [await _stalling_client(s.port) for _ in range(3)]
+        try:
+            gates = s.server.gates
+            # every place taken, and each client's answers stuck: writing paused
+            await until(lambda: gates.open == 3 and all(
+                w.transport.get_write_buffer_size() == 0 for w in writers), "never admitted")
+            if stall_s < 60:
+                await until(lambda: len(s.aborted) == 3, "the stalled clients kept their places")
+                assert s.aborted == [Reason.CLIENT_STALLED] * 3
+                await until(lambda: gates.open == 0, "an aborted connection kept its place")
+            else:
+                await asyncio.sleep(1.5)  # past the head timeout: nothing left them
+                assert s.aborted == [] and gates.open == 3
+            assert await _status(s.port) == honest
+        finally:
+            for w in writers:
+                w.close()
+
+
+class _Transport:
+    """What a Gate uses of a transport: its peer, and abort."""
+
+    def __init__(self, peer: str = "127.0.0.1") -> None:
+        self.peer = (peer, 40000)
+        self.aborted = self.closed = False
+        self.sent = b""
+
+    def get_extra_info(self, name: str):
+        return self.peer if name == "peername" else None
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+class _Handler(asyncio.Protocol):
+    """aiohttp's handler's place: records the events the gate hands on."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def connection_made(self, transport) -> None:
+        self.events.append("made")
+
+    def data_received(self, data: bytes) -> None:
+        self.events.append("data")
+
+    def pause_writing(self) -> None:
+        self.events.append("pause")
+
+    def resume_writing(self) -> None:
+        self.events.append("resume")
+
+    def connection_lost(self, exc) -> None:
+        self.events.append("lost")
+
+
+async def test_the_deadline_runs_from_a_pause_to_its_resume_only():
+    """Writing paused then resumed (a client that reads, however slowly) is never
+    aborted; paused again, the deadline starts again; paused past it, aborted."""
+    aborted: list[Reason] = []
+    handlers: list[_Handler] = []
+    limits = Limits(write_stall_s=0.2)
+    gates = Gates(limits, lambda: handlers.append(_Handler()) or handlers[-1],
+                  on_aborted=aborted.append)
+    gate, transport = gates(), _Transport()
+    gate.connection_made(transport)
+    gate.data_received(b"GET / HTTP/1.1\r\n\r\n")
+    for _ in range(3):  # each pause resumed before its deadline, 0.3 s of pauses in all
+        gate.pause_writing()
+        await asyncio.sleep(0.1)
+        gate.resume_writing()
+    await asyncio.sleep(0.3)  # past any deadline a pause could have left running
+    assert not transport.aborted and aborted == []
+    gate.pause_writing()
+    await until(lambda: transport.aborted, "a connection paused past its deadline stayed")
+    assert aborted == [Reason.CLIENT_STALLED]
+    gate.connection_lost(None)  # what the transport's abort leads to
+    assert handlers[0].events == ["made", "data"] + ["pause", "resume"] * 3 + ["pause", "lost"]
+    assert gates.open == 0 and gates.by_address == {}
+
+
+async def test_a_refused_connection_is_answered_and_never_reaches_the_handler():
+    refused: list[Reason] = []
+    made: list[_Handler] = []
+    gates = Gates(Limits(max_connections=1), lambda: made.append(_Handler()) or made[-1],
+                  on_refused=refused.append)
+    first, second = gates(), gates()
+    first.connection_made(_Transport())
+    transport = _Transport("10.0.0.9")
+    second.connection_made(transport)
+    second.data_received(b"GET / HTTP/1.1\r\n\r\n")
+    second.pause_writing()  # no deadline for a connection never admitted
+    second.connection_lost(None)
+    assert refused == [Reason.TOO_MANY_CONNECTIONS] and len(made) == 1
+    assert transport.closed and transport.sent.startswith(b"HTTP/1.1 503 ")
+    assert json.loads(transport.sent.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "busy"
+    assert gates.open == 1 and gates.by_address == {"127.0.0.1": 1}
+    first.connection_lost(None)
+    assert gates.open == 0 and gates.by_address == {}
+
+
+async def test_one_address_gets_its_share_of_the_connections():
+    limits = Limits(max_connections=8, max_connections_per_address=2, head_timeout_s=10)
+    async with _Served(limits) as s:
+        held = [await _connect(s.port) for _ in range(2)]
+        await until(lambda: s.server.gates.open == 2, "never admitted")
+        assert await _status(s.port) == (503, "busy")
+        assert s.refused == [Reason.TOO_MANY_CONNECTIONS_FROM_ADDRESS]
+        assert await _status(s.port, "127.0.0.2") == (200, "")  # another client is served
+        held[0][1].close()
+        await until(lambda: s.server.gates.by_address == {"127.0.0.1": 1}, "never released")
+        assert await _status(s.port) == (200, "")  # a place of its own again
+        held[1][1].close()
+        await until(lambda: s.server.gates.by_address == {}, "the table kept a closed address")
+
+
+async def test_no_per_address_bound_when_it_is_zero():
+    limits = Limits(max_connections=4, max_connections_per_address=0, head_timeout_s=10)
+    async with _Served(limits) as s:
+        held = [await _connect(s.port) for _ in range(3)]
+        assert await _status(s.port) == (200, "")
+        await until(lambda: s.server.gates.open == 3, "a closed connection kept its place")
+        held.append(await _connect(s.port))
+        await until(lambda: s.server.gates.open == 4, "never admitted")
+        assert await _status(s.port) == (503, "busy")  # the server's bound still holds
+        assert s.refused == [Reason.TOO_MANY_CONNECTIONS]
+        for _, w in held:
+            w.close()
+
+
+class _WideText:
+    """A target's text in which each token is WIDE characters: a streamed answer of a
+    few dozen tokens is then megabytes, past what the sockets' buffers take."""
+
+    WIDE = 100_000
+    eos_ids = frozenset()
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        return PROMPT
+
+    def decode(self, ids: list[int]) -> str:
+        return "x" * (self.WIDE * len(ids))
+
+
+async def test_a_streamed_client_that_stops_reading_frees_its_slot_then_its_connection():
+    worker = FakeWorker()
+    metrics = Metrics("verifier")
+    async with linked(worker, metrics) as link:
+        scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=3, text=_WideText())
+        served = _Served(Limits(write_stall_s=3.0),
+                         routes(VerifierSettings(), link, scheduler, config(versions=(2,))))
+        async with served as s:
+            assert await link.wait_ready(WAIT_S)
+            body = json.dumps({"prompt": PROMPT, "max_tokens": 64, "temperature": 0,
+                               "stream": True}).encode()
+            reader, writer = await _connect(s.port, rcvbuf=4096)
+            reader._transport.pause_reading()
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            try:
+                # the generation ends and frees its slot although the client read nothing
+                await until(lambda: metrics.value("pp1q_requests_total", outcome="ok") == 1,
+                            "the request never finished")
+                assert metrics.value("pp1q_slots_in_use") == 0
+                assert s.server.gates.open == 1 and s.aborted == []  # its answer still unsent
+                await until(lambda: s.aborted, "the stalled stream kept its connection")
+                assert s.aborted == [Reason.CLIENT_STALLED]
+                await until(lambda: s.server.gates.open == 0, "the connection kept its place")
+            finally:
+                writer.close()
