@@ -42,6 +42,11 @@ __all__ = ["ConfigError", "add_config_option", "add_setting", "load", "open_capt
            "option_of", "parse_hostport", "resolve"]
 
 
+# a config is a few KiB; a file past this is the wrong one (a log, /dev/zero), refused
+# before it is read whole
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def option_of(key: str) -> str:
     return "--" + key.replace("_", "-")
 
@@ -90,9 +95,18 @@ def resolve(args: argparse.Namespace, role: str) -> DaemonSettings:
 def load(path: Path, role: str) -> dict[str, object]:
     """The values a config file gives ``role``: top level, then its table over it."""
     try:
-        data = tomllib.loads(path.read_text())
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config {path}: larger than {MAX_CONFIG_BYTES} bytes; not a pp1q "
+                          f"config")
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))  # TOML is UTF-8, whatever the locale
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {path}: not UTF-8 text (byte {e.start}); TOML is UTF-8"
+                          ) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config {path}: {e}") from None
     keys = {r: {k for k, _n, _d in fields(c)} for r, c in ROLES.items()}

@@ -220,6 +220,10 @@ def test_unreadable_or_malformed_files_and_usage_errors_are_one_line(capsys, tmp
     cfg = tmp_path / "pp1q.toml"
     cfg.write_text("vocab = \n")
     assert str(cfg) in _refused_in_process(capsys, ["worker", "--config", str(cfg)])
+    cfg.write_bytes(b"slots = 4\n# caf\xe9 in Latin-1\n")  # was: a UnicodeDecodeError traceback
+    assert "not UTF-8" in _refused_in_process(capsys, ["verifier", "--config", str(cfg)])
+    # the wrong file, read no further than the bound (was: read whole, /dev/zero for ever)
+    assert "larger than" in _refused_in_process(capsys, ["verifier", "--config", "/dev/zero"])
     with pytest.raises(SystemExit) as e:  # argparse's own refusals: one line too
         main(["worker", "--no-such-option", "1"])
     assert e.value.code == CONFIG_ERROR_EXIT
