@@ -30,8 +30,6 @@ from pp1q.models.toy import (
     MAX_VOCAB,
     MIN_VOCAB,
 )
-from pp1q.verifier.http_gate import MAX_CONNECTIONS as MAX_HTTP_CONNECTIONS
-from pp1q.verifier.http_gate import MAX_CONNECTIONS_PER_ADDRESS
 from pp1q.wire import WIRE_V1, WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT
 from pp1q.wire.sessions import (
@@ -46,6 +44,15 @@ from pp1q.wire.sessions import (
 MAX_SLOTS = 64  # the scheduler preallocates target rows per slot; bound that memory
 MAX_DEPTH = 16  # the design fixes depth 5; a larger value is an experiment, bounded
 MAX_CONNECTIONS = 16384  # file descriptors; each connection costs ~70 KiB before HELLO
+# the verifier's HTTP connections (pp1q.verifier.http_gate); more are answered 503 and
+# closed. Bounds file descriptors and the requests parsed at once (with their bodies:
+# pp1q.verifier.server.MAX_BODY_BYTES each)
+MAX_HTTP_CONNECTIONS = 512
+# one client address's share of them (an IPv6 client's: its /64's): half, so that one
+# client cannot take every connection from the others while a load generator on one
+# machine (200 concurrent clients is common) still gets its share; behind a proxy every
+# client has the proxy's address: MAX_HTTP_CONNECTIONS, or 0 for no per-address bound
+DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS = 256
 # STEP deadlines when watchdog_ms is unset. The toy drafts a round in milliseconds; a
 # real model's STEP on a CPU holds D drafter forwards and, on a new context, the
 # drafter's prefill of the whole prompt: 1-3 s for SmolLM2-135M on one loaded core,
@@ -187,7 +194,7 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     # one client address's share of the HTTP connections (pp1q.verifier.http_gate); 0: no
     # such bound, for a proxy in front (every client then has the proxy's address)
     http_connections_per_address: Annotated[int, Meta(ge=0, le=MAX_HTTP_CONNECTIONS)] = \
-        MAX_CONNECTIONS_PER_ADDRESS
+        DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS
     target_delay_ms: NonNegative = 0.0
     tls_server_name: str | None = None  # None: the host of ``worker``
     ranks: Annotated[int, Meta(ge=1, le=MAX_RANKS)] = 1

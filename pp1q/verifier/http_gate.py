@@ -6,31 +6,32 @@ address's share of it, the connection is answered one 503 and closed unparsed, s
 one client opening connections (or holding them for the head timeout, again and again)
 cannot take every connection from the others. An admitted connection's events all go to
 aiohttp, and the gate watches the one thing aiohttp leaves unbounded: a client that
-stops reading. Its response then sits in the transport's buffer, writing paused, and
-the handler waits in ``drain`` forever, holding the connection (pipelined requests make
-any response as large as needed). A connection whose writing stays paused for
-``write_stall_s`` is aborted and counted; a client that keeps reading, even slowly,
-ends each pause (its buffers drain below their low mark) well within that time.
+stops reading. Its answers then wait unsent, the handler waits in ``drain`` (or the
+closing transport waits to flush) for ever, holding the connection; pipelined requests
+make the answers as large as needed. The gate sets the transport's high-water mark to 0,
+so that any byte the socket does not take at once pauses writing, and from each pause
+runs a deadline of ``write_stall_s``: when it expires, a client that took some of what
+was written meanwhile (acknowledged bytes, from the kernel's TCP_INFO) gets another, and
+one that took nothing is aborted and counted. That is nginx's ``send_timeout``: a bound
+on the time between two reads of the client's, not on a whole answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
+import struct
 from collections.abc import Callable
 from typing import Protocol
 
 from pp1q.core.errors import Reason
+from pp1q.runtime.settings import DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS, MAX_HTTP_CONNECTIONS
 
-# open connections; more are answered 503 and closed. Bounds file descriptors and the
-# requests parsed at once (with their bodies: pp1q.verifier.server.MAX_BODY_BYTES each)
-MAX_CONNECTIONS = 512
-# one client address's share of them: half, so that one client cannot take every
-# connection from the others while a load generator on one machine (200 concurrent
-# clients is common) still gets its share; behind a proxy every client has the proxy's
-# address: raise it to MAX_CONNECTIONS, or 0 for no per-address bound
-MAX_CONNECTIONS_PER_ADDRESS = 256
-# a response whose client reads none of it for this long: the connection is aborted (a
-# client that stopped reading holds its connection forever otherwise)
+MAX_CONNECTIONS = MAX_HTTP_CONNECTIONS  # the setting's ceiling is the server's bound
+MAX_CONNECTIONS_PER_ADDRESS = DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS
+# a connection with bytes unsent whose client takes none of them for this long is
+# aborted (a client that stopped reading holds its connection for ever otherwise)
 WRITE_STALL_S = 30.0
 
 
@@ -54,10 +55,39 @@ REFUSALS = {  # the reason counted, and the answer sent, for each kind of refuse
 
 
 def client_address(peername: object) -> str:
-    """The client's host: the first item of an IP peer name; anything else as a whole."""
-    if isinstance(peername, tuple) and peername:
-        return str(peername[0])
-    return str(peername)
+    """The client a connection counts against: its IPv4 address, or its IPv6 /64 (one
+    IPv6 client holds a whole /64, one address per connection if it likes); a peer name
+    that is not an IP address counts as itself."""
+    host = peername[0] if isinstance(peername, tuple) and peername else peername
+    try:
+        ip = ipaddress.ip_address(str(host).split("%", 1)[0])  # no zone index
+    except ValueError:
+        return str(host)
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    if ip.version == 6:
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+# struct tcp_info's tcpi_bytes_acked (Linux >= 4.1): a u64 at byte 120, the bytes the
+# peer has acknowledged on this connection, which only its reading lets grow
+_TCP_INFO_BYTES_ACKED = 120
+
+
+def bytes_taken(transport: asyncio.Transport) -> int:
+    """A count that grows whenever the client takes some of what was written: the bytes
+    it acknowledged (Linux's TCP_INFO), or where that cannot be read, minus the bytes
+    still in the transport's buffer (which grows with new writes too: the cruder proof)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and hasattr(socket, "TCP_INFO"):
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        except (OSError, ValueError):
+            info = b""  # closed, or not TCP
+        if len(info) >= _TCP_INFO_BYTES_ACKED + 8:
+            return struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)[0]
+    return -transport.get_write_buffer_size()
 
 
 class Gates:
@@ -108,9 +138,10 @@ class Gate(asyncio.Protocol):
     def __init__(self, gates: Gates) -> None:
         self._gates = gates
         self._inner: asyncio.Protocol | None = None  # aiohttp's handler, once admitted
-        self._address = ""
+        self._address: str | None = None  # once admitted, till released
         self._transport: asyncio.Transport | None = None
         self._stall: asyncio.TimerHandle | None = None
+        self._taken = 0  # bytes_taken when the running deadline started
 
     def connection_made(self, transport) -> None:
         self._transport = transport
@@ -122,8 +153,17 @@ class Gate(asyncio.Protocol):
             transport.close()
             return
         self._address = address
-        self._inner = self._gates.make_handler()
-        self._inner.connection_made(transport)
+        try:
+            # any byte left unsent pauses writing, which starts the deadline: with the
+            # default 64 KiB mark a closing connection with less left unsent never paused
+            transport.set_write_buffer_limits(high=0)
+            self._inner = self._gates.make_handler()
+            self._inner.connection_made(transport)
+        except BaseException:
+            self._release()
+            self._inner = None
+            transport.abort()
+            raise
 
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:  # a refused connection's bytes are never read
@@ -135,8 +175,7 @@ class Gate(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self._inner is not None:
             if self._stall is None:
-                self._stall = asyncio.get_running_loop().call_later(
-                    self._gates.limits.write_stall_s, self._stalled)
+                self._start_deadline()
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
@@ -146,17 +185,31 @@ class Gate(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_stall()
+        self._release()
         if self._inner is not None:
-            self._gates.release(self._address)
             self._inner.connection_lost(exc)
+
+    def _release(self) -> None:
+        if self._address is not None:
+            self._gates.release(self._address)
+            self._address = None
+
+    def _start_deadline(self) -> None:
+        assert self._transport is not None
+        self._taken = bytes_taken(self._transport)
+        self._stall = asyncio.get_running_loop().call_later(
+            self._gates.limits.write_stall_s, self._deadline)
 
     def _cancel_stall(self) -> None:
         if self._stall is not None:
             self._stall.cancel()
             self._stall = None
 
-    def _stalled(self) -> None:
-        self._stall = None
-        self._gates.on_aborted(Reason.CLIENT_STALLED)
+    def _deadline(self) -> None:
         assert self._transport is not None
+        if bytes_taken(self._transport) > self._taken:  # the client took some: not stalled
+            self._start_deadline()
+            return
+        self._stall = None
         self._transport.abort()  # connection_lost follows: aiohttp cancels the handler
+        self._gates.on_aborted(Reason.CLIENT_STALLED)

@@ -12,6 +12,7 @@ import json
 import socket
 
 import pytest
+from daemon_harness import Pair
 from fake_decider import FakeDecider
 from fake_worker import FakeWorker
 from link_harness import PROMPT, WAIT_S, linked, until
@@ -20,17 +21,29 @@ from wire_helpers import config
 from pp1q.core.errors import Reason
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import VerifierSettings
+from pp1q.tools.chaos.rig import value
 from pp1q.verifier.daemon import routes
-from pp1q.verifier.http_gate import Gates
+from pp1q.verifier.http_gate import Gates, client_address
 from pp1q.verifier.scheduler import Scheduler
 from pp1q.verifier.server import HttpServer, Limits
 
 pytestmark = pytest.mark.daemons  # binds servers on 127.0.0.1
 
 GET = b"GET /small HTTP/1.1\r\nHost: a\r\n\r\n"
-# pipelined requests a stalling client sends: ~8 MB of answers, past what the sockets'
-# buffers on both ends and the transport's take (~2-3 MB on loopback), so writing pauses
-PIPELINED = 30_000
+
+
+def _send_buffer_max() -> int:
+    """The most a socket's send buffer grows to here (Linux's tcp_wmem; 4 MiB default)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+            return int(f.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 << 20
+
+
+# pipelined requests a stalling client sends: answers (~280 bytes each) twice the most
+# the server's socket buffers, so writing pauses (the client's own buffer is 4 KiB)
+PIPELINED = 2 * _send_buffer_max() // 280
 
 
 class _Served:
@@ -116,12 +129,21 @@ async def test_clients_that_stop_reading_lose_their_connections(stall_s, honest)
 
 
 class _Transport:
-    """What a Gate uses of a transport: its peer, and abort."""
+    """What a Gate uses of a transport: its peer, its buffer, its marks, abort. With no
+    socket the gate's proof that the client reads is the buffer going down."""
 
     def __init__(self, peer: str = "127.0.0.1") -> None:
         self.peer = (peer, 40000)
         self.aborted = self.closed = False
         self.sent = b""
+        self.buffered = 1000  # bytes the "client" has not taken
+        self.high: int | None = None
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.high = high
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
 
     def get_extra_info(self, name: str):
         return self.peer if name == "peername" else None
@@ -159,8 +181,9 @@ class _Handler(asyncio.Protocol):
 
 
 async def test_the_deadline_runs_from_a_pause_to_its_resume_only():
-    """Writing paused then resumed (a client that reads, however slowly) is never
-    aborted; paused again, the deadline starts again; paused past it, aborted."""
+    """Writing paused then resumed (a client that reads) is never aborted; paused again,
+    the deadline starts again, and runs again while the client takes some of what is
+    unsent; a deadline in which it took nothing aborts the connection."""
     aborted: list[Reason] = []
     handlers: list[_Handler] = []
     limits = Limits(write_stall_s=0.2)
@@ -175,12 +198,42 @@ async def test_the_deadline_runs_from_a_pause_to_its_resume_only():
         gate.resume_writing()
     await asyncio.sleep(0.3)  # past any deadline a pause could have left running
     assert not transport.aborted and aborted == []
+    assert transport.high == 0  # any byte unsent pauses writing
     gate.pause_writing()
-    await until(lambda: transport.aborted, "a connection paused past its deadline stayed")
+    for _ in range(3):  # paused for 0.45 s, but the client takes some within each 0.2 s
+        await asyncio.sleep(0.15)
+        transport.buffered -= 100
+    assert not transport.aborted and aborted == []
+    await until(lambda: transport.aborted, "a connection that took nothing stayed")
     assert aborted == [Reason.CLIENT_STALLED]
     gate.connection_lost(None)  # what the transport's abort leads to
     assert handlers[0].events == ["made", "data"] + ["pause", "resume"] * 3 + ["pause", "lost"]
     assert gates.open == 0 and gates.by_address == {}
+
+
+async def test_a_handler_that_fails_to_start_gives_its_place_back():
+    def broken():
+        raise RuntimeError("no handler")
+
+    gates = Gates(Limits(), broken)
+    gate, transport = gates(), _Transport()
+    with pytest.raises(RuntimeError):
+        gate.connection_made(transport)
+    assert transport.aborted and gates.open == 0 and gates.by_address == {}
+    gate.connection_lost(None)  # what the abort leads to: nothing released twice
+    assert gates.open == 0
+
+
+@pytest.mark.parametrize("peer, counted_as", [
+    (("192.0.2.7", 5000), "192.0.2.7"),
+    (("::ffff:192.0.2.7", 5000, 0, 0), "192.0.2.7"),  # IPv4 on a dual-stack socket
+    (("2001:db8:1:2:aaaa::1", 5000, 0, 0), "2001:db8:1:2::/64"),  # one client's /64
+    (("2001:db8:1:2:bbbb::9", 5000, 0, 0), "2001:db8:1:2::/64"),
+    (("fe80::1%eth0", 5000, 0, 2), "fe80::/64"),
+    (None, "None"),
+])
+def test_the_address_a_connection_counts_against(peer, counted_as):
+    assert client_address(peer) == counted_as
 
 
 async def test_a_refused_connection_is_answered_and_never_reaches_the_handler():
@@ -251,7 +304,7 @@ async def test_a_streamed_client_that_stops_reading_frees_its_slot_then_its_conn
     metrics = Metrics("verifier")
     async with linked(worker, metrics) as link:
         scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=3, text=_WideText())
-        served = _Served(Limits(write_stall_s=3.0),
+        served = _Served(Limits(write_stall_s=2.0),
                          routes(VerifierSettings(), link, scheduler, config(versions=(2,))))
         async with served as s:
             assert await link.wait_ready(WAIT_S)
@@ -272,3 +325,27 @@ async def test_a_streamed_client_that_stops_reading_frees_its_slot_then_its_conn
                 await until(lambda: s.server.gates.open == 0, "the connection kept its place")
             finally:
                 writer.close()
+
+
+def test_the_daemon_gives_the_gate_its_setting_and_counts_its_refusals(tmp_path):
+    """``http_connections_per_address`` reaches the verifier's gate, and a refusal is in
+    its metrics (a real verifier process; the worker is not needed)."""
+    pair = Pair(tmp_path, verifier_args=["--http-connections-per-address", "1"], wait=False)
+    port = pair.verifier.port
+    try:
+        with socket.create_connection(("127.0.0.1", port), WAIT_S) as held:
+            held.settimeout(WAIT_S)
+            held.sendall(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+            assert held.recv(12) == b"HTTP/1.1 200"  # answered, kept alive: its one place
+            with socket.create_connection(("127.0.0.1", port), WAIT_S) as extra:
+                extra.settimeout(WAIT_S)
+                raw = b""
+                while chunk := extra.recv(4096):
+                    raw += chunk
+            assert raw.startswith(b"HTTP/1.1 503") and b"from this address" in raw
+            m = pair.metrics("verifier")
+        assert value(m, "pp1q_requests_refused_total",
+                     reason="too_many_connections_from_address") == 1
+    finally:
+        pair.close()
+
