@@ -103,7 +103,8 @@ def load(path: Path, role: str) -> dict[str, object]:
         raise ConfigError(f"config {path}: larger than {MAX_CONFIG_BYTES} bytes; not a pp1q "
                           f"config")
     try:
-        data = tomllib.loads(raw.decode("utf-8"))  # TOML is UTF-8, whatever the locale
+        # TOML is UTF-8, whatever the locale; an editor's byte-order mark is dropped
+        data = tomllib.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
         raise ConfigError(f"config {path}: not UTF-8 text (byte {e.start}); TOML is UTF-8"
                           ) from None

@@ -19,7 +19,7 @@ from pp1q.cli import main
 from pp1q.cli import verifier as verifier_cmd
 from pp1q.cli import worker as worker_cmd
 from pp1q.core.errors import ConfigError, Pp1qError, Reason
-from pp1q.runtime.config import option_of, resolve
+from pp1q.runtime.config import load, option_of, resolve
 from pp1q.runtime.settings import (
     ROLES,
     VerifierSettings,
@@ -220,6 +220,8 @@ def test_unreadable_or_malformed_files_and_usage_errors_are_one_line(capsys, tmp
     cfg = tmp_path / "pp1q.toml"
     cfg.write_text("vocab = \n")
     assert str(cfg) in _refused_in_process(capsys, ["worker", "--config", str(cfg)])
+    cfg.write_bytes(b"\xef\xbb\xbf[verifier]\nslots = 4\n")  # a byte-order mark: read
+    assert load(cfg, "verifier") == {"slots": 4}
     cfg.write_bytes(b"slots = 4\n# caf\xe9 in Latin-1\n")  # was: a UnicodeDecodeError traceback
     assert "not UTF-8" in _refused_in_process(capsys, ["verifier", "--config", str(cfg)])
     # the wrong file, read no further than the bound (was: read whole, /dev/zero for ever)

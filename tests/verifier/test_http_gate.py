@@ -12,6 +12,7 @@ import json
 import socket
 
 import pytest
+from aiohttp import web
 from daemon_harness import Pair
 from fake_decider import FakeDecider
 from fake_worker import FakeWorker
@@ -254,6 +255,34 @@ async def test_a_refused_connection_is_answered_and_never_reaches_the_handler():
     assert gates.open == 1 and gates.by_address == {"127.0.0.1": 1}
     first.connection_lost(None)
     assert gates.open == 0 and gates.by_address == {}
+
+
+async def test_a_client_that_reads_slowly_keeps_its_connection():
+    """An 8 MB answer taken 1 MiB at a time with pauses of a third of the deadline:
+    writing stays paused far longer than the deadline, but the client acknowledges bytes
+    within each (through the socket: TCP_INFO on Linux), so it is never aborted."""
+    size, chunk = 8 << 20, 1 << 20
+
+    async def big(_request):
+        return web.Response(body=b"x" * size)
+
+    async with _Served(Limits(write_stall_s=1.0), {("GET", "/big"): big}) as s:
+        reader, writer = await _connect(s.port, rcvbuf=4096)
+        writer.write(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        got = 0  # bytes of the body
+        try:
+            async with asyncio.timeout(WAIT_S * 3):
+                await reader.readuntil(b"\r\n\r\n")
+                while got < size:
+                    want = min(got + chunk, size)
+                    while got < want:
+                        data = await reader.read(1 << 16)
+                        assert data, "the server closed a connection whose client reads"
+                        got += len(data)
+                    await asyncio.sleep(0.3)
+        finally:
+            writer.close()
+        assert s.aborted == []
 
 
 async def test_one_address_gets_its_share_of_the_connections():
