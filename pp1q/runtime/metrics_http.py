@@ -23,6 +23,9 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from pp1q.runtime.address_counts import AddressCounts
+from pp1q.runtime.address_counts import client_address as _client
+
 POLL_S = 0.05  # how long shutdown() may wait for the serving thread; idle cost 20 wakes/s
 # connections served at once, each with its own thread (~30 KiB): scrapers and an
 # operator's curl need a handful; past it a connection gets one 503 and is closed
@@ -47,7 +50,7 @@ class _QuietHandler(WSGIRequestHandler):
 
 class _BoundedServer(ThreadingWSGIServer):
     """prometheus_client's threading server, with at most MAX_SCRAPE_CONNECTIONS threads,
-    MAX_SCRAPE_CONNECTIONS_PER_ADDRESS of them for one client address."""
+    MAX_SCRAPE_CONNECTIONS_PER_ADDRESS of them for one client address (an IPv6 one's /64)."""
 
     on_refused: Callable[[], None] = staticmethod(lambda: None)
     # the listen backlog: socketserver's 5 made a burst of connections wait for SYN retries
@@ -56,27 +59,18 @@ class _BoundedServer(ThreadingWSGIServer):
     def server_activate(self) -> None:
         super().server_activate()
         self._lock = threading.Lock()  # the serving thread admits, each connection's releases
-        self._by_address: dict[str, int] = {}  # addresses with a connection served: bounded
+        self._counts = AddressCounts(MAX_SCRAPE_CONNECTIONS, MAX_SCRAPE_CONNECTIONS_PER_ADDRESS)
 
     def _admit(self, address: str) -> bool:
         with self._lock:
-            held = self._by_address.get(address, 0)
-            if (held >= MAX_SCRAPE_CONNECTIONS_PER_ADDRESS
-                    or sum(self._by_address.values()) >= MAX_SCRAPE_CONNECTIONS):
-                return False
-            self._by_address[address] = held + 1
-            return True
+            return self._counts.admit(address) is None
 
     def _release(self, address: str) -> None:
         with self._lock:
-            left = self._by_address[address] - 1
-            if left:
-                self._by_address[address] = left
-            else:
-                del self._by_address[address]
+            self._counts.release(address)
 
     def process_request(self, request, client_address) -> None:
-        address = str(client_address[0])
+        address = _client(client_address)
         if not self._admit(address):
             self.on_refused()
             try:  # one 503 if the socket takes it now, never a wait on this client
@@ -96,7 +90,7 @@ class _BoundedServer(ThreadingWSGIServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release(str(client_address[0]))
+            self._release(_client(client_address))
 
     def handle_error(self, request, client_address) -> None:
         """A client's timeout or reset is its own business: nothing on stderr for it (a
@@ -105,16 +99,12 @@ class _BoundedServer(ThreadingWSGIServer):
             super().handle_error(request, client_address)
 
 
-def _server_class(host: str, port: int, on_refused: Callable[[], None] | None
-                  ) -> type[_BoundedServer]:
+def _server_class(host: str, port: int) -> type[_BoundedServer]:
     """The bounded server for ``host``'s address family (an IPv6 host such as ``::``
     needs an AF_INET6 socket)."""
     family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                 flags=socket.AI_PASSIVE)[0][0]
-    attrs: dict = {"address_family": family}
-    if on_refused is not None:
-        attrs["on_refused"] = staticmethod(on_refused)
-    return type("MetricsServer", (_BoundedServer,), attrs)
+    return type("MetricsServer", (_BoundedServer,), {"address_family": family})
 
 
 def start_metrics_server(registry: CollectorRegistry, host: str, port: int,
@@ -126,8 +116,10 @@ def start_metrics_server(registry: CollectorRegistry, host: str, port: int,
     was answered 503 and closed (called from the serving thread); ``timeout_s``: how long
     a connection may stay silent (tests shorten it)."""
     handler = type("MetricsHandler", (_QuietHandler,), {"timeout": timeout_s})
-    server = make_server(host, port, make_wsgi_app(registry),
-                         _server_class(host, port, on_refused), handler_class=handler)
+    server = make_server(host, port, make_wsgi_app(registry), _server_class(host, port),
+                         handler_class=handler)
+    if on_refused is not None:  # before the serving thread starts: nothing refused yet
+        server.on_refused = on_refused
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": POLL_S},
                      name="metrics-http", daemon=True).start()
     return server

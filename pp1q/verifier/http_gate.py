@@ -20,7 +20,6 @@ whole answer.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 import struct
 import sys
@@ -28,10 +27,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pp1q.core.errors import Reason
-from pp1q.runtime.settings import DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS, MAX_HTTP_CONNECTIONS
+from pp1q.runtime.address_counts import AddressCounts, client_address
 
-MAX_CONNECTIONS = MAX_HTTP_CONNECTIONS  # the setting's ceiling is the server's bound
-MAX_CONNECTIONS_PER_ADDRESS = DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS
 # a connection with bytes unsent whose client takes none of them for this long is
 # aborted (a client that stopped reading holds its connection for ever otherwise)
 WRITE_STALL_S = 30.0
@@ -51,26 +48,12 @@ def refusal(message: str) -> bytes:
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
+_REFUSED_FOR = {"open": Reason.TOO_MANY_CONNECTIONS,
+                "address": Reason.TOO_MANY_CONNECTIONS_FROM_ADDRESS}
 REFUSALS = {  # the reason counted, and the answer sent, for each kind of refused connection
     Reason.TOO_MANY_CONNECTIONS: refusal("too many connections"),
     Reason.TOO_MANY_CONNECTIONS_FROM_ADDRESS: refusal("too many connections from this address"),
 }
-
-
-def client_address(peername: object) -> str:
-    """The client a connection counts against: its IPv4 address, or its IPv6 /64 (one
-    IPv6 client holds a whole /64, one address per connection if it likes); a peer name
-    that is not an IP address counts as itself."""
-    host = peername[0] if isinstance(peername, tuple) and peername else peername
-    try:
-        ip = ipaddress.ip_address(str(host).split("%", 1)[0])  # no zone index
-    except ValueError:
-        return str(host)
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    if ip.version == 6:
-        return str(ipaddress.IPv6Network((ip, 64), strict=False))
-    return str(ip)
 
 
 # struct tcp_info's tcpi_bytes_acked (Linux >= 4.1): a u64 at byte 120, the bytes the
@@ -108,31 +91,18 @@ class Gates:
         self.make_handler = make_handler
         self.on_refused = on_refused or (lambda _reason: None)
         self.on_aborted = on_aborted or (lambda _reason: None)
-        self.open = 0
-        self.by_address: dict[str, int] = {}  # only addresses with a connection open
+        self.counts = AddressCounts(limits.max_connections, limits.max_connections_per_address)
 
     def __call__(self) -> Gate:
         return Gate(self)
 
     def admit(self, address: str) -> Reason | None:
         """Take a place for a connection from ``address``, or say why there is none."""
-        lim = self.limits
-        if self.open >= lim.max_connections:
-            return Reason.TOO_MANY_CONNECTIONS
-        held = self.by_address.get(address, 0)
-        if lim.max_connections_per_address and held >= lim.max_connections_per_address:
-            return Reason.TOO_MANY_CONNECTIONS_FROM_ADDRESS
-        self.open += 1
-        self.by_address[address] = held + 1
-        return None
+        full = self.counts.admit(address)
+        return None if full is None else _REFUSED_FOR[full]
 
     def release(self, address: str) -> None:
-        self.open -= 1
-        left = self.by_address[address] - 1
-        if left:
-            self.by_address[address] = left
-        else:
-            del self.by_address[address]  # the table holds open addresses only: bounded
+        self.counts.release(address)
 
 
 class Gate(asyncio.Protocol):

@@ -23,13 +23,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from pp1q.core.errors import Reason, ServiceError
+from pp1q.runtime.settings import DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS, MAX_HTTP_CONNECTIONS
 from pp1q.verifier.http import HttpError, as_http, error_body
-from pp1q.verifier.http_gate import (
-    MAX_CONNECTIONS,
-    MAX_CONNECTIONS_PER_ADDRESS,
-    WRITE_STALL_S,
-    Gates,
-)
+from pp1q.verifier.http_gate import WRITE_STALL_S, Gates
 
 log = logging.getLogger("pp1q.http")
 # aiohttp logs a traceback for every malformed request it answers 400: the client's fault,
@@ -40,8 +36,8 @@ _parser_log.setLevel(logging.CRITICAL)
 MAX_BODY_BYTES = 1 << 20  # a prompt of ~100k token ids in JSON fits in 1 MiB
 MAX_LINE_BYTES = 8 * 1024  # request line or one header line; the API needs a few hundred
 MAX_HEADERS = 64  # more header lines than any client of this API sends
-# the connection bounds (MAX_CONNECTIONS: with MAX_BODY_BYTES, the bodies buffered at
-# once are 512 MiB at worst) and the write-stall deadline are the gate's, in http_gate
+# the connection bounds are the settings' (MAX_HTTP_CONNECTIONS: with MAX_BODY_BYTES, the
+# bodies buffered at once are 512 MiB at worst); the write-stall deadline is http_gate's
 HEAD_TIMEOUT_S = 15.0  # a whole request head (or an idle keep-alive gap) within this (slowloris)
 BODY_TIMEOUT_S = 30.0  # a declared body must arrive within this time (slow-body bound)
 # closing: handlers still running this long after the drain are cancelled (the drain
@@ -65,8 +61,8 @@ class Limits:
     max_body_bytes: int = MAX_BODY_BYTES
     max_line_bytes: int = MAX_LINE_BYTES
     max_headers: int = MAX_HEADERS
-    max_connections: int = MAX_CONNECTIONS
-    max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS  # 0: no such bound
+    max_connections: int = MAX_HTTP_CONNECTIONS
+    max_connections_per_address: int = DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS  # 0: none
     head_timeout_s: float = HEAD_TIMEOUT_S
     body_timeout_s: float = BODY_TIMEOUT_S
     write_stall_s: float = WRITE_STALL_S

@@ -47,7 +47,7 @@ class _Served:
             self.silent.append(s)
 
     def served_now(self) -> int:
-        return sum(self.server._by_address.values())
+        return self.server._counts.open
 
     def scrape(self, source: str) -> tuple[int, bytes]:
         """One GET /metrics from ``source``: its status and body."""
@@ -75,7 +75,8 @@ def test_one_silent_address_takes_its_share_and_a_scraper_elsewhere_is_served():
         assert (status, body) == (503, b"too many /metrics clients\n")
         status, body = m.scrape("127.0.0.2")
         assert status == 200 and b"refused_total 1.0" in body  # the refusal, counted
-        _until(lambda: m.server._by_address == {"127.0.0.1": MAX_SCRAPE_CONNECTIONS_PER_ADDRESS},
+        held = {"127.0.0.1": MAX_SCRAPE_CONNECTIONS_PER_ADDRESS}
+        _until(lambda: m.server._counts.by_address == held,
                "the scraper's place was not given back")
 
 
@@ -98,6 +99,6 @@ def test_a_silent_connection_is_closed_after_the_timeout_quietly(capfd):
             s.settimeout(WAIT_S)
             assert s.recv(1024) == b""
         _until(lambda: m.served_now() == 0, "a closed connection kept its place")
-        assert m.server._by_address == {}
+        assert m.server._counts.by_address == {}
         assert m.scrape("127.0.0.1")[0] == 200  # its place back
     assert "Exception occurred" not in capfd.readouterr().err  # no traceback per client

@@ -20,11 +20,12 @@ from link_harness import PROMPT, WAIT_S, linked, until
 from wire_helpers import config
 
 from pp1q.core.errors import Reason
+from pp1q.runtime.address_counts import client_address
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import VerifierSettings
 from pp1q.tools.chaos.rig import value
 from pp1q.verifier.daemon import routes
-from pp1q.verifier.http_gate import Gates, client_address
+from pp1q.verifier.http_gate import Gates
 from pp1q.verifier.scheduler import Scheduler
 from pp1q.verifier.server import HttpServer, Limits
 
@@ -114,15 +115,15 @@ async def test_clients_that_stop_reading_lose_their_connections(stall_s, honest)
         try:
             gates = s.server.gates
             # every place taken, and each client's answers stuck: writing paused
-            await until(lambda: gates.open == 3 and all(
+            await until(lambda: gates.counts.open == 3 and all(
                 w.transport.get_write_buffer_size() == 0 for w in writers), "never admitted")
             if stall_s < 60:
                 await until(lambda: len(s.aborted) == 3, "the stalled clients kept their places")
                 assert s.aborted == [Reason.CLIENT_STALLED] * 3
-                await until(lambda: gates.open == 0, "an aborted connection kept its place")
+                await until(lambda: gates.counts.open == 0, "an aborted connection kept its place")
             else:
                 await asyncio.sleep(1.5)  # past the head timeout: nothing left them
-                assert s.aborted == [] and gates.open == 3
+                assert s.aborted == [] and gates.counts.open == 3
             assert await _status(s.port) == honest
         finally:
             for w in writers:
@@ -209,7 +210,7 @@ async def test_the_deadline_runs_from_a_pause_to_its_resume_only():
     assert aborted == [Reason.CLIENT_STALLED]
     gate.connection_lost(None)  # what the transport's abort leads to
     assert handlers[0].events == ["made", "data"] + ["pause", "resume"] * 3 + ["pause", "lost"]
-    assert gates.open == 0 and gates.by_address == {}
+    assert gates.counts.open == 0 and gates.counts.by_address == {}
 
 
 async def test_a_handler_that_fails_to_start_gives_its_place_back():
@@ -220,9 +221,9 @@ async def test_a_handler_that_fails_to_start_gives_its_place_back():
     gate, transport = gates(), _Transport()
     with pytest.raises(RuntimeError):
         gate.connection_made(transport)
-    assert transport.aborted and gates.open == 0 and gates.by_address == {}
+    assert transport.aborted and gates.counts.open == 0 and gates.counts.by_address == {}
     gate.connection_lost(None)  # what the abort leads to: nothing released twice
-    assert gates.open == 0
+    assert gates.counts.open == 0
 
 
 @pytest.mark.parametrize("peer, counted_as", [
@@ -252,9 +253,9 @@ async def test_a_refused_connection_is_answered_and_never_reaches_the_handler():
     assert refused == [Reason.TOO_MANY_CONNECTIONS] and len(made) == 1
     assert transport.closed and transport.sent.startswith(b"HTTP/1.1 503 ")
     assert json.loads(transport.sent.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "busy"
-    assert gates.open == 1 and gates.by_address == {"127.0.0.1": 1}
+    assert gates.counts.open == 1 and gates.counts.by_address == {"127.0.0.1": 1}
     first.connection_lost(None)
-    assert gates.open == 0 and gates.by_address == {}
+    assert gates.counts.open == 0 and gates.counts.by_address == {}
 
 
 async def test_a_client_that_reads_slowly_keeps_its_connection():
@@ -289,15 +290,16 @@ async def test_one_address_gets_its_share_of_the_connections():
     limits = Limits(max_connections=8, max_connections_per_address=2, head_timeout_s=10)
     async with _Served(limits) as s:
         held = [await _connect(s.port) for _ in range(2)]
-        await until(lambda: s.server.gates.open == 2, "never admitted")
+        await until(lambda: s.server.gates.counts.open == 2, "never admitted")
         assert await _status(s.port) == (503, "busy")
         assert s.refused == [Reason.TOO_MANY_CONNECTIONS_FROM_ADDRESS]
         assert await _status(s.port, "127.0.0.2") == (200, "")  # another client is served
         held[0][1].close()
-        await until(lambda: s.server.gates.by_address == {"127.0.0.1": 1}, "never released")
+        await until(lambda: s.server.gates.counts.by_address == {"127.0.0.1": 1}, "never released")
         assert await _status(s.port) == (200, "")  # a place of its own again
         held[1][1].close()
-        await until(lambda: s.server.gates.by_address == {}, "the table kept a closed address")
+        await until(lambda: s.server.gates.counts.by_address == {},
+                    "the table kept a closed address")
 
 
 async def test_no_per_address_bound_when_it_is_zero():
@@ -305,9 +307,9 @@ async def test_no_per_address_bound_when_it_is_zero():
     async with _Served(limits) as s:
         held = [await _connect(s.port) for _ in range(3)]
         assert await _status(s.port) == (200, "")
-        await until(lambda: s.server.gates.open == 3, "a closed connection kept its place")
+        await until(lambda: s.server.gates.counts.open == 3, "a closed connection kept its place")
         held.append(await _connect(s.port))
-        await until(lambda: s.server.gates.open == 4, "never admitted")
+        await until(lambda: s.server.gates.counts.open == 4, "never admitted")
         assert await _status(s.port) == (503, "busy")  # the server's bound still holds
         assert s.refused == [Reason.TOO_MANY_CONNECTIONS]
         for _, w in held:
@@ -348,10 +350,12 @@ async def test_a_streamed_client_that_stops_reading_frees_its_slot_then_its_conn
                 await until(lambda: metrics.value("pp1q_requests_total", outcome="ok") == 1,
                             "the request never finished")
                 assert metrics.value("pp1q_slots_in_use") == 0
-                assert s.server.gates.open == 1 and s.aborted == []  # its answer still unsent
+                assert s.server.gates.counts.open == 1  # its answer still unsent
+                assert s.aborted == []
                 await until(lambda: s.aborted, "the stalled stream kept its connection")
                 assert s.aborted == [Reason.CLIENT_STALLED]
-                await until(lambda: s.server.gates.open == 0, "the connection kept its place")
+                await until(lambda: s.server.gates.counts.open == 0,
+                            "the connection kept its place")
             finally:
                 writer.close()
 
