@@ -51,7 +51,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "steps": WORKER, "context_tokens": VERIFIER, "speculation": BOTH,
     "circuit_trips": VERIFIER, "circuit_state": VERIFIER, "requests_refused": VERIFIER,
     "requests_queued": VERIFIER, "http_connections_aborted": VERIFIER,
-    "metrics_connections_refused": BOTH,
+    "metrics_connections_refused": BOTH, "metrics_connections_aborted": BOTH,
     "connections_closed": WORKER, "drafting_aborts": WORKER,
 }
 # Why the verifier refused a request before it took a slot (requests_refused's labels):
@@ -141,6 +141,9 @@ class Metrics:
         self.metrics_connections_refused = counter(
             "metrics_connections_refused", "Connections to /metrics answered 503 and closed:"
             " 64 were being served, or 8 from the client's address")
+        self.metrics_connections_aborted = counter(
+            "metrics_connections_aborted", "Connections to /metrics cut at their 10 s "
+            "deadline: the client had not sent its whole request, or not taken its answer")
         self.http_connections_aborted = counter(
             "http_connections_aborted", "HTTP connections the verifier aborted, by reason: "
             "client_stalled (the client read none of its response for write_stall_s)",
@@ -224,7 +227,8 @@ class Metrics:
     def serve(self, host: str, port: int):
         """Serve /metrics from a thread; returns the WSGI server (``.server_port``)."""
         return start_metrics_server(self.registry, host, port,
-                                    on_refused=self.metrics_connections_refused.inc)
+                                    on_refused=self.metrics_connections_refused.inc,
+                                    on_aborted=self.metrics_connections_aborted.inc)
 
     @contextlib.contextmanager
     def served(self, host: str, port: int | None):

@@ -6,17 +6,22 @@ default poll of 0.5 s, so every daemon stop waited up to half a second in ``shut
 threading WSGI server, a request log kept quiet) polled at POLL_S, with two bounds the
 original lacks: it starts a thread per connection, and a connection that sends nothing
 kept its thread for good, so a client could hold any number of threads (one that opens
-connections and stays silent). Here a connection is served at most SCRAPE_TIMEOUT_S
-without a byte, and at most MAX_SCRAPE_CONNECTIONS are served at once, at most
-MAX_SCRAPE_CONNECTIONS_PER_ADDRESS from one client address; more are answered 503 and
-closed, counted.
+connections and stays silent). Here at most MAX_SCRAPE_CONNECTIONS are served at once, at
+most MAX_SCRAPE_CONNECTIONS_PER_ADDRESS from one client address (more are answered 503
+and closed, counted), and each connection has SCRAPE_DEADLINE_S from its accept for the
+whole exchange: its request in, its answer out. A per-read timeout would not do: a client
+that sends a byte a second, or takes its answer a byte a second, never trips one. The
+serving thread's poll cuts a connection past its deadline (counted), which wakes its
+thread with an end of file or a broken pipe, both of which end it quietly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -33,26 +38,38 @@ MAX_SCRAPE_CONNECTIONS = 64
 # one client address's share: a client that holds silent connections takes at most
 # this many, and a Prometheus elsewhere still scrapes
 MAX_SCRAPE_CONNECTIONS_PER_ADDRESS = 8
-# a connection silent this long (in its request, or idle between requests) is closed: a
-# scrape's request arrives at once, and a silent client holds its thread no longer
-SCRAPE_TIMEOUT_S = 10.0
+# a connection's whole exchange, request in and answer out, from its accept: Prometheus's
+# own default scrape_timeout, past which the scrape has failed at the scraper anyway
+SCRAPE_DEADLINE_S = 10.0
+# the socket's own timeout is the deadline plus this: the poll cuts first, and the timeout
+# only backs it up should the serving thread be late (its TimeoutError in a write would
+# print wsgiref's traceback, where a cut's broken pipe ends the answer quietly)
+SOCKET_TIMEOUT_MARGIN_S = 5.0
 _BUSY_BODY = b"too many /metrics clients\n"
 BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: "
         b"%d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 
 
 class _QuietHandler(WSGIRequestHandler):
-    timeout = SCRAPE_TIMEOUT_S  # socketserver sets it on the connection's socket
+    timeout = SCRAPE_DEADLINE_S + SOCKET_TIMEOUT_MARGIN_S  # socketserver sets it on the socket
 
     def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's name
         """Scrapes are not logged: one line every few seconds per scraper is noise."""
 
+    def parse_request(self) -> bool:
+        """A connection cut at its deadline reads as a request that ended early; it is not
+        answered (no registry collection for a client already gone)."""
+        return super().parse_request() and self.server.serving(self.request)
+
 
 class _BoundedServer(ThreadingWSGIServer):
     """prometheus_client's threading server, with at most MAX_SCRAPE_CONNECTIONS threads,
-    MAX_SCRAPE_CONNECTIONS_PER_ADDRESS of them for one client address (an IPv6 one's /64)."""
+    MAX_SCRAPE_CONNECTIONS_PER_ADDRESS of them for one client address (an IPv6 one's /64),
+    each connection cut ``deadline_s`` after its accept."""
 
     on_refused: Callable[[], None] = staticmethod(lambda: None)
+    on_aborted: Callable[[], None] = staticmethod(lambda: None)
+    deadline_s = SCRAPE_DEADLINE_S
     # the listen backlog: socketserver's 5 made a burst of connections wait for SYN retries
     request_queue_size = MAX_SCRAPE_CONNECTIONS
 
@@ -60,18 +77,49 @@ class _BoundedServer(ThreadingWSGIServer):
         super().server_activate()
         self._lock = threading.Lock()  # the serving thread admits, each connection's releases
         self._counts = AddressCounts(MAX_SCRAPE_CONNECTIONS, MAX_SCRAPE_CONNECTIONS_PER_ADDRESS)
+        # the connections being served, each with its deadline; a socket leaves it (under
+        # the lock) before it is closed, so a cut never reaches a closed socket's number
+        # that a new connection may already have
+        self._deadlines: dict[socket.socket, float] = {}
 
-    def _admit(self, address: str) -> bool:
+    def _admit(self, address: str, request: socket.socket) -> bool:
         with self._lock:
-            return self._counts.admit(address) is None
+            if self._counts.admit(address) is not None:
+                return False
+            self._deadlines[request] = time.monotonic() + self.deadline_s
+            return True
 
     def _release(self, address: str) -> None:
         with self._lock:
             self._counts.release(address)
 
+    def serving(self, request: socket.socket) -> bool:
+        """Whether ``request`` is still served (not cut at its deadline)."""
+        with self._lock:
+            return request in self._deadlines
+
+    def service_actions(self) -> None:
+        """Each poll (POLL_S) and after each accept: cut the connections past their
+        deadline. shutdown() wakes a thread blocked reading (end of file) or writing
+        (broken pipe); its own finish closes the socket and gives the place back."""
+        now = time.monotonic()
+        with self._lock:
+            late = [r for r, deadline in self._deadlines.items() if deadline <= now]
+            for request in late:
+                del self._deadlines[request]
+                with contextlib.suppress(OSError):  # the client reset it already
+                    request.shutdown(socket.SHUT_RDWR)
+        for _ in late:
+            self.on_aborted()
+
+    def shutdown_request(self, request) -> None:
+        with self._lock:
+            self._deadlines.pop(request, None)
+        super().shutdown_request(request)
+
     def process_request(self, request, client_address) -> None:
         address = _client(client_address)
-        if not self._admit(address):
+        if not self._admit(address, request):
             self.on_refused()
             try:  # one 503 if the socket takes it now, never a wait on this client
                 request.setblocking(False)
@@ -83,8 +131,8 @@ class _BoundedServer(ThreadingWSGIServer):
         try:
             super().process_request(request, client_address)  # its thread releases it
         except BaseException:
-            self._release(address)  # no thread started (none left, say)
-            raise
+            self._release(address)  # no thread started (none left, say); socketserver
+            raise  # then closes the socket, through shutdown_request: its deadline goes
 
     def process_request_thread(self, request, client_address) -> None:
         try:
@@ -99,27 +147,34 @@ class _BoundedServer(ThreadingWSGIServer):
             super().handle_error(request, client_address)
 
 
-def _server_class(host: str, port: int) -> type[_BoundedServer]:
+def _server_class(host: str, port: int, deadline_s: float) -> type[_BoundedServer]:
     """The bounded server for ``host``'s address family (an IPv6 host such as ``::``
-    needs an AF_INET6 socket)."""
+    needs an AF_INET6 socket), its connections cut ``deadline_s`` after their accept."""
     family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                 flags=socket.AI_PASSIVE)[0][0]
-    return type("MetricsServer", (_BoundedServer,), {"address_family": family})
+    return type("MetricsServer", (_BoundedServer,),
+                {"address_family": family, "deadline_s": deadline_s})
 
 
 def start_metrics_server(registry: CollectorRegistry, host: str, port: int,
                          on_refused: Callable[[], None] | None = None,
-                         timeout_s: float = SCRAPE_TIMEOUT_S):
+                         on_aborted: Callable[[], None] | None = None,
+                         deadline_s: float = SCRAPE_DEADLINE_S):
     """Serve ``registry`` at http://host:port/metrics from a daemon thread; returns the
     server (``server_port``; stop it with ``shutdown()`` then ``server_close()``). Raises
     OSError when the port cannot be bound. ``on_refused()``: a connection over a bound
-    was answered 503 and closed (called from the serving thread); ``timeout_s``: how long
-    a connection may stay silent (tests shorten it)."""
-    handler = type("MetricsHandler", (_QuietHandler,), {"timeout": timeout_s})
-    server = make_server(host, port, make_wsgi_app(registry), _server_class(host, port),
-                         handler_class=handler)
-    if on_refused is not None:  # before the serving thread starts: nothing refused yet
+    was answered 503 and closed; ``on_aborted()``: a connection was cut at its deadline
+    (both called from the serving thread); ``deadline_s``: how long a connection's whole
+    exchange may take (tests shorten it)."""
+    handler = type("MetricsHandler", (_QuietHandler,),
+                   {"timeout": deadline_s + SOCKET_TIMEOUT_MARGIN_S})
+    server = make_server(host, port, make_wsgi_app(registry),
+                         _server_class(host, port, deadline_s), handler_class=handler)
+    # before the serving thread starts: nothing refused or cut yet
+    if on_refused is not None:
         server.on_refused = on_refused
+    if on_aborted is not None:
+        server.on_aborted = on_aborted
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": POLL_S},
                      name="metrics-http", daemon=True).start()
     return server
