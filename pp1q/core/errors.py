@@ -91,6 +91,9 @@ class Reason(enum.StrEnum):
     # target processors a rank group cannot apply exactly (top-k/top-p across vocabulary
     # shards; anything but T = 1 on replicated ranks): 422, never sampled otherwise
     UNSUPPORTED_PROCESSORS = "unsupported_processors"
+    # a request whose prompt and max_tokens pass the target's context (its
+    # max_position_embeddings): 422 before it takes a slot
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     # HTTP connections at their bound: one 503; worker: a newer wire connection took the
     # place of this one before its HELLO (pp1q.wire.sessions)
     TOO_MANY_CONNECTIONS = "too_many_connections"

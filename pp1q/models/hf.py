@@ -109,6 +109,13 @@ class Checkpoint:
     load_seconds: float
 
     @property
+    def max_positions(self) -> int | None:
+        """The positions the model was built for (config's max_position_embeddings; None
+        when the config names none): the longest context a request may reach."""
+        n = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        return n if isinstance(n, int) and n > 0 else None
+
+    @property
     def variant(self) -> str:
         return f"dtype={str(self.model.dtype).removeprefix('torch.')}:device={self.model.device}"
 

@@ -64,6 +64,7 @@ class Loaded:
     # HELLO's draft_adapted: an early exit that runs a fitted exit adapter (True), or a
     # native drafter for this target (False: the exit as it is, or a draft checkpoint)
     draft_adapted: bool = False
+    max_positions: int | None = None  # the model's context (None: its config names none)
 
 
 def _load(path: Path, settings, device: str | None = None):
@@ -151,4 +152,5 @@ def load_target(settings, shard: Callable[[int], tuple[int, int]] | None = None,
         target = HFShard.from_checkpoint(ckpt, *shard(ckpt.vocab),
                                          kv_budget_bytes=settings.shard_kv_budget_bytes)
     return Loaded(target, ckpt.tokenizer, ckpt.tokenizer_digest, ckpt.vocab, draft_id,
-                  ckpt.identity, ckpt.load_seconds, draft_adapted=adapter is not None)
+                  ckpt.identity, ckpt.load_seconds, draft_adapted=adapter is not None,
+                  max_positions=ckpt.max_positions)

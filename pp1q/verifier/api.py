@@ -10,11 +10,11 @@
     max_tokens         tokens to generate, 1..MAX_NEW_TOKENS
     seed               request seed (64-bit); absent: drawn by the server and returned
     speculative        true (default): draft on the worker and verify; false: target-only
-    temperature        target temperature: > 0 samples the processed target p (default
-                       1), 0 is greedy (v1)
+    temperature        target temperature: >= MIN_TEMPERATURE samples the processed target
+                       p (default 1), 0 is greedy (v1)
     top_p, target_top_k  the target's nucleus and top-k processors (absent: none); p is
                        processed the same way for rounds and target-only steps
-    draft_temperature  proposal temperature on the worker (> 0, default 1)
+    draft_temperature  proposal temperature on the worker (>= MIN_TEMPERATURE, default 1)
     top_k              proposal support: an int k (sparse top-k; k >= vocab means dense)
                        or null (dense); absent: the verifier's configured default
     stop_token_ids     ids that end the request (finish_reason "stop"), besides the
@@ -40,6 +40,10 @@ MAX_SEED = (1 << 64) - 1  # pp1q.core.rng keys are 64-bit
 MAX_PROMPT_CHARS = 1 << 20  # bounds tokenizer work before the token bound can apply
 MAX_STOP_IDS = 64  # a stop set is looked up per committed token; keep it small
 MAX_TEMPERATURE = 100.0  # beyond this p is uniform to float64 precision anyway
+# below this a temperature (target or draft) is refused: logits / T overflows float64 for
+# subnormal T (a 500 and a traceback per request, a refused draft every round), and no
+# sampling use needs T under a millionth (vLLM takes T < 1e-5 as greedy)
+MIN_TEMPERATURE = 1e-6
 
 
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
@@ -58,7 +62,8 @@ class GenerateBody(msgspec.Struct, forbid_unknown_fields=True):
     target_top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
     stop_token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=MAX_STOP_IDS)] = []
     ignore_eos: bool = False
-    draft_temperature: Annotated[float, msgspec.Meta(gt=0.0, le=100.0)] = 1.0
+    draft_temperature: Annotated[float, msgspec.Meta(ge=MIN_TEMPERATURE,
+                                                     le=MAX_TEMPERATURE)] = 1.0
     top_k: Annotated[int, msgspec.Meta(ge=1)] | None | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -109,6 +114,9 @@ def decode_generate(body: bytes, *, vocab: int, default_top_k: int | None,
         raise HttpError(400, "bad_json", str(e)) from None
     if b.seed is not None and b.seed > MAX_SEED:
         raise HttpError(422, "invalid_field", f"seed {b.seed} above 2^64 - 1 - at `$.seed`")
+    if 0.0 < b.temperature < MIN_TEMPERATURE:
+        raise HttpError(422, "invalid_field", f"temperature {b.temperature!r}: 0 (greedy) or "
+                        f"at least {MIN_TEMPERATURE:g} - at `$.temperature`")
     prompt = _prompt_ids(b, text)
     bad = next((t for t in [*prompt, *b.stop_token_ids] if t >= vocab), None)
     if bad is not None:

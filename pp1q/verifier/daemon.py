@@ -152,7 +152,7 @@ def _build_engine(settings: VerifierSettings, deciders: Deciders, plan):
         decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
                                   draws=draws, target_delay_s=delay_s)
     scheduler = Scheduler(link, decider, metrics, slots=settings.slots, depth=settings.depth,
-                          text=TextCodec(loaded.tokenizer))
+                          text=TextCodec(loaded.tokenizer), max_positions=loaded.max_positions)
     return link, scheduler, metrics, config
 
 
@@ -178,6 +178,22 @@ def unsupported_processors(settings: VerifierSettings, processors,
             f"{processors.top_k}")
 
 
+def check_context(req, scheduler: Scheduler):
+    """``req`` if its prompt and max_tokens fit in the target's context (as OpenAI counts
+    it), else a 422 before it takes a slot: a prompt past the model's positions costs a
+    prefill of any length (quadratic attention, gigabytes, uninterruptible in the
+    decider's thread) and answers from positions the model never learnt. (Rounds whose
+    drafts would pass the context run target-only: the scheduler's rule.)"""
+    limit = scheduler.max_positions
+    if limit is None or len(req.prompt) + req.max_tokens <= limit:
+        return req
+    scheduler.metrics.request_refused(Reason.CONTEXT_LENGTH_EXCEEDED)
+    raise HttpError(422, Reason.CONTEXT_LENGTH_EXCEEDED.value,
+                    f"the prompt ({len(req.prompt)} tokens) and max_tokens ({req.max_tokens})"
+                    f" come to {len(req.prompt) + req.max_tokens}; the target's context is "
+                    f"{limit} tokens")
+
+
 def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, config,
            world: int = 1) -> dict:
     """Every route of the verifier's HTTP API (docs/operations.md, "HTTP API");
@@ -197,13 +213,13 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
             scheduler.metrics.request_refused(Reason.UNSUPPORTED_PROCESSORS)
             raise HttpError(422, Reason.UNSUPPORTED_PROCESSORS.value, why)
         if mode == "off" and req.speculative:  # every request target-only, as configured
-            return dataclasses.replace(req, speculative=False)
+            req = dataclasses.replace(req, speculative=False)
         if mode == "greedy" and req.speculative and not req.greedy:
             raise HttpError(422, "sampled_on_v1",
                             "this verifier runs greedy (v1) speculation: send temperature 0, "
                             "or speculative false; sampled speculation needs speculation = "
                             "\"sampled\" on both daemons")
-        return req
+        return check_context(req, scheduler)
 
     async def generate(request):
         req = check(decode_generate(await read_body(request), **decode_kw))

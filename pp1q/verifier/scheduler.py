@@ -117,9 +117,11 @@ class SlotPool:
 
 class Scheduler:
     def __init__(self, link: WorkerLink, decider: Decider, metrics: Metrics, *, slots: int,
-                 depth: int, text: TextCodec | None = None) -> None:
+                 depth: int, text: TextCodec | None = None,
+                 max_positions: int | None = None) -> None:
         self.link, self.decider, self.metrics = link, decider, metrics
         self.text = text  # the target's tokenizer (None: the toy has none)
+        self.max_positions = max_positions  # the target's context (None: no bound of its own)
         self.depth = depth
         self.pool = SlotPool(slots, metrics)
         self._generation = [TARGET_ONLY_GENERATION] * slots
@@ -229,7 +231,11 @@ class Scheduler:
             await self._fallback(job, Fallback(FallbackCause.CIRCUIT_OPEN, Reason.STEP_TIMEOUT,
                                                "circuit open"), job.next_round())
             return
-        if len(job.prefix) + self.depth + 1 > link.max_context:  # the worker could not hold it
+        # a round the worker could not hold, or whose drafts the target would read past its
+        # context (the request fits it, its last rounds' depth may not): target-only
+        if (len(job.prefix) + self.depth + 1 > link.max_context
+                or self.max_positions is not None
+                and len(job.prefix) + self.depth > self.max_positions):
             await self._target_only_step(job, job.generation, job.next_round(), None)
             return
         if job.context_session != link.session:  # a new session holds nothing of ours

@@ -81,3 +81,21 @@ def test_openai_chat_with_messages_uses_the_chat_template(pair, smol):
     assert choice["message"]["role"] == "assistant"
     assert choice["message"]["content"] == smol.tokenizer.decode(
         choice["token_ids"], skip_special_tokens=True)
+
+
+def test_a_request_past_the_models_context_is_refused_before_any_prefill(pair, smol):
+    """The checkpoint's max_position_embeddings bounds prompt + max_tokens: one token past
+    it is a 422 at once (its prefill would take tens of seconds here), counted."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    context = smol.max_positions
+    assert context == smol.model.config.max_position_embeddings == 8192
+    body = {"prompt_token_ids": [1] * (context - 5), "max_tokens": 6}
+    req = urllib.request.Request(pair.url + "/v1/generate", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=120)
+    assert e.value.code == 422
+    assert json.loads(e.value.read())["error"]["code"] == "context_length_exceeded"

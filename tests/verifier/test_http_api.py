@@ -11,7 +11,7 @@ import json
 import pytest
 
 from pp1q.core.errors import Reason, ServiceError
-from pp1q.verifier.api import MAX_NEW_TOKENS, decode_generate
+from pp1q.verifier.api import MAX_NEW_TOKENS, MIN_TEMPERATURE, decode_generate
 from pp1q.verifier.http import HttpError
 from pp1q.verifier.server import MAX_BODY_BYTES, HttpServer, Limits, read_body
 
@@ -35,6 +35,9 @@ def test_generate_body_defaults_and_overrides():
     assert r.top_k is None and r.greedy and not r.speculative
     assert _decode({"prompt_token_ids": [1], "max_tokens": 1, "top_k": 100}).top_k is None
     assert 0 <= r.seed < 1 << 64  # drawn by the server when absent
+    r = _decode({"prompt_token_ids": [1], "max_tokens": 1, "temperature": MIN_TEMPERATURE,
+                 "draft_temperature": MIN_TEMPERATURE})  # the least of each is taken
+    assert r.processors.temperature == r.draft_temperature == MIN_TEMPERATURE
 
 
 @pytest.mark.parametrize("body, status, code", [
@@ -55,6 +58,13 @@ def test_generate_body_defaults_and_overrides():
     ({"max_tokens": 1}, 422, "invalid_field"),
     ({"prompt_token_ids": [1], "max_tokens": 1, "top_k": 65}, 422, "top_k_too_large"),
     ({"prompt_token_ids": [1], "max_tokens": 1, "draft_temperature": 0}, 422, "invalid_field"),
+    # subnormal temperatures overflow logits / T: refused, not a 500 (or a refused draft)
+    # every round
+    ({"prompt_token_ids": [1], "max_tokens": 1, "temperature": 1e-320}, 422, "invalid_field"),
+    ({"prompt_token_ids": [1], "max_tokens": 1, "temperature": MIN_TEMPERATURE / 2}, 422,
+     "invalid_field"),
+    ({"prompt_token_ids": [1], "max_tokens": 1, "draft_temperature": 1e-320}, 422,
+     "invalid_field"),
 ])
 def test_bad_bodies_are_refused_with_a_code(body, status, code):
     with pytest.raises(HttpError) as e:

@@ -1,0 +1,95 @@
+"""The target's context bounds a request before it takes a slot: its prompt and
+max_tokens must fit in the target's positions; one past it is refused 422
+``context_length_exceeded`` (counted) on both APIs, and a request that fits exactly is
+served, its last rounds target-only where a round's drafts would pass the context."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fake_decider import FakeDecider
+from fake_worker import FakeWorker
+from link_harness import WAIT_S, linked
+from wire_helpers import config
+
+from pp1q.runtime.metrics import Metrics
+from pp1q.runtime.settings import VerifierSettings
+from pp1q.verifier.daemon import routes
+from pp1q.verifier.scheduler import Scheduler
+from pp1q.verifier.server import HttpServer
+
+pytestmark = pytest.mark.daemons  # binds servers on 127.0.0.1
+
+POSITIONS = 40  # the target's context here
+DEPTH = 3
+
+
+async def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
+    data = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+    raw = await asyncio.wait_for(reader.read(), WAIT_S)
+    writer.close()
+    head, _, answer = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(answer)
+
+
+def _body(prompt_len: int, max_tokens: int, speculative: bool) -> dict:
+    return {"prompt_token_ids": [1] * prompt_len, "max_tokens": max_tokens, "temperature": 0,
+            "speculative": speculative, "seed": 1}
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+async def test_a_request_past_the_context_is_refused_and_one_that_fits_is_served(speculative):
+    metrics, worker = Metrics("verifier"), FakeWorker()
+    async with linked(worker, metrics) as link:
+        scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=DEPTH,
+                              max_positions=POSITIONS)
+        http = HttpServer(routes(VerifierSettings(), link, scheduler, config(versions=(2,))))
+        try:
+            port = await http.start("127.0.0.1", 0)
+            assert await link.wait_ready(WAIT_S)
+            max_tokens = 5
+            fits = POSITIONS - max_tokens  # the longest prompt that fits
+            status, answer = await _post(port, "/v1/generate",
+                                         _body(fits + 1, max_tokens, speculative))
+            assert status == 422, answer
+            assert answer["error"]["code"] == "context_length_exceeded"
+            assert f"context is {POSITIONS}" in answer["error"]["message"]
+            status, answer = await _post(port, "/v1/completions", {
+                "prompt": [1] * (fits + 1), "max_tokens": max_tokens, "temperature": 0,
+                "pp1q": {"speculative": speculative}})
+            assert (status, answer["error"]["code"]) == (422, "context_length_exceeded")
+            assert metrics.value("pp1q_requests_refused_total",
+                                 reason="context_length_exceeded") == 2
+            assert metrics.value("pp1q_slots_in_use") == 0
+            status, answer = await _post(port, "/v1/generate",
+                                         _body(fits, max_tokens, speculative))
+            assert status == 200, answer
+            assert len(answer["token_ids"]) == max_tokens
+            # no round drafted a position past the context: the target reads first_position
+            # + depth positions to score one (positions count from 0)
+            assert all(s.first_position + s.depth <= POSITIONS for s in worker.steps)
+            if speculative:
+                assert worker.steps  # rounds ran while their drafts fitted
+                assert answer["stats"]["target_only_steps"] > 0  # then the last target-only
+        finally:
+            await http.close()
+
+
+async def test_a_target_with_no_context_of_its_own_bounds_nothing_more():
+    """The toy (max_positions None): the API's own prompt bound is the only one."""
+    metrics = Metrics("verifier")
+    async with linked(FakeWorker(), metrics) as link:
+        scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=DEPTH)
+        http = HttpServer(routes(VerifierSettings(), link, scheduler, config(versions=(2,))))
+        try:
+            port = await http.start("127.0.0.1", 0)
+            assert await link.wait_ready(WAIT_S)
+            status, answer = await _post(port, "/v1/generate", _body(POSITIONS * 4, 5, True))
+            assert status == 200, answer
+        finally:
+            await http.close()
