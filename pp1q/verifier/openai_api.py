@@ -196,10 +196,16 @@ def decode_call(raw: bytes, *, chat: bool, tokenizer: Tokenizer | None, model_id
     return Call(req, b, frozenset(b.stop_token_ids or ()), stop_strs, chat)
 
 
+# what a byte-level tokenizer decodes a character's first bytes to, until its last token
+# comes: the text ending in it is not yet the text the whole answer will have there
+REPLACEMENT = "\ufffd"
+
+
 class Stopper:
     """Where the output ends: at the first stop token id (excluded, as vLLM's
     stop_token_ids) or stop string (excluded, as OpenAI's); holds back the text that could
-    still become a stop string so a stream never shows what the whole answer drops."""
+    still become a stop string, or the rest of a character split across tokens, so a
+    stream never shows what the whole answer does not."""
 
     def __init__(self, call: Call, text: Tokenizer | IdText) -> None:
         self.stop_ids, self.stop_strs, self.text = call.stop_ids, call.stop_strs, text
@@ -207,6 +213,13 @@ class Stopper:
         self.shown = 0  # characters of the text already handed out
         self.stopped = False
         self._cut: int | None = None  # end of the text when a stop string matched
+        # the text of the first ``_decoded`` ids: a round's feed and delta decode once
+        self._decoded, self._text = 0, ""
+
+    def _decode(self) -> str:
+        if self._decoded != len(self.ids):  # ids only grow: their count names them
+            self._decoded, self._text = len(self.ids), self.text.decode(self.ids)
+        return self._text
 
     def feed(self, new: list[int]) -> bool:
         """Take a round's committed tokens; True when the output ended in them."""
@@ -216,21 +229,25 @@ class Stopper:
                 return True
             self.ids.append(t)
         if self.stop_strs:
-            full = self.text.decode(self.ids)
+            full = self._decode()
             hits = [i for i in (full.find(s) for s in self.stop_strs) if i >= 0]
             if hits:
                 self._cut, self.stopped = min(hits), True
         return self.stopped
 
     def full_text(self) -> str:
-        return self.text.decode(self.ids)[: self._cut]
+        return self._decode()[: self._cut]
 
     def delta(self, final: bool) -> str:
-        """Text not yet handed out; before the end, less what a stop string could start."""
+        """Text not yet handed out; before the end, less what a stop string could start
+        and less a trailing character still undecoded (U+FFFD until its last byte)."""
         full = self.full_text()
         end = len(full)
-        if not final and self.stop_strs and not self.stopped:
-            end = max(self.shown, end - (max(map(len, self.stop_strs)) - 1))
+        if not final and not self.stopped:
+            end = len(full.rstrip(REPLACEMENT))
+            if self.stop_strs:
+                end = min(end, len(full) - (max(map(len, self.stop_strs)) - 1))
+            end = max(self.shown, end)
         out, self.shown = full[self.shown:end], max(self.shown, end)
         return out
 

@@ -90,6 +90,34 @@ def test_stop_string_is_never_streamed_then_taken_back():
     assert stopped and s.full_text() == "abcx"
 
 
+class ByteTokenizer:
+    """A byte-level tokenizer's decode: each id its bytes, the whole run decoded as UTF-8
+    with U+FFFD for an incomplete character (as GPT-2 style BPE decodes a prefix)."""
+
+    PIECES = {1: b"Le ", 2: b"caf", 3: "é".encode(), 4: b" ",
+              5: "東".encode()[:2], 6: "東".encode()[2:], 7: "😀".encode()[:1],
+              8: "😀".encode()[1:3], 9: "😀".encode()[3:], 10: b"!"}
+
+    def decode(self, ids):
+        return b"".join(self.PIECES[i] for i in ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("stop", [None, ["zz"]])
+def test_a_character_split_across_tokens_is_streamed_whole(stop):
+    """A stream of one-token rounds shows no U+FFFD for a character whose bytes are not
+    all in yet, and its deltas concatenate to the whole answer's text."""
+    tok = ByteTokenizer()
+    body = {"prompt": [1]} | ({"stop": stop} if stop else {})
+    s = Stopper(_call(body, tokenizer=CharTokenizer()), tok)
+    rounds = [[1], [2], [3], [4], [5], [6], [4], [7], [8], [9], [10]]
+    deltas = []
+    for i, new in enumerate(rounds):
+        s.feed(new)
+        deltas.append(s.delta(final=i == len(rounds) - 1))
+    assert "".join(deltas) == s.full_text() == "Le café 東 😀!"
+    assert not any("\ufffd" in d for d in deltas)
+
+
 def test_chunks_and_events_have_openai_shapes():
     shape = Shape(chat=True, model=MODEL)
     chunk = shape.chunk(" 1", [1])
