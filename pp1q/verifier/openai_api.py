@@ -191,9 +191,26 @@ def decode_call(raw: bytes, *, chat: bool, tokenizer: Tokenizer | None, model_id
         native["seed"] = b.seed
     if b.pp1q.draft_top_k is not msgspec.UNSET:
         native["top_k"] = b.pp1q.draft_top_k
-    req = decode_generate(msgspec.json.encode(native), vocab=vocab, default_top_k=default_top_k,
-                          max_support=max_support, text=text)
+    try:
+        req = decode_generate(msgspec.json.encode(native), vocab=vocab,
+                              default_top_k=default_top_k, max_support=max_support, text=text)
+    except HttpError as e:  # name the field as the client sent it, not its native name
+        raise HttpError(e.status, e.code, _openai_paths(e.message, chat)) from None
     return Call(req, b, frozenset(b.stop_token_ids or ()), stop_strs, chat)
+
+
+# the native fields decode_generate checks, by the OpenAI body's name for each
+_OPENAI_PATH = {"$.draft_temperature": "$.pp1q.draft_temperature",
+                "$.top_k": "$.pp1q.draft_top_k", "$.target_top_k": "$.top_k"}
+
+
+def _openai_paths(message: str, chat: bool) -> str:
+    """``message`` with each native field path (msgspec's `` `$.name` ``) as the OpenAI
+    body names it."""
+    paths = {**_OPENAI_PATH, "$.prompt_token_ids": "$.messages" if chat else "$.prompt"}
+    for native, openai in paths.items():
+        message = message.replace(f"`{native}`", f"`{openai}`")
+    return message
 
 
 # what a byte-level tokenizer decodes a character's first bytes to, until its last token

@@ -71,6 +71,17 @@ def test_bad_requests_get_a_clear_4xx(body, chat, status, code):
     assert (e.value.status, e.value.code) == (status, code), e.value.message
 
 
+@pytest.mark.parametrize("body, path", [
+    ({"prompt": [1], "pp1q": {"draft_temperature": 0}}, "`$.pp1q.draft_temperature`"),
+    ({"prompt": [1], "temperature": 1e-320}, "`$.temperature`"),
+    ({"prompt": [1], "temperature": 200}, "`$.temperature`"),
+])
+def test_a_refusal_names_the_field_as_the_client_sent_it(body, path):
+    with pytest.raises(HttpError) as e:
+        _call(body)
+    assert e.value.code == "invalid_field" and path in e.value.message, e.value.message
+
+
 def test_stop_token_ends_the_output_before_it():
     s = Stopper(_call({"prompt": [1], "stop_token_ids": [7]}), IdText())
     assert not s.feed([3, 4])
