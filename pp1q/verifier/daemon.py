@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -178,6 +180,24 @@ def unsupported_processors(settings: VerifierSettings, processors,
             f"{processors.top_k}")
 
 
+def decoder_off_loop(tokenizes: bool):
+    """``await decoded(fn, *args, **kw)``: a request body's decoding, which for a real
+    target tokenizes its text (a 1 MiB prompt is ~0.8 s of tokenizing: on the event loop
+    it stalled every round, the worker link and /healthz), run in one thread of its own.
+    One thread, never more: a Rust tokenizer called from two threads at once can refuse
+    ("Already borrowed"). Without a tokenizer (the toy) decoding is microseconds: inline."""
+    if not tokenizes:
+        async def inline(fn, *args, **kw):
+            return fn(*args, **kw)
+        return inline
+    thread = ThreadPoolExecutor(1, thread_name_prefix="pp1q-tokenize")
+
+    async def off_loop(fn, *args, **kw):
+        return await asyncio.get_running_loop().run_in_executor(
+            thread, functools.partial(fn, *args, **kw))
+    return off_loop
+
+
 def check_context(req, scheduler: Scheduler):
     """``req`` if its prompt and max_tokens fit in the target's context (as OpenAI counts
     it), else a 422 before it takes a slot: a prompt past the model's positions costs a
@@ -204,6 +224,7 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
     mode = settings.speculation
     decode_kw = {"vocab": vocab, "default_top_k": default_top_k,
                  "max_support": config.limits.max_support, "text": scheduler.text}
+    decoded = decoder_off_loop(scheduler.text is not None)
 
     def check(req):
         """The request as this verifier will run it (speculation mode, rank limits);
@@ -222,7 +243,7 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
         return check_context(req, scheduler)
 
     async def generate(request):
-        req = check(decode_generate(await read_body(request), **decode_kw))
+        req = check(await decoded(decode_generate, await read_body(request), **decode_kw))
         return 200, await scheduler.generate(req)
 
     async def healthz(request):
@@ -248,7 +269,7 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
     return {("POST", "/v1/generate"): generate, ("GET", "/healthz"): healthz,
             **openai_routes(scheduler, model_id=config.identity.target_id,
                             tokenizer=scheduler.text, decode_kw=decode_kw,
-                            check=check)}
+                            check=check, decoded=decoded)}
 
 
 async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,

@@ -27,17 +27,19 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: dict,
-                  check: Callable[[GenerateRequest], GenerateRequest]) -> dict:
+                  check: Callable[[GenerateRequest], GenerateRequest], decoded) -> dict:
     """``decode_kw``: vocab, default_top_k, max_support, text; ``check(req)``: the daemon's
-    own refusals and adjustments (speculation mode), returning the request to run."""
+    own refusals and adjustments (speculation mode), returning the request to run;
+    ``await decoded(fn, *args, **kw)`` runs the body's decoding (off the event loop where
+    it tokenizes)."""
     text = tokenizer if tokenizer is not None else IdText()
     created = int(time.time())
 
     def handler(chat: bool):
         async def handle(request: web.Request):
             raw = await read_body(request)
-            call = decode_call(raw, chat=chat, tokenizer=tokenizer, model_id=model_id,
-                               **decode_kw)
+            call = await decoded(decode_call, raw, chat=chat, tokenizer=tokenizer,
+                                 model_id=model_id, **decode_kw)
             call.req = check(call.req)
             shape, stopper = Shape(chat, model_id), Stopper(call, text)
             if not call.body.stream:
