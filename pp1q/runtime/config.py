@@ -26,6 +26,7 @@ from pathlib import Path
 from msgspec import inspect as mi
 
 from pp1q.core.errors import ConfigError
+from pp1q.runtime.files import read_regular
 from pp1q.runtime.settings import (
     ROLES,
     DaemonSettings,
@@ -95,8 +96,7 @@ def resolve(args: argparse.Namespace, role: str) -> DaemonSettings:
 def load(path: Path, role: str) -> dict[str, object]:
     """The values a config file gives ``role``: top level, then its table over it."""
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw, _ = read_regular(path, MAX_CONFIG_BYTES)
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
     if len(raw) > MAX_CONFIG_BYTES:

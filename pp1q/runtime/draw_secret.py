@@ -17,6 +17,7 @@ import stat
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import ConfigError
+from pp1q.runtime.files import read_regular
 
 log = logging.getLogger("pp1q.verifier")
 
@@ -30,9 +31,8 @@ def load_draw_keys(path: str | None) -> DrawKeys:
                     "the same seed gives other outputs after a restart", keys.fingerprint)
         return keys
     try:
-        with open(path, "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            raw = f.read(MAX_SECRET_FILE_BYTES + 1)
+        raw, st = read_regular(path, MAX_SECRET_FILE_BYTES)
+        mode = st.st_mode
     except OSError as e:
         raise ConfigError(f"draw_secret_file = {path!r}: cannot read it: {e.strerror}",
                           key="draw_secret_file") from None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pp1q.core.errors import ConfigError
 from pp1q.core.outcomes import PeerRefusal
 from pp1q.runtime.config import add_setting
+from pp1q.runtime.files import check_regular
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import TLS_FILES, DaemonSettings, VerifierSettings
 
@@ -118,11 +119,14 @@ def _context(protocol: int, settings: DaemonSettings,
     ctx.verify_mode = ssl.CERT_REQUIRED  # PROTOCOL_TLS_CLIENT also checks the host name
     cert, key, ca = (getattr(settings, k) for k in TLS_FILES)
     try:
+        check_regular(cert)
+        check_regular(key)
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"tls_cert = {cert!r}, tls_key = {key!r}: {_why(e)}",
                           key="tls_cert") from None
     try:
+        check_regular(ca)
         ctx.load_verify_locations(cafile=ca)
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"tls_ca = {ca!r}: {_why(e)}", key="tls_ca") from None

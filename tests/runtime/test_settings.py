@@ -19,7 +19,7 @@ from pp1q.cli import main
 from pp1q.cli import verifier as verifier_cmd
 from pp1q.cli import worker as worker_cmd
 from pp1q.core.errors import ConfigError, Pp1qError, Reason
-from pp1q.runtime.config import load, option_of, resolve
+from pp1q.runtime.config import MAX_CONFIG_BYTES, load, option_of, resolve
 from pp1q.runtime.settings import (
     ROLES,
     VerifierSettings,
@@ -225,7 +225,11 @@ def test_unreadable_or_malformed_files_and_usage_errors_are_one_line(capsys, tmp
     cfg.write_bytes(b"slots = 4\n# caf\xe9 in Latin-1\n")  # was: a UnicodeDecodeError traceback
     assert "not UTF-8" in _refused_in_process(capsys, ["verifier", "--config", str(cfg)])
     # the wrong file, read no further than the bound (was: read whole, /dev/zero for ever)
-    assert "larger than" in _refused_in_process(capsys, ["verifier", "--config", "/dev/zero"])
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    assert "larger than" in _refused_in_process(capsys, ["verifier", "--config", str(big)])
+    assert "is a character device" in _refused_in_process(
+        capsys, ["verifier", "--config", "/dev/zero"])  # a device is refused before a read
     with pytest.raises(SystemExit) as e:  # argparse's own refusals: one line too
         main(["worker", "--no-such-option", "1"])
     assert e.value.code == CONFIG_ERROR_EXIT

@@ -110,6 +110,30 @@ def test_tls_needs_all_three_files_and_says_which_is_wrong(pki, tmp_path):
                                              "tls_key": str(pki["verifier"].key)}))
 
 
+@pytest.mark.parametrize("which", ["tls_cert", "tls_key", "tls_ca"])
+def test_a_tls_file_that_is_a_fifo_is_refused_at_once(pki, tmp_path, which):
+    """OpenSSL opens the files by name: a FIFO with no writer blocked it for ever."""
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo.pem"
+    os.mkfifo(fifo)
+    settings = WorkerSettings(**{**pki["worker"].settings(), which: str(fifo)})
+    out: list = []
+
+    def run():
+        try:
+            tls.server_context(settings)
+        except ConfigError as e:
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(TIMEOUT_S)
+    assert not t.is_alive(), f"{which} as a FIFO hung"
+    assert out and "is a FIFO, not a regular file" in str(out[0]), out
+
+
 def test_options_and_toml_keys_reach_the_settings(pki, tmp_path):
     v = pki["verifier"]
     cfg = tmp_path / "pp1q.toml"

@@ -32,6 +32,7 @@ from pp1q.runtime.capture.format import (
     cap_for,
     direction_for,
 )
+from pp1q.runtime.files import read_regular
 
 READ_BUFFER_BYTES = 1 << 20  # sequential reads of many small records
 
@@ -82,9 +83,9 @@ class CaptureReader:
         self.allow_truncated = allow_truncated
         self.follow_s = follow_s
         self.truncated: CaptureError | None = None
-        self.size = self.path.stat().st_size
-        with open(self.path, "rb") as f:
-            self.header = _parse_header(f.read(FILE_HEADER_BYTES))
+        raw, st = read_regular(self.path, FILE_HEADER_BYTES)
+        self.size = st.st_size
+        self.header = _parse_header(raw[:FILE_HEADER_BYTES])
 
     def __iter__(self) -> Iterator[Record]:
         with open(self.path, "rb", buffering=READ_BUFFER_BYTES) as f:

@@ -1,0 +1,78 @@
+"""Files an operator names, given a FIFO, a folder or a device where a file belongs: each
+is refused at once with one line naming what the path is (a FIFO with no writer blocked
+open() for ever). Each call runs in a thread with a bounded join, so a hang fails."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from pp1q.core.errors import ConfigError
+from pp1q.runtime.capture.reader import CaptureReader
+from pp1q.runtime.config import load
+from pp1q.runtime.draw_secret import load_draw_keys
+from pp1q.runtime.files import NotRegularFileError, read_regular
+
+JOIN_S = 10.0  # a refusal takes microseconds; a hang is what this bounds
+
+
+def returns(fn, *args):
+    """What ``fn(*args)`` raised (None: it returned), or a failure if it hung."""
+    out: list = []
+
+    def run():
+        try:
+            fn(*args)
+            out.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(JOIN_S)
+    assert not t.is_alive(), f"{getattr(fn, '__name__', fn)} hung on {args[0]}"
+    return out[0]
+
+
+@pytest.fixture(params=["fifo", "folder"])
+def not_a_file(request, tmp_path) -> tuple[Path, str]:
+    path = tmp_path / request.param
+    if request.param == "fifo":
+        os.mkfifo(path)
+        return path, "is a FIFO, not a regular file"
+    path.mkdir()
+    return path, "is a folder, not a regular file"
+
+
+def test_read_regular_refuses_by_kind_and_bounds_the_read(not_a_file, tmp_path):
+    path, why = not_a_file
+    e = returns(read_regular, path, 16)
+    assert isinstance(e, NotRegularFileError) and e.strerror == why
+    if Path("/dev/zero").exists():  # a device never ends: refused before a read
+        e = returns(read_regular, "/dev/zero", 16)
+        assert e.strerror == "is a character device, not a regular file"
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * 100)
+    data, st = read_regular(f, 16)
+    assert data == b"x" * 17 and st.st_size == 100  # one more than the limit: "too large"
+
+
+def test_a_config_that_is_not_a_file_is_a_one_line_config_error(not_a_file):
+    path, why = not_a_file
+    e = returns(load, path, "verifier")
+    assert isinstance(e, ConfigError) and str(e) == f"cannot read config {path}: {why}"
+
+
+def test_a_draw_secret_that_is_not_a_file_is_a_one_line_config_error(not_a_file):
+    path, why = not_a_file
+    e = returns(load_draw_keys, str(path))
+    assert isinstance(e, ConfigError) and why in str(e) and "\n" not in str(e)
+
+
+def test_a_capture_that_is_not_a_file_is_refused_by_name(not_a_file):
+    path, why = not_a_file
+    e = returns(CaptureReader, path)
+    assert isinstance(e, OSError) and e.strerror == why  # pp1q replay prints the line
