@@ -46,6 +46,9 @@ def add_arguments(p) -> None:
     add_setting(p, v, "http_connections_per_address", "N",
                 "HTTP connections one client address may hold (0: no such bound, for a "
                 "proxy in front)")
+    add_setting(p, v, "requests_queued_per_address", "N",
+                "requests one client address may have waiting for a slot (0: no such "
+                "bound, for a proxy in front)")
     add_setting(p, v, "target_delay_ms", "MS",
                 "simulated forward-pass latency of the embedded toy target per call "
                 "(the demo uses it to model a large target)")

@@ -94,6 +94,8 @@ class Reason(enum.StrEnum):
     # a request whose prompt and max_tokens pass the target's context (its
     # max_position_embeddings): 422 before it takes a slot
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    # the client's address holds its share of the slot queue (requests_queued_per_address)
+    TOO_MANY_QUEUED_FROM_ADDRESS = "too_many_queued_from_address"
     # HTTP connections at their bound: one 503; worker: a newer wire connection took the
     # place of this one before its HELLO (pp1q.wire.sessions)
     TOO_MANY_CONNECTIONS = "too_many_connections"

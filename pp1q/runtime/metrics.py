@@ -55,10 +55,11 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "connections_closed": WORKER, "drafting_aborts": WORKER,
 }
 # Why the verifier refused a request before it took a slot (requests_refused's labels):
-# 503 for the first four, 422 for processors a rank group cannot apply exactly and for a
+# 503 for the first five, 422 for processors a rank group cannot apply exactly and for a
 # request past the target's context
 REFUSED_REQUESTS = (Reason.QUEUE_FULL, Reason.STOPPING, Reason.TOO_MANY_CONNECTIONS,
-                    Reason.TOO_MANY_CONNECTIONS_FROM_ADDRESS, Reason.UNSUPPORTED_PROCESSORS,
+                    Reason.TOO_MANY_CONNECTIONS_FROM_ADDRESS,
+                    Reason.TOO_MANY_QUEUED_FROM_ADDRESS, Reason.UNSUPPORTED_PROCESSORS,
                     Reason.CONTEXT_LENGTH_EXCEEDED)
 # Why the verifier aborted an HTTP connection it had admitted (http_connections_aborted)
 ABORTED_CONNECTIONS = (Reason.CLIENT_STALLED,)
@@ -138,7 +139,8 @@ class Metrics:
                                 ("outcome",))
         self.requests_refused = counter(
             "requests_refused", "Requests refused before they took a slot, by reason: 503 "
-            "queue_full, stopping, too_many_connections, too_many_connections_from_address; "
+            "queue_full, stopping, too_many_connections, too_many_connections_from_address, "
+            "too_many_queued_from_address; "
             "422 unsupported_processors, context_length_exceeded", ("reason",))
         self.metrics_connections_refused = counter(
             "metrics_connections_refused", "Connections to /metrics answered 503 and closed:"

@@ -53,6 +53,11 @@ MAX_HTTP_CONNECTIONS = 512
 # machine (200 concurrent clients is common) still gets its share; behind a proxy every
 # client has the proxy's address: MAX_HTTP_CONNECTIONS, or 0 for no per-address bound
 DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS = 256
+MAX_QUEUED_REQUESTS = 256  # requests waiting for a slot before new ones get 503
+# one client address's share of that queue: half, as for the connections, so that one
+# client's backlog leaves room for everyone else's requests; behind a proxy every
+# client has the proxy's address: MAX_QUEUED_REQUESTS, or 0 for no per-address bound
+DEFAULT_QUEUED_PER_ADDRESS = 128
 # STEP deadlines when watchdog_ms is unset. The toy drafts a round in milliseconds; a
 # real model's STEP on a CPU holds D drafter forwards and, on a new context, the
 # drafter's prefill of the whole prompt: 1-3 s for SmolLM2-135M on one loaded core,
@@ -195,6 +200,10 @@ class VerifierSettings(DaemonSettings, frozen=True, kw_only=True):
     # such bound, for a proxy in front (every client then has the proxy's address)
     http_connections_per_address: Annotated[int, Meta(ge=0, le=MAX_HTTP_CONNECTIONS)] = \
         DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS
+    # one client address's share of the requests queued for a slot (pp1q.verifier.
+    # slot_pool); 0: no such bound, for a proxy in front
+    requests_queued_per_address: Annotated[int, Meta(ge=0, le=MAX_QUEUED_REQUESTS)] = \
+        DEFAULT_QUEUED_PER_ADDRESS
     target_delay_ms: NonNegative = 0.0
     tls_server_name: str | None = None  # None: the host of ``worker``
     ranks: Annotated[int, Meta(ge=1, le=MAX_RANKS)] = 1

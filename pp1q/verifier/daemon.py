@@ -38,7 +38,7 @@ from pp1q.verifier.openai_routes import openai_routes
 from pp1q.verifier.ranks.launch import rank_plan
 from pp1q.verifier.ranks.replica import RankDecisions
 from pp1q.verifier.scheduler import Scheduler
-from pp1q.verifier.server import HttpServer, Limits, read_body
+from pp1q.verifier.server import HttpServer, Limits, read_body, request_address
 from pp1q.wire import WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, engine_identity, verifier_config
 
@@ -89,7 +89,8 @@ def build(settings: VerifierSettings, deciders: Deciders = STANDARD, plan=None):
     else:
         decider = deciders.local(target, slots=slots, depth=depth, draws=draws,
                                  target_delay_s=delay_s)
-    scheduler = Scheduler(link, decider, metrics, slots=slots, depth=depth)
+    scheduler = Scheduler(link, decider, metrics, slots=slots, depth=depth,
+                          queued_per_address=settings.requests_queued_per_address)
     return link, scheduler, metrics, config
 
 
@@ -154,7 +155,8 @@ def _build_engine(settings: VerifierSettings, deciders: Deciders, plan):
         decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
                                   draws=draws, target_delay_s=delay_s)
     scheduler = Scheduler(link, decider, metrics, slots=settings.slots, depth=settings.depth,
-                          text=TextCodec(loaded.tokenizer), max_positions=loaded.max_positions)
+                          text=TextCodec(loaded.tokenizer), max_positions=loaded.max_positions,
+                          queued_per_address=settings.requests_queued_per_address)
     return link, scheduler, metrics, config
 
 
@@ -244,7 +246,7 @@ def routes(settings: VerifierSettings, link: WorkerLink, scheduler: Scheduler, c
 
     async def generate(request):
         req = check(await decoded(decode_generate, await read_body(request), **decode_kw))
-        return 200, await scheduler.generate(req)
+        return 200, await scheduler.generate(req, address=request_address(request))
 
     async def healthz(request):
         # 200 while requests are served (degraded: target-only, exact, slower); 503 when

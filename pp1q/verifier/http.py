@@ -26,6 +26,7 @@ class HttpError(Pp1qError):
 # The scheduler and its deciders raise ServiceError; nothing else picks a status.
 STATUS_OF: dict[Reason, tuple[int, str]] = {
     Reason.QUEUE_FULL: (503, "busy"),
+    Reason.TOO_MANY_QUEUED_FROM_ADDRESS: (503, "busy"),
     Reason.STOPPING: (503, "stopping"),
     Reason.RANKS_LOST: (503, "ranks_lost"),
     Reason.RANK_DISAGREEMENT: (500, "rank_disagreement"),

@@ -21,7 +21,7 @@ from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.http import HttpError, as_http, error_body
 from pp1q.verifier.openai_api import Call, IdText, Shape, Stopper, decode_call, sse
 from pp1q.verifier.scheduler import Scheduler
-from pp1q.verifier.server import read_body
+from pp1q.verifier.server import read_body, request_address
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -43,7 +43,8 @@ def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: 
             call.req = check(call.req)
             shape, stopper = Shape(chat, model_id), Stopper(call, text)
             if not call.body.stream:
-                answer = await scheduler.generate(call.req, stopper.feed)
+                answer = await scheduler.generate(call.req, stopper.feed,
+                                                  request_address(request))
                 return 200, shape.answer(call, stopper, answer)
             return await _stream(request, scheduler, call, shape, stopper)
         return handle
@@ -65,7 +66,8 @@ async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape:
         wake.put_nowait(None)
         return stopper.feed(new)
 
-    task = asyncio.ensure_future(scheduler.generate(call.req, on_tokens))
+    task = asyncio.ensure_future(scheduler.generate(call.req, on_tokens,
+                                                    request_address(request)))
     task.add_done_callback(lambda _: wake.put_nowait(None))
     resp: web.StreamResponse | None = None
     sent = 0

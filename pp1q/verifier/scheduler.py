@@ -25,7 +25,6 @@ keyed by its draw seed (pp1q.core.drawkey), the worker's PROPOSAL draws by the s
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import time
 from collections.abc import Callable
@@ -41,11 +40,11 @@ from pp1q.verifier.api import GenerateRequest, finish
 from pp1q.verifier.decider import Decider
 from pp1q.verifier.job import TARGET_ONLY_GENERATION, Job
 from pp1q.verifier.link import Fallback, WorkerLink
+from pp1q.verifier.slot_pool import NO_ADDRESS, SlotPool
 from pp1q.wire import Commit, Step
 from pp1q.wire.events import ProposalReady
 
 MAX_GENERATION = (1 << 24) - 1  # the wire's generation field and the RNG counter are 24-bit
-MAX_QUEUED_REQUESTS = 256  # requests waiting for a slot before new ones get 503
 # after the drain deadline a request still running ends at its next round; this long is
 # one round at worst with the toy's default watchdog (2 s; a real model's is 20 s) and a
 # slow target step
@@ -63,67 +62,15 @@ class Drained:
     queued: int
 
 
-class SlotPool:
-    """Free slot ids; waiting requests are served first come, first served."""
-
-    def __init__(self, n: int, metrics: Metrics) -> None:
-        self._free = collections.deque(range(n))
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()
-        self.metrics = metrics
-        self.size = n
-
-    async def acquire(self) -> int:
-        if self._free and not self._waiters:
-            slot = self._free.popleft()
-        else:
-            if len(self._waiters) >= MAX_QUEUED_REQUESTS:
-                raise ServiceError(Reason.QUEUE_FULL,
-                                   f"{MAX_QUEUED_REQUESTS} requests already queued")
-            fut = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            self.metrics.requests_queued.set(len(self._waiters))
-            try:
-                slot = await fut
-            except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():
-                    self.release(fut.result())
-                raise
-            finally:  # served, refused or gone: the queue is shorter by one
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(fut)
-                self.metrics.requests_queued.set(len(self._waiters))
-        self.metrics.slots_in_use.set(self.size - len(self._free))
-        return slot
-
-    def refuse_waiters(self, error: ServiceError) -> int:
-        """Every request waiting for a slot fails with ``error``; how many there were."""
-        n = 0
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_exception(error)
-                n += 1
-        return n
-
-    def release(self, slot: int) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(slot)
-                return
-        self._free.append(slot)
-        self.metrics.slots_in_use.set(self.size - len(self._free))
-
-
 class Scheduler:
     def __init__(self, link: WorkerLink, decider: Decider, metrics: Metrics, *, slots: int,
                  depth: int, text: TextCodec | None = None,
-                 max_positions: int | None = None) -> None:
+                 max_positions: int | None = None, queued_per_address: int = 0) -> None:
         self.link, self.decider, self.metrics = link, decider, metrics
         self.text = text  # the target's tokenizer (None: the toy has none)
         self.max_positions = max_positions  # the target's context (None: no bound of its own)
         self.depth = depth
-        self.pool = SlotPool(slots, metrics)
+        self.pool = SlotPool(slots, metrics, queued_per_address)
         self._generation = [TARGET_ONLY_GENERATION] * slots
         self.stopping = False  # drain(): no request is taken any more
         self._cut = False  # the drain deadline passed: running requests end at their next round
@@ -134,15 +81,18 @@ class Scheduler:
     # -- requests ----------------------------------------------------------------
 
     async def generate(self, req: GenerateRequest,
-                       on_tokens: Callable[[list[int]], bool] | None = None) -> dict:
+                       on_tokens: Callable[[list[int]], bool] | None = None,
+                       address: str = NO_ADDRESS) -> dict:
         """Run ``req`` to completion. ``on_tokens(new)`` is called with each round's
         committed tokens as they are committed (streaming); a true return ends the
-        request after that round (finish_reason "stop": the caller saw a stop token)."""
+        request after that round (finish_reason "stop": the caller saw a stop token).
+        ``address``: the client's (pp1q.runtime.address_counts.client_address), whose
+        share of the queue and of freed slots it counts against."""
         t0 = time.perf_counter()
         try:
             if self.stopping:
                 raise ServiceError(Reason.STOPPING, "the verifier is stopping; retry elsewhere")
-            slot = await self.pool.acquire()
+            slot = await self.pool.acquire(address)
         except ServiceError as e:  # answered 503 (busy, stopping) before it took a slot
             self.metrics.request_refused(e.reason)
             raise

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from pp1q.core.errors import Reason, ServiceError
+from pp1q.runtime.address_counts import client_address
 from pp1q.runtime.settings import DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS, MAX_HTTP_CONNECTIONS
 from pp1q.verifier.http import HttpError, as_http, error_body
 from pp1q.verifier.http_gate import WRITE_STALL_S, Gates
@@ -76,6 +77,14 @@ def json_response(status: int, body: object, headers: dict[str, str] | None = No
     return web.Response(status=status, headers=headers,
                         body=json.dumps(body, separators=(",", ":")).encode() + b"\n",
                         content_type="application/json")
+
+
+def request_address(request: web.Request) -> str:
+    """The client address a request counts against (its share of the slot queue): as
+    the connection gate counts it (an IPv6 client's /64); "" when the peer is gone."""
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return client_address(peer) if peer else ""
 
 
 async def read_body(request: web.Request) -> bytes:

@@ -15,7 +15,7 @@ from fake_decider import ALONE, BONUS, FakeDecider
 from pp1q.core.errors import Pp1qError, Reason, ServiceError
 from pp1q.core.outcomes import FallbackCause
 from pp1q.runtime.metrics import Metrics
-from pp1q.verifier import scheduler as scheduler_mod
+from pp1q.verifier import slot_pool
 from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.http import STATUS_OF, as_http
 from pp1q.verifier.link import Fallback
@@ -124,7 +124,7 @@ async def test_a_deciders_service_error_fails_the_request_and_frees_the_slot():
 
 
 async def test_a_full_queue_is_a_service_error(monkeypatch):
-    monkeypatch.setattr(scheduler_mod, "MAX_QUEUED_REQUESTS", 1)
+    monkeypatch.setattr(slot_pool, "MAX_QUEUED_REQUESTS", 1)
     pool = _scheduler(FakeDecider()).pool
     assert await pool.acquire() == 0  # the only slot
     waiter = asyncio.ensure_future(pool.acquire())
@@ -137,7 +137,7 @@ async def test_a_full_queue_is_a_service_error(monkeypatch):
 
 
 async def test_requests_answered_503_are_counted_by_reason(monkeypatch):
-    monkeypatch.setattr(scheduler_mod, "MAX_QUEUED_REQUESTS", 0)
+    monkeypatch.setattr(slot_pool, "MAX_QUEUED_REQUESTS", 0)
     s = _scheduler(FakeDecider())
     held = await s.pool.acquire()  # the only slot, and no room to wait
     with pytest.raises(ServiceError) as e:
@@ -156,6 +156,7 @@ async def test_requests_answered_503_are_counted_by_reason(monkeypatch):
 
 def test_reasons_map_to_todays_statuses_in_one_table():
     assert STATUS_OF == {Reason.QUEUE_FULL: (503, "busy"),
+                         Reason.TOO_MANY_QUEUED_FROM_ADDRESS: (503, "busy"),
                          Reason.STOPPING: (503, "stopping"),
                          Reason.RANKS_LOST: (503, "ranks_lost"),
                          Reason.RANK_DISAGREEMENT: (500, "rank_disagreement"),
