@@ -198,3 +198,53 @@ def test_the_analyser_describes_every_message_type():
     assert {TYPE_OF[cls] for cls in DESCRIBE} == set(MsgType)
     assert len({label for label, _ in DESCRIBE.values()}) == len(DESCRIBE)
     assert all(label == TYPE_OF[cls].name for cls, (label, _) in DESCRIBE.items())
+
+
+def _crafted(tmp_path, *records) -> str:
+    """A capture of ``records`` (kind, direction, conn, body), checksums right."""
+    from pp1q.runtime.capture.format import Role, file_header, record_head
+    raw = file_header(Role.VERIFIER, 0)
+    for kind, d, conn, body in records:
+        raw += record_head(kind, d, conn, 0, body) + body
+    path = tmp_path / "crafted.pp1qcap"
+    path.write_bytes(raw)
+    return path
+
+
+@pytest.mark.parametrize("meta, why", [
+    (b"[" * 4000, "nested too deeply"),  # was: a RecursionError traceback, exit 1
+    (b'{"step_timeout_s": "x"}', "step_timeout_s 'x'"),  # was: a ValueError traceback
+    (b'{"step_timeout_s": [1]}', "step_timeout_s [1]"),  # was: a TypeError traceback
+    (b'{"step_timeout_s": -1}', "step_timeout_s -1"),
+    (b'{"step_timeout_s": true}', "step_timeout_s True"),
+], ids=["deep", "string", "list", "negative", "bool"])
+def test_crafted_metadata_is_one_line_and_exit_two(capsys, tmp_path, meta, why):
+    from pp1q.runtime.capture import Direction, Kind
+    path = _crafted(tmp_path, (Kind.INFO, Direction.NONE, 0, meta))
+    code, _, err = _run(capsys, path, "--verify")
+    assert code == 2 and why in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_connections_open_at_once_are_bounded_and_closed_ones_let_go(capsys, tmp_path):
+    """Each open connection holds decoders (64 KiB each, made at its first DATA); a
+    capture of many OPENs made the replay hold gigabytes (2.8 GB for 20,000 records)."""
+    from pp1q.runtime.capture import Direction, Kind
+    from pp1q.runtime.capture.format import MAX_OPEN_CONNECTIONS
+    from pp1q.tools.replay.streams import StreamSet
+    from pp1q.wire import MAGIC as WIRE_MAGIC
+    opened = b'{"protocol": "wire"}'
+    cycles = [rec for c in range(1, 2 * MAX_OPEN_CONNECTIONS)
+              for rec in ((Kind.OPEN, Direction.NONE, c, opened),
+                          (Kind.DATA, Direction.IN, c, WIRE_MAGIC[:2]),
+                          (Kind.CLOSE, Direction.NONE, c, b"{}"))]
+    header, recs = read_capture(_crafted(tmp_path, *cycles))
+    streams, most = StreamSet(header.role), 0
+    for rec in recs:  # open, feed and close, one connection after another
+        streams.items(rec)
+        most = max(most, len(streams._streams))
+    assert most == 2 and not streams._streams  # one connection's two directions at most
+    code, _, _ = _run(capsys, tmp_path / "crafted.pp1qcap", "--verify")
+    assert code == 0
+    many = [(Kind.OPEN, Direction.NONE, c, opened) for c in range(1, MAX_OPEN_CONNECTIONS + 2)]
+    code, out, err = _run(capsys, _crafted(tmp_path, *many))
+    assert code == 2 and f"more than {MAX_OPEN_CONNECTIONS} connections open" in err

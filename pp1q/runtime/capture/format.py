@@ -53,6 +53,10 @@ MAX_DATA_BYTES = MAX_PAYLOAD_CAP + HEADER_BYTES + MAX_CONTROL_BYTES  # one large
 MAX_META_BYTES = 4096  # OPEN/CLOSE/INFO bodies are small JSON objects, never a data channel
 MAX_CONN_ID = 0xFFFFFFFF  # the conn field is a u32
 MAX_PROTOCOL_CHARS = 32  # "wire": a short name, not a description
+# connections open at once in one capture: 8x a worker's default max_connections (128);
+# a reader holds two frame decoders and an endpoint for each (~200 KiB), so a crafted
+# capture of OPEN records cannot make it hold gigabytes
+MAX_OPEN_CONNECTIONS = 1024
 
 
 class Role(enum.IntEnum):

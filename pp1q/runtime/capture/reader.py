@@ -24,6 +24,7 @@ from pp1q.runtime.capture.format import (
     FILE_HEADER_BYTES,
     FORMAT_VERSION,
     MAGIC,
+    MAX_OPEN_CONNECTIONS,
     RECORD_HEADER,
     RECORD_HEADER_BYTES,
     Direction,
@@ -97,7 +98,7 @@ class CaptureReader:
 
     def _records(self, f) -> Iterator[Record]:
         offset, index = FILE_HEADER_BYTES, 0
-        conns: dict[int, bool] = {}  # conn -> still open
+        conns = _Lifecycle()
         while True:
             head = f.read(RECORD_HEADER_BYTES)
             if len(head) < RECORD_HEADER_BYTES and self.follow_s:
@@ -126,7 +127,7 @@ class CaptureReader:
             if h.intdigest() != CHECKSUM.unpack_from(head, RECORD_HEADER.size)[0]:
                 raise CaptureError("record checksum mismatch (corrupt capture)", offset, index)
             meta = {} if kind is Kind.DATA else _meta(body, offset, index)
-            _check_lifecycle(conns, kind, conn, offset, index)
+            conns.check(kind, conn, offset, index)
             yield Record(index, offset, kind, direction, conn, time_ns, body, meta)
             offset += RECORD_HEADER_BYTES + length
             index += 1
@@ -186,24 +187,39 @@ def _meta(body: bytes, offset: int, index: int) -> dict:
         obj = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CaptureError(f"metadata is not JSON: {e}", offset, index) from None
+    except RecursionError:  # 4096 bytes of "[" nest deeper than the parser recurses
+        raise CaptureError("metadata is not JSON: nested too deeply", offset,
+                           index) from None
     if not isinstance(obj, dict):
         raise CaptureError("metadata is not a JSON object", offset, index)
     return obj
 
 
-def _check_lifecycle(conns: dict[int, bool], kind: Kind, conn: int, offset: int,
-                     index: int) -> None:
-    if kind is Kind.INFO:
-        return
-    if kind is Kind.OPEN:
-        if conn in conns:
-            raise CaptureError(f"connection {conn} opened twice", offset, index)
-        conns[conn] = True
-    elif not conns.get(conn, False):
-        raise CaptureError(f"{kind.name} on connection {conn}, which is not open",
-                           offset, index)
-    elif kind is Kind.CLOSE:
-        conns[conn] = False
+class _Lifecycle:
+    """Each connection opened once, used while open, closed once; at most
+    MAX_OPEN_CONNECTIONS open at once."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, bool] = {}  # conn -> still open (a closed id is never reused)
+        self.open = 0
+
+    def check(self, kind: Kind, conn: int, offset: int, index: int) -> None:
+        if kind is Kind.INFO:
+            return
+        if kind is Kind.OPEN:
+            if conn in self.seen:
+                raise CaptureError(f"connection {conn} opened twice", offset, index)
+            if self.open >= MAX_OPEN_CONNECTIONS:
+                raise CaptureError(f"more than {MAX_OPEN_CONNECTIONS} connections open at "
+                                   f"once", offset, index)
+            self.seen[conn] = True
+            self.open += 1
+        elif not self.seen.get(conn, False):
+            raise CaptureError(f"{kind.name} on connection {conn}, which is not open",
+                               offset, index)
+        elif kind is Kind.CLOSE:
+            self.seen[conn] = False
+            self.open -= 1
 
 
 def read_capture(path: str | os.PathLike, *, allow_truncated: bool = False

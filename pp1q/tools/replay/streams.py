@@ -3,7 +3,10 @@
 Each direction of each connection has its own wire v2 ``FrameDecoder``, fed the DATA
 bodies in order, so frames split
 across records or packed several to a record decode the same. A stream that breaks
-(``RemoteProtocolError``) yields one ``error`` item and is ignored from then on.
+(``RemoteProtocolError``) yields one ``error`` item and is ignored from then on. A
+decoder (64 KiB of buffers) is made at its stream's first DATA and let go at CLOSE, so
+what a capture makes this hold is bounded by the connections open at once (the reader's
+MAX_OPEN_CONNECTIONS), not by how many it opens.
 """
 
 from __future__ import annotations
@@ -58,8 +61,19 @@ class _Stream:
         self.broken = False
         self.keep_raw = protocol == Protocol.WIRE and flow is Flow.TO_WORKER
         self._pending = bytearray()  # undecoded raw bytes (kept only when keep_raw)
-        if protocol == Protocol.WIRE:
-            self.wire = FrameDecoder(DEFAULT_LIMITS)
+        self.limits = DEFAULT_LIMITS  # the session's, once its HELLO is seen
+        self._wire: FrameDecoder | None = None  # made at the first DATA
+
+    @property
+    def wire(self) -> FrameDecoder:
+        if self._wire is None:
+            self._wire = FrameDecoder(self.limits)
+        return self._wire
+
+    def tighten(self, limits) -> None:
+        self.limits = limits
+        if self._wire is not None:
+            self._wire.limits = limits
 
     def feed(self, rec: Record, conn: int) -> list[Item]:
         if self.broken or self.protocol != Protocol.WIRE:
@@ -101,7 +115,10 @@ class StreamSet:
             for flow in Flow:
                 self._streams[(rec.conn, flow)] = _Stream(proto, flow)
             return [Item(rec.time_ns, rec.conn, None, "open", meta=rec.meta)]
-        if rec.kind is Kind.CLOSE:
+        if rec.kind is Kind.CLOSE:  # nothing follows on it (the reader checks): let go
+            for flow in Flow:
+                del self._streams[(rec.conn, flow)]
+            self.protocols.pop(rec.conn, None)
             return [Item(rec.time_ns, rec.conn, None, "close", meta=rec.meta)]
         flow = flow_of(self.role, rec.direction)
         items = self._streams[(rec.conn, flow)].feed(rec, rec.conn)
@@ -114,7 +131,7 @@ class StreamSet:
         # endpoints: the HELLO's offer, then the answer's negotiated minimum
         if isinstance(msg, (Hello, HelloAnswer)) and msg.limits.max_context:
             for flow in Flow:
-                self._streams[(conn, flow)].wire.limits = msg.limits
+                self._streams[(conn, flow)].tighten(msg.limits)
 
 
 def decode(role: Role, records: Iterable[Record]) -> Iterator[Item]:

@@ -15,10 +15,11 @@ timestamp, so a captured timeout replays as ProposalFailed(step_timeout).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pp1q.core.errors import LocalProtocolError, Reason, RemoteProtocolError
-from pp1q.runtime.capture import CaptureReader, Kind, Protocol, Record
+from pp1q.runtime.capture import CaptureError, CaptureReader, Kind, Protocol, Record
 from pp1q.tools.replay.reverify import DRAW_KEY_INFO, Reverifier, draws_for
 from pp1q.tools.replay.streams import Flow, StreamSet, flow_of
 from pp1q.wire import WIRE_REVISION, Commit, Context, Hello, VerifierEndpoint, WireConfig
@@ -116,7 +117,7 @@ class VerifierReplay:
             self.report.start_ns = t
         if rec.kind is Kind.INFO:
             if self.step_timeout is None and "step_timeout_s" in rec.meta:
-                self.step_timeout = float(rec.meta["step_timeout_s"])
+                self.step_timeout = _step_timeout(rec)
             return
         if rec.kind is Kind.OPEN:
             self._conns[rec.conn] = _Conn(str(rec.meta.get("protocol", "")))
@@ -128,6 +129,8 @@ class VerifierReplay:
         if rec.kind is Kind.CLOSE:
             if ep is not None and ep.state is not Conn.CLOSED:
                 self._events(rec.conn, t, ep.close(Reason.CONNECTION_LOST))
+            self._streams.items(rec)
+            del self._conns[rec.conn]  # nothing follows on it (the reader checks)
             return
         flow = flow_of(self.role, rec.direction)
         if c.protocol == Protocol.WIRE and flow is Flow.TO_VERIFIER:
@@ -208,6 +211,17 @@ class VerifierReplay:
 
     def _diverge(self, t: int, conn: int, what: str, reason: Reason | None = None) -> None:
         self.report.divergences.append(Divergence(t, conn, what, reason))
+
+
+def _step_timeout(rec: Record) -> float:
+    """INFO's ``step_timeout_s``: a positive, finite number of seconds, or the capture is
+    refused (a crafted one gave a ValueError traceback)."""
+    value = rec.meta["step_timeout_s"]
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 < value < math.inf):
+        raise CaptureError(f"INFO step_timeout_s {value!r}: not a positive number of "
+                           f"seconds", rec.offset, rec.index)
+    return float(value)
 
 
 def _endpoint_for(hello: Hello, step_timeout: float | None) -> VerifierEndpoint:
