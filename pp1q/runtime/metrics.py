@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from pp1q import __version__
 from pp1q.core.errors import Reason
 from pp1q.core.outcomes import FallbackCause, PeerRefusal, RankFailure, StepKind
+from pp1q.runtime.log_limit import LogLimit
 from pp1q.runtime.metrics_http import start_metrics_server
 from pp1q.runtime.settings import DaemonSettings, cannot_listen
 from pp1q.wire.events import DISCARD_REASONS
@@ -197,6 +198,9 @@ class Metrics:
             self.http_connections_aborted.labels(reason=reason.value)
         for reason in DISCARD_REASONS:
             self.late_replies.labels(reason=reason.value)
+        # the human's summary of the events counted here: one line per kind per interval,
+        # whatever a peer or client does (its counters stay exact)
+        self.logs = LogLimit()
 
     def validation_failure(self, reason: Reason) -> None:
         self.validation_failures.labels(reason=Reason(reason).value).inc()
