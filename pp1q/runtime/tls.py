@@ -106,7 +106,8 @@ def counting(metrics: Metrics | None) -> OnRefused | None:
         return None
 
     def refused(e: ssl.SSLError) -> None:
-        log.warning("refused a peer: TLS handshake failed (%s)", e.reason or e)
+        metrics.logs.log(log, logging.WARNING, ("tls", e.reason),
+                         "refused a peer: TLS handshake failed (%s)", e.reason or e)
         metrics.peer_refused(PeerRefusal.TLS_HANDSHAKE)
 
     return refused

@@ -88,7 +88,9 @@ class WorkerConnection(asyncio.BufferedProtocol):
         try:
             self._on_wire_events(self.endpoint.buffer_updated(nbytes, now))
         except RemoteProtocolError as e:
-            log.warning("closing connection: %s", str(e))  # str: a record keeps no traceback
+            # str: a record keeps no traceback; one line a reason per interval (counted)
+            self.metrics.logs.log(log, logging.WARNING, ("refused", e.reason),
+                                  "closing connection: %s", str(e))
             self.metrics.validation_failure(e.reason)
             self.close()
         self._close_victims(self.sessions.take_victims())
@@ -133,7 +135,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
         if reason is None:
             self._arm()
             return
-        log.info("closing connection: %s", reason.value)
+        self.metrics.logs.log(log, logging.INFO, ("expired", reason),
+                              "closing connection: %s", reason.value)
         self.shut(reason)
 
     def shut(self, reason: Reason) -> None:
@@ -149,7 +152,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
     @staticmethod
     def _close_victims(victims) -> None:
         for owner, reason in victims:
-            log.info("closing an older connection: %s", reason.value)
+            owner.metrics.logs.log(log, logging.INFO, ("victim", reason),
+                                   "closing an older connection: %s", reason.value)
             owner.shut(reason)
 
     # -- wire ----------------------------------------------------------------

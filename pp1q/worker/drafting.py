@@ -173,7 +173,10 @@ class StepDrafter:
             self._write(ep.send_proposal(step, tokens, rows) if whole
                         else ep.send_completion(step.slot))
         except Pp1qError as e:  # the drafter failed or the endpoint refused a row: abort
-            log.warning("drafting slot %d failed: %s", step.slot, str(e))
+            # a verifier's STEP can cause it every round (a tiny temperature): counted
+            # (drafting aborts), logged once a reason per interval
+            self.metrics.logs.log(log, logging.WARNING, ("drafting", e.reason),
+                                  "drafting slot %d failed: %s", step.slot, str(e))
             self._abort(step, e.reason)
             return
         except Exception:  # the drafter's own failure (a model's runtime error): fail closed
