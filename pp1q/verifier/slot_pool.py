@@ -36,7 +36,9 @@ class SlotPool:
         self.size = n
 
     async def acquire(self, address: str = NO_ADDRESS) -> int:
-        if self._free and not self._waiters:
+        # a free slot means no live waiter (release hands to those first); a waiter
+        # cancelled in this tick may still be listed, and must not make this one wait
+        if self._free and self._next() is None:
             slot = self._free.popleft()
             self._take(slot, address)
         else:

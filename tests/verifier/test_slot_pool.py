@@ -92,3 +92,21 @@ async def test_no_share_means_any_number_from_one_address(monkeypatch):
     assert e.value.reason is Reason.QUEUE_FULL
     for t in tasks:
         t.cancel()
+
+
+async def test_a_waiter_cancelled_in_the_same_tick_does_not_strand_a_free_slot():
+    """A slot freed while the only waiter's cancellation is still pending goes to the
+    free list; a request arriving then takes it at once, not behind the dead waiter."""
+    pool = _pool(1)
+    slot = await pool.acquire("a")
+    [gone] = await _queue(pool, "b")
+    gone.cancel()  # its future is cancelled now, its task's cleanup runs later
+    pool.release(slot)  # no live waiter: the slot is free
+    coro = pool.acquire("c")  # stepped by hand: before the cancelled task's cleanup runs
+    try:
+        coro.send(None)
+    except StopIteration as done:  # returned at once, with the free slot
+        assert done.value == slot
+    else:
+        coro.close()
+        pytest.fail("a request waited behind a cancelled waiter with a slot free")
