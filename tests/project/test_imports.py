@@ -1,4 +1,4 @@
-"""No import circle anywhere in pp1q/ or kernels/ (pp1q_kernels).
+"""No import circle anywhere in pp1q/ or pp1q_kernels/.
 
 Every module is parsed (ast, nothing imported) and every import statement becomes an
 edge, those inside functions and ``if TYPE_CHECKING:`` blocks too: a lazy import only
@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"pp1q": ROOT / "pp1q", "pp1q_kernels": ROOT / "kernels"}  # name -> folder
+PACKAGES = {"pp1q": ROOT / "pp1q", "pp1q_kernels": ROOT / "pp1q_kernels"}  # name -> folder
 
 Graph = dict[str, set[str]]
 

@@ -21,7 +21,7 @@ COPIES = {
 
 
 def _sources():
-    for top in ("pp1q", "fuzz", "tests", "kernels"):
+    for top in ("pp1q", "fuzz", "tests", "pp1q_kernels"):
         yield from (p for p in (ROOT / top).rglob("*.py") if p not in OWNERS)
 
 

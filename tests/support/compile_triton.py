@@ -4,7 +4,7 @@ process without TRITON_INTERPRET: under the interpreter ``@triton.jit`` makes pl
 Python functions, which run constructs the compiler refuses (a list comprehension, a
 runtime scalar's ``int()``), so only a compile finds those before a GPU does.
 
-The signatures are the launches' (kernels/triton_*.py): pointers to int64 for ids,
+The signatures are the launches' (pp1q_kernels/triton_*.py): pointers to int64 for ids,
 counts, rows, seeds and sums, float p (float32, float64: half precision is widened
 first), runtime ints as i32 (Triton's type for an int below 2^31)."""
 
@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 
 import triton
-from pp1q_kernels import triton_common, triton_counts, triton_residual, triton_verify
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+from pp1q_kernels import triton_common, triton_counts, triton_residual, triton_verify
 
 TARGET = GPUTarget("cuda", 90, 32)
 I64 = "*i64"

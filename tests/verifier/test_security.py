@@ -18,7 +18,7 @@ pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10.0
 LOOPBACK = "127.0.0.1"
-SOURCES = [p for d in ("pp1q", "kernels", "fuzz", "scripts") if (ROOT / d).is_dir()
+SOURCES = [p for d in ("pp1q", "pp1q_kernels", "fuzz", "scripts") if (ROOT / d).is_dir()
            for p in (ROOT / d).rglob("*.py")]
 
 
