@@ -53,11 +53,14 @@ MAX_HTTP_CONNECTIONS = 512
 # machine (200 concurrent clients is common) still gets its share; behind a proxy every
 # client has the proxy's address: MAX_HTTP_CONNECTIONS, or 0 for no per-address bound
 DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS = 256
-MAX_QUEUED_REQUESTS = 256  # requests waiting for a slot before new ones get 503
+# requests waiting for a slot before new ones get 503: as many as the HTTP connections,
+# since a queued request holds one (the connection bounds bind first)
+MAX_QUEUED_REQUESTS = MAX_HTTP_CONNECTIONS
 # one client address's share of that queue: half, as for the connections, so that one
-# client's backlog leaves room for everyone else's requests; behind a proxy every
-# client has the proxy's address: MAX_QUEUED_REQUESTS, or 0 for no per-address bound
-DEFAULT_QUEUED_PER_ADDRESS = 128
+# client's backlog leaves room for everyone else's requests while a load generator on
+# one machine (200 concurrent clients) is still served; behind a proxy every client has
+# the proxy's address: MAX_QUEUED_REQUESTS, or 0 for no per-address bound
+DEFAULT_QUEUED_PER_ADDRESS = DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS
 # STEP deadlines when watchdog_ms is unset. The toy drafts a round in milliseconds; a
 # real model's STEP on a CPU holds D drafter forwards and, on a new context, the
 # drafter's prefill of the whole prompt: 1-3 s for SmolLM2-135M on one loaded core,
