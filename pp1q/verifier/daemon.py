@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
-from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
 
 from pp1q.core.drawkey import DRAW_KEY_ID
 from pp1q.core.errors import ConfigError, Reason
@@ -41,6 +40,7 @@ from pp1q.verifier.scheduler import Scheduler
 from pp1q.verifier.server import HttpServer, Limits, read_body, request_address
 from pp1q.wire import WIRE_V2
 from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, engine_identity, verifier_config
+from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
 
 log = logging.getLogger("pp1q.verifier")
 

@@ -25,15 +25,15 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from pp1q_kernels import numba_rows
-from pp1q_kernels.lazy_step import decide_rows
-from pp1q_kernels.lookup import from_rows
-from pp1q_kernels.residual import target_sample
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.q import DyadicRow
 from pp1q.core.verify import RoundKeys, target_only_draw
 from pp1q.verifier.outcome import Outcome
+from pp1q_kernels import numba_rows
+from pp1q_kernels.lazy_step import decide_rows
+from pp1q_kernels.lookup import from_rows
+from pp1q_kernels.residual import target_sample
 
 
 def warm_up_decisions() -> None:

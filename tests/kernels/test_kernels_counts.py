@@ -5,11 +5,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from pp1q_kernels import counts, topk
-from pp1q_kernels.lookup import dense_counts, to_rows
 
 from pp1q.core.errors import DistributionError, Reason
 from pp1q.core.q import MASS, build_row
+from pp1q_kernels import counts, topk
+from pp1q_kernels.lookup import dense_counts, to_rows
 
 INF = float("inf")
 

@@ -9,11 +9,10 @@ import torch
 
 pytest.importorskip("numba")
 
-from pp1q_kernels import counts, dispatch, fixed, numba_counts, topk  # noqa: E402
-
 from pp1q.core import q_backend  # noqa: E402
 from pp1q.core.errors import DistributionError, Reason  # noqa: E402
 from pp1q.core.q import MASS  # noqa: E402
+from pp1q_kernels import counts, dispatch, fixed, numba_counts, topk  # noqa: E402
 
 
 @pytest.fixture

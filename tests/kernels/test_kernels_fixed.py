@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pp1q_kernels import fixed
 
 BELOW_62 = st.integers(0, (1 << 62) - 1)

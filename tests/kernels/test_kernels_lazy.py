@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 from kernels_cases import drafts, keys, same
-from pp1q_kernels import verify_step as vs
-from pp1q_kernels.lazy_step import decide_rows
-from pp1q_kernels.lookup import SparseCounts, count_at, dense_counts
 from test_kernels_verify import REGIMES, make_batch
 
 from pp1q.core.errors import DistributionError, LocalProtocolError, Reason
+from pp1q_kernels import verify_step as vs
+from pp1q_kernels.lazy_step import decide_rows
+from pp1q_kernels.lookup import SparseCounts, count_at, dense_counts
 
 
 def rows_of(q):

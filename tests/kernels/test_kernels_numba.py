@@ -20,11 +20,6 @@ import numpy as np
 import pytest
 import torch
 from kernels_cases import keys, received_dense
-from pp1q_kernels import numba_rows
-from pp1q_kernels import verify_step as vs
-from pp1q_kernels.lazy_step import decide_rows as torch_decide
-from pp1q_kernels.lookup import SparseCounts, count_at, from_rows
-from pp1q_kernels.residual import target_sample
 from test_kernels_verify import REGIMES, make_batch
 
 from pp1q.core import backend_choice
@@ -35,6 +30,11 @@ from pp1q.core.verify import RoundKeys
 from pp1q.core.verify import round_draws as verify_draws
 from pp1q.models.processors import processed_probs
 from pp1q.verifier.kernel_rounds import warm_up_decisions
+from pp1q_kernels import numba_rows
+from pp1q_kernels import verify_step as vs
+from pp1q_kernels.lazy_step import decide_rows as torch_decide
+from pp1q_kernels.lookup import SparseCounts, count_at, from_rows
+from pp1q_kernels.residual import target_sample
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
                                 reason="numba not installed (the fast extra)")

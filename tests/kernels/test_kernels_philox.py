@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 import torch
-from pp1q_kernels import philox
 
 from pp1q.core import rng
 from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q_kernels import philox
 
 KAT = [  # Random123 known answers (../shared/ANCHORS.md)
     ([0, 0, 0, 0], [0, 0], [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]),

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 from kernels_cases import drafts, target, u24, u53
-from pp1q_kernels import lookup, proposal, residual
-from pp1q_kernels.lookup import SparseCounts, count_at, dense_counts, from_rows
 
 from pp1q.core import reference as ref
 from pp1q.core.errors import DistributionError, Reason
 from pp1q.core.q import MASS, build_row, sample
+from pp1q_kernels import lookup, proposal, residual
+from pp1q_kernels.lookup import SparseCounts, count_at, dense_counts, from_rows
 
 
 def oracle_residual_pick(p_row, q_row, u):

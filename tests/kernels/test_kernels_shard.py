@@ -4,18 +4,18 @@ import numpy as np
 import pytest
 import torch
 from kernels_cases import drafts, keys, same, sampled_drafts, target, u24, u53
-from pp1q_kernels import counts, proposal, residual, topk
-from pp1q_kernels import verify_step as vs
-from pp1q_kernels.lookup import count_at, dense_counts, from_rows
-from pp1q_kernels.philox import keyed_u53, seed_tensor
-from pp1q_kernels.shard_comm import ShardLayout
-from pp1q_kernels.shard_emulator import run_sharded, scatter
 from stats import g_test
 
 from pp1q.core import reference as ref
 from pp1q.core.errors import LocalProtocolError
 from pp1q.core.q import build_row
 from pp1q.core.rng import Domain
+from pp1q_kernels import counts, proposal, residual, topk
+from pp1q_kernels import verify_step as vs
+from pp1q_kernels.lookup import count_at, dense_counts, from_rows
+from pp1q_kernels.philox import keyed_u53, seed_tensor
+from pp1q_kernels.shard_comm import ShardLayout
+from pp1q_kernels.shard_emulator import run_sharded, scatter
 
 V = 37
 

@@ -14,15 +14,15 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+
+from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.core.reference import processed_kept
+from pp1q.models.processors import processed_probs
 from pp1q_kernels import shard_processors as sp
 from pp1q_kernels import shard_step as ss
 from pp1q_kernels.fixed import to_fixed
 from pp1q_kernels.shard_comm import ShardLayout
 from pp1q_kernels.shard_spmd import CollectiveLog, Gather, deliver, simulate
-
-from pp1q.core.errors import LocalProtocolError, Reason
-from pp1q.core.reference import processed_kept
-from pp1q.models.processors import processed_probs
 
 SETTINGS = [(None, 0.5), (1, None), (3, None), (5, 0.3), (4, 0.9), (None, 0.1),
             (None, 0.75), (7, None), (2, 1.0), (None, 0.999)]

@@ -9,11 +9,6 @@ gloo form of the same comparison is tests/verifier/ranks/test_ranks_shard_gloo.p
 import numpy as np
 import pytest
 import torch
-from pp1q_kernels import shard_step as ss
-from pp1q_kernels.fixed import to_fixed
-from pp1q_kernels.lookup import dense_counts, from_rows
-from pp1q_kernels.shard_comm import ShardLayout
-from pp1q_kernels.shard_spmd import CollectiveLog, Gather, Sum, deliver, simulate
 from shard_cases import (
     ONE,
     SPLITS,
@@ -34,6 +29,11 @@ from pp1q.core.q import build_row, sample
 from pp1q.core.rng import proposal_u24
 from pp1q.core.verify import RoundKeys, target_only_draw
 from pp1q.verifier.kernel_rounds import KernelRounds
+from pp1q_kernels import shard_step as ss
+from pp1q_kernels.fixed import to_fixed
+from pp1q_kernels.lookup import dense_counts, from_rows
+from pp1q_kernels.shard_comm import ShardLayout
+from pp1q_kernels.shard_spmd import CollectiveLog, Gather, Sum, deliver, simulate
 
 ROUNDS = 600  # default run (~10 s on two cores)
 ROUNDS_SLOW = 10_000  # the count: --runslow

@@ -16,15 +16,15 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 from kernels_cases import drafts, keys, same, sampled_drafts, target, u53  # noqa: E402
+
+from pp1q.core import rng  # noqa: E402
+from pp1q.core.errors import DistributionError, Reason  # noqa: E402
+from pp1q.core.q import build_row  # noqa: E402
 from pp1q_kernels import counts, dispatch, residual, triton_counts, triton_residual, triton_verify  # noqa: E402  # noqa: E402
 from pp1q_kernels import triton_common as tc  # noqa: E402
 from pp1q_kernels import verify_step as vs  # noqa: E402
 from pp1q_kernels.lookup import dense_counts, from_rows  # noqa: E402
 from pp1q_kernels.philox import seed_tensor  # noqa: E402
-
-from pp1q.core import rng  # noqa: E402
-from pp1q.core.errors import DistributionError, Reason  # noqa: E402
-from pp1q.core.q import build_row  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEV = "cpu" if INTERPRET else "cuda"

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 from kernels_cases import drafts, keys, same, sampled_drafts
-from pp1q_kernels import verify_step as vs
-from pp1q_kernels.lookup import dense_counts
 
 from pp1q.core import reference as ref
 from pp1q.core import verify as fast
 from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q_kernels import verify_step as vs
+from pp1q_kernels.lookup import dense_counts
 
 REGIMES = ["close", "far", "adversarial", "sparse", "equal"]
 

@@ -172,9 +172,8 @@ def test_a_model_that_changes_logits_after_its_head_or_slides_is_refused():
 
 def _one_rank(smol):
     """Decisions of one rank holding the concatenation of the split's shard logits."""
-    from pp1q_kernels.shard_spmd import deliver
-
     from pp1q.verifier.ranks.sharded import ShardedDecisions
+    from pp1q_kernels.shard_spmd import deliver
 
     class Local:  # one rank's collectives: each returns what a group of one would
         def run(self, req):
@@ -268,13 +267,13 @@ def test_an_exchanges_decisions_share_one_batch_and_decide_as_alone(smol, story_
     import dataclasses
 
     import numpy as np
-    from pp1q_kernels.shard_spmd import deliver
 
     from pp1q.core.prefix import Prefix
     from pp1q.core.q import build_row
     from pp1q.verifier.ranks.ops import Form, Op, OpKind
     from pp1q.verifier.ranks.sharded import sharded_state
     from pp1q.verifier.ranks.votes import Verdict
+    from pp1q_kernels.shard_spmd import deliver
 
     class Local:  # a group of one rank
         def run(self, req):

@@ -14,7 +14,6 @@ import sys
 import time
 
 from hf_shard_cases import DRAWS, bounds, limits, play
-from pp1q_kernels.shard_spmd import CollectiveLog
 
 from pp1q.models.hf import load_checkpoint
 from pp1q.models.hf_shard import HFShard
@@ -22,6 +21,7 @@ from pp1q.runtime.settings import DEFAULT_SHARD_KV_BUDGET
 from pp1q.verifier.ranks.collective import Collective, Rendezvous
 from pp1q.verifier.ranks.shard_collective import ShardComm
 from pp1q.verifier.ranks.sharded import ShardedDecisions
+from pp1q_kernels.shard_spmd import CollectiveLog
 
 JOIN_S, COLLECTIVE_S = 120.0, 120.0  # bounds: a lost peer fails the run, never hangs it
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pp1q_kernels.lookup import from_rows
-from pp1q_kernels.proposal import sample_counts
 
 from pp1q.core.q import MASS, DyadicRow, build_row, dense_row_of_valid, validate_dense
 from pp1q.core.verify import RoundKeys
+from pp1q_kernels.lookup import from_rows
+from pp1q_kernels.proposal import sample_counts
 
 
 def target(g: np.random.Generator, shape, scale=2.0, dtype=torch.float32) -> torch.Tensor:

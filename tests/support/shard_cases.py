@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pp1q_kernels import shard_step as ss
-from pp1q_kernels.lookup import dense_counts, from_rows
-from pp1q_kernels.shard_comm import ShardLayout
-from pp1q_kernels.shard_spmd import Place, simulate
 
 from pp1q.core.q import build_row, sample
 from pp1q.core.rng import proposal_u24
 from pp1q.core.verify import RoundKeys, round_draws
+from pp1q_kernels import shard_step as ss
+from pp1q_kernels.lookup import dense_counts, from_rows
+from pp1q_kernels.shard_comm import ShardLayout
+from pp1q_kernels.shard_spmd import Place, simulate
 
 V, D = 53, 3
 ONE = ShardLayout(V, ((0, V),))

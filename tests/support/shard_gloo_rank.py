@@ -17,12 +17,12 @@ import json
 import sys
 
 import torch
-from pp1q_kernels.shard_spmd import CollectiveLog, Place, drive
 from shard_cases import SPLITS, D, V, cases, round_keys, round_step
 
 from pp1q.verifier.ranks.collective import Collective, Rendezvous
 from pp1q.verifier.ranks.ops import Limits
 from pp1q.verifier.ranks.shard_collective import ShardComm
+from pp1q_kernels.shard_spmd import CollectiveLog, Place, drive
 
 JOIN_S, COLLECTIVE_S = 60.0, 30.0  # bounds: a lost peer fails the run, never hangs it
 

@@ -23,10 +23,10 @@ from decider_cases import (
     proposal,
     request_job,
 )
-from pp1q_kernels import numba_rows
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.verifier.daemon import STANDARD
+from pp1q_kernels import numba_rows
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
                                 reason="numba not installed (the fast extra)")

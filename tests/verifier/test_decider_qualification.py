@@ -20,7 +20,6 @@ import importlib.util
 import numpy as np
 import pytest
 from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, TableTarget, make_round, proposal
-from pp1q_kernels import numba_rows
 
 from pp1q.core import reference as ref
 from pp1q.core.drawkey import DrawKeys
@@ -31,6 +30,7 @@ from pp1q.verifier.daemon import STANDARD
 from pp1q.verifier.job import Job
 from pp1q.verifier.kernel_decider import KernelDecider
 from pp1q.wire.events import ProposalReady
+from pp1q_kernels import numba_rows
 
 
 def fixed_point(p: np.ndarray) -> np.ndarray:

@@ -20,8 +20,6 @@ import pytest
 import torch
 from decider_cases import DEPTH, REGIMES, SLOTS, VOCAB, make_round, proposal, request_job
 from host_reads import HostReads
-from pp1q_kernels import lazy_step, numba_rows
-from pp1q_kernels.fixed import check_target
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import ConfigError
@@ -29,6 +27,8 @@ from pp1q.models.engine import Target
 from pp1q.verifier import rounds
 from pp1q.verifier.engine_decider import EngineDecider
 from pp1q.verifier.kernel_rounds import KernelRounds
+from pp1q_kernels import lazy_step, numba_rows
+from pp1q_kernels.fixed import check_target
 
 TICKS = 24
 NUMBA = importlib.util.find_spec("numba") is not None

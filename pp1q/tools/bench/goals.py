@@ -45,12 +45,12 @@ def _verification(reps: int) -> dict[str, float]:
     float32 target rows (as a GPU target holds them): the service's path and the float64
     reference, against one torch fp32 softmax pass over the 20 draft-position rows."""
     import torch
-    from pp1q_kernels import numba_rows
 
     from pp1q.core.q import build_row, sample
     from pp1q.core.rng import proposal_u24
     from pp1q.core.verify import RoundKeys, verify_batch
     from pp1q.verifier.kernel_rounds import KernelRounds
+    from pp1q_kernels import numba_rows
 
     rng = np.random.default_rng(0)
     logits = torch.tensor(rng.normal(size=(REQUESTS, DEPTH + 1, VOCAB)) * 4.0,

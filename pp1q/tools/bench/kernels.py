@@ -35,10 +35,10 @@ ROWS = BATCH * DEPTH
 
 def _cases(dev: str):
     import torch
-    from pp1q_kernels import counts, dispatch, lazy_step, numba_rows, verify_step
-    from pp1q_kernels.lookup import count_at, dense_counts, to_rows
 
     from pp1q.core.verify import RoundKeys
+    from pp1q_kernels import counts, dispatch, lazy_step, numba_rows, verify_step
+    from pp1q_kernels.lookup import count_at, dense_counts, to_rows
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)

@@ -96,9 +96,8 @@ def time_ours(form: str, rounds: int, check_outgoing: bool = False,
     ``batches``: batches of 4 requests in flight at once (see ``_ours``); ``between``:
     called before each round, untimed (one batch only: ``time_side_by_side``); ``log``:
     gets every round's (transport s, + verification s) of the first batch."""
-    from pp1q_kernels import numba_rows
-
     from pp1q.core import q_backend
+    from pp1q_kernels import numba_rows
 
     before = q_backend.select(checker) if checker else None
     before_decide = numba_rows.select(decide) if decide else None
@@ -131,9 +130,9 @@ def time_one_process(form: str, rounds: int) -> tuple[float, float]:
 def _run_warm(rounds):
     """``rounds`` on uvloop, the kernels loaded first (as the daemons load them at start)."""
     import uvloop
-    from pp1q_kernels import numba_rows
 
     from pp1q.core import q_backend
+    from pp1q_kernels import numba_rows
 
     q_backend.warm_up()
     numba_rows.warm_up()

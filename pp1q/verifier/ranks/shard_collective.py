@@ -13,6 +13,7 @@ gloo/NCCL scatter; slices padded to the widest shard, which the bytes count).
 from __future__ import annotations
 
 import torch
+
 from pp1q_kernels.shard_spmd import Bcast, CollectiveLog, Gather, Request, Sum
 
 

@@ -39,11 +39,6 @@ import time
 
 import numpy as np
 import torch
-from pp1q_kernels import shard_processors
-from pp1q_kernels import shard_step as ss
-from pp1q_kernels.lookup import from_rows
-from pp1q_kernels.shard_comm import ShardLayout
-from pp1q_kernels.shard_spmd import Gather, Place, Step, drive
 
 from pp1q.core.errors import ConfigError, Pp1qError
 from pp1q.core.q import parse_sparse
@@ -55,6 +50,11 @@ from pp1q.verifier.ranks.replica import RankDecisions, RankState, SlotReplica
 from pp1q.verifier.ranks.shard_collective import ShardComm
 from pp1q.verifier.ranks.shard_target import shard_of
 from pp1q.verifier.ranks.votes import no, yes
+from pp1q_kernels import shard_processors
+from pp1q_kernels import shard_step as ss
+from pp1q_kernels.lookup import from_rows
+from pp1q_kernels.shard_comm import ShardLayout
+from pp1q_kernels.shard_spmd import Gather, Place, Step, drive
 
 _DECIDING = (OpKind.ROUND, OpKind.TARGET_ONLY)
 

@@ -16,7 +16,6 @@ import threading
 import numpy as np
 import pytest
 from daemon_harness import Pair, value
-from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
 from rank_harness import WAIT_S, assert_group_lost_once, child_pids, rank_metrics, wait_for
 
 from pp1q.core.errors import ConfigError
@@ -25,6 +24,7 @@ from pp1q.runtime.settings import VerifierSettings
 from pp1q.tools.client import ApiError
 from pp1q.verifier.ranks.shard_target import ToyShard
 from pp1q.verifier.ranks.sharded import balanced
+from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
 
 VOCAB = 37  # 2 ranks: 18 + 19 ids; 3 ranks: 12 + 12 + 13
 PROMPT = [3, 7]

@@ -19,8 +19,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
-from pp1q_kernels.shard_spmd import CollectiveLog, lockstep
 from stats import g_test
 
 from pp1q.core.drawkey import DrawKeys
@@ -33,6 +31,8 @@ from pp1q.models.toy import ToySpec, ToyTarget
 from pp1q.verifier.ranks.ops import Form, Limits, Op, OpKind
 from pp1q.verifier.ranks.replica import SlotReplica
 from pp1q.verifier.ranks.sharded import ShardedDecisions
+from pp1q_kernels.shard_processors import MAX_SHARD_TOP_K
+from pp1q_kernels.shard_spmd import CollectiveLog, lockstep
 
 VOCAB, WORLD, DEPTH = 41, 3, 2  # balanced(41, 3): shards of 13, 14 and 14 ids
 TARGET = ToyTarget(ToySpec(vocab=VOCAB))

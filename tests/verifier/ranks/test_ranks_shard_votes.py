@@ -13,7 +13,6 @@ import threading
 
 import numpy as np
 import pytest
-from pp1q_kernels.shard_spmd import deliver
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import Reason, RemoteProtocolError
@@ -27,6 +26,7 @@ from pp1q.verifier.ranks import votes as rank_votes
 from pp1q.verifier.ranks.ops import ENVELOPE_BYTES, Form, Limits, Op, OpKind
 from pp1q.verifier.ranks.replica import RankDecisions, RankState
 from pp1q.verifier.ranks.sharded import ShardedDecisions, sharded_state
+from pp1q_kernels.shard_spmd import deliver
 
 VOCAB, DEPTH, WORLD = 41, 3, 3
 LIMITS = Limits(world=WORLD, slots=2, depth=DEPTH, vocab=VOCAB, dense_len=VOCAB,
