@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from pp1q.core.errors import ConfigError
+from pp1q.runtime.files import NotRegularFileError, check_regular
 
 ADAPTER_FORMAT = "pp1q-exit-adapter/1"
 MAX_ADAPTER_BYTES = 80 << 20  # an fp32 affine map of hidden size 4096 is 64 MiB + header
@@ -85,8 +86,14 @@ def load_adapter(path: str | Path) -> ExitAdapter:
     from safetensors import safe_open
 
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"draft_adapter = {str(path)!r}: no such file", key="draft_adapter")
+    try:  # safetensors opens it by name: a FIFO with no writer would block that for ever
+        check_regular(path)
+    except NotRegularFileError as e:
+        raise ConfigError(f"draft_adapter = {str(path)!r}: {e.strerror}",
+                          key="draft_adapter") from None
+    except OSError:
+        raise ConfigError(f"draft_adapter = {str(path)!r}: no such file",
+                          key="draft_adapter") from None
     size = path.stat().st_size
     if size > MAX_ADAPTER_BYTES:
         raise ConfigError(f"draft_adapter {path.name}: {size} bytes, more than "

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.runtime.files import open_regular
 
 HF_INSTALL_HINT = "pip install 'pp1q[hf]'  (transformers, gguf, accelerate)"
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32,
@@ -69,15 +70,18 @@ def checkpoint_files(path: Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"{path}: no .safetensors or .gguf weights in this folder")
     config = path / "config.json"
-    return ([config] if config.is_file() else []) + files
+    # exists, not is_file: a FIFO or folder there is refused by files_digest, not skipped
+    # for transformers to open (a FIFO with no writer: for ever)
+    return ([config] if config.exists() else []) + files
 
 
 def files_digest(files: list[Path]) -> str:
-    """sha256 over (name, size, bytes) of each file, in order. About 1 s per GB."""
+    """sha256 over (name, size, bytes) of each file, in order. About 1 s per GB. A FIFO,
+    device or folder among them is refused (NotRegularFileError) before a byte is read."""
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
-        with open(f, "rb") as fh:
+        with open_regular(f) as fh:
+            h.update(f"{f.name}\0{os.fstat(fh.fileno()).st_size}\0".encode())
             while chunk := fh.read(_CHUNK):
                 h.update(chunk)
     return h.hexdigest()

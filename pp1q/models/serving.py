@@ -15,10 +15,12 @@ tokenizer than the verifier expects is refused before any round.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from pp1q.core.errors import ConfigError
+from pp1q.runtime.files import NotRegularFileError, check_regular
 
 TOY = "toy"
 EMBEDDED = "embedded"
@@ -39,6 +41,10 @@ def model_path(model: str) -> Path:
     if not path.exists():
         raise ConfigError(f"model = {model!r}: no such checkpoint (a folder or a .gguf file, "
                           f"or 'toy' / 'embedded')", key="model")
+    try:
+        check_regular(path, folder_ok=True)  # the files in a folder: hf.files_digest
+    except NotRegularFileError as e:
+        raise ConfigError(f"model = {model!r}: {e.strerror}", key="model") from None
     return path
 
 
@@ -67,14 +73,34 @@ class Loaded:
     max_positions: int | None = None  # the model's context (None: its config names none)
 
 
-def _load(path: Path, settings, device: str | None = None):
+@contextmanager
+def _files_of(path: Path, key: str):
+    """A FIFO, device or folder among a checkpoint folder's files (hf.files_digest opens
+    them first), as the one-line refusal of the setting ``key`` that named the folder."""
+    try:
+        yield
+    except NotRegularFileError as e:
+        raise ConfigError(f"{key} = {str(path)!r}: {e.filename} {e.strerror}",
+                          key=key) from None
+
+
+def _load(path: Path, settings, device: str | None = None, key: str = "model"):
     from pp1q.models.engine import make_current
     from pp1q.models.hf import load_checkpoint
 
     device = device or settings.device
     make_current(device)  # the daemon's main thread, its event loop's (the worker drafts there)
-    return load_checkpoint(path, device=device, dtype=settings.dtype,
-                           gguf_cache=settings.gguf_cache)
+    with _files_of(path, key):
+        return load_checkpoint(path, device=device, dtype=settings.dtype,
+                               gguf_cache=settings.gguf_cache)
+
+
+def _identity_of(path: Path, key: str) -> str:
+    """The identity of the checkpoint the setting ``key`` names, without loading it."""
+    from pp1q.models.hf import checkpoint_identity
+
+    with _files_of(path, key):
+        return checkpoint_identity(path)
 
 
 def _exit(ckpt, settings):
@@ -104,14 +130,13 @@ def exit_adapter(setting: str, identity: str, k: int):
 
 def load_drafter(settings) -> Loaded:
     """The worker's drafter (early exit of ``model``, or ``draft_model``)."""
-    from pp1q.models.hf import checkpoint_identity
     from pp1q.models.hf_drafter import HFDrafter
 
     target_path = model_path(settings.model)
     if settings.draft_model:
-        ckpt = _load(model_path(settings.draft_model), settings)
+        ckpt = _load(model_path(settings.draft_model), settings, key="draft_model")
         drafter = HFDrafter.from_checkpoint(ckpt)
-        target_id = checkpoint_identity(target_path)
+        target_id = _identity_of(target_path, "model")
         adapter = None
     else:
         ckpt = _load(target_path, settings)
@@ -131,12 +156,10 @@ def load_target(settings, shard: Callable[[int], tuple[int, int]] | None = None,
     [lo, hi) this rank holds; the engine is then an HFShard of those rows, and the whole
     head is let go with the checkpoint before this returns. ``device``: instead of the
     setting's (one GPU per rank)."""
-    from pp1q.models.hf import checkpoint_identity
-
     ckpt = _load(model_path(settings.model), settings, device)
     adapter = None
     if settings.draft_model:
-        draft_id = checkpoint_identity(model_path(settings.draft_model))
+        draft_id = _identity_of(model_path(settings.draft_model), "draft_model")
     else:
         from pp1q.models.hf_drafter import exit_identity
 

@@ -15,6 +15,7 @@ from pp1q.runtime.capture.reader import CaptureReader
 from pp1q.runtime.config import load
 from pp1q.runtime.draw_secret import load_draw_keys
 from pp1q.runtime.files import NotRegularFileError, read_regular
+from pp1q.runtime.settings import WorkerSettings
 
 JOIN_S = 10.0  # a refusal takes microseconds; a hang is what this bounds
 
@@ -76,3 +77,63 @@ def test_a_capture_that_is_not_a_file_is_refused_by_name(not_a_file):
     path, why = not_a_file
     e = returns(CaptureReader, path)
     assert isinstance(e, OSError) and e.strerror == why  # pp1q replay prints the line
+
+
+@pytest.fixture(params=["fifo", "device"])
+def not_a_checkpoint(request, tmp_path) -> tuple[Path, str]:
+    """A checkpoint may be a folder, so the model tests take a FIFO and a device."""
+    if request.param == "device":
+        if not Path("/dev/null").exists():
+            pytest.skip("no /dev/null here")
+        return Path("/dev/null"), "is a character device, not a regular file or a folder"
+    path = tmp_path / "model.gguf"
+    os.mkfifo(path)
+    return path, "is a FIFO, not a regular file or a folder"
+
+
+def test_a_model_that_is_not_a_file_or_folder_is_a_one_line_config_error(not_a_checkpoint):
+    from pp1q.models.serving import model_path
+
+    path, why = not_a_checkpoint
+    e = returns(model_path, str(path))
+    assert isinstance(e, ConfigError) and str(e) == f"model = {str(path)!r}: {why}"
+
+
+@pytest.mark.parametrize("planted", ["model.safetensors", "config.json"])
+def test_a_checkpoint_folder_holding_a_fifo_is_refused_by_name(tmp_path, planted):
+    """The weights are hashed for HELLO before transformers sees them: a FIFO among them
+    blocked that open for ever; a FIFO config.json was skipped, for transformers to hang
+    on."""
+    from pp1q.models.hf import checkpoint_identity
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / planted).unlink(missing_ok=True)
+    os.mkfifo(folder / planted)
+    e = returns(checkpoint_identity, folder)
+    assert isinstance(e, NotRegularFileError) and e.filename == str(folder / planted)
+    assert e.strerror == "is a FIFO, not a regular file"
+
+
+def test_a_daemon_given_such_a_folder_refuses_in_one_line(tmp_path):
+    pytest.importorskip("transformers", reason="real models need: pip install 'pp1q[hf]'")
+    from pp1q.models.serving import load_drafter
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    os.mkfifo(folder / "model.safetensors")
+    e = returns(load_drafter, WorkerSettings(model=str(folder)))
+    assert isinstance(e, ConfigError) and e.key == "model"
+    assert str(e) == (f"model = {str(folder)!r}: {folder / 'model.safetensors'} "
+                      f"is a FIFO, not a regular file")
+
+
+def test_an_exit_adapter_that_is_not_a_file_is_a_one_line_config_error(not_a_file):
+    pytest.importorskip("safetensors", reason="exit adapters need: pip install 'pp1q[hf]'")
+    from pp1q.models.exit_adapter import load_adapter
+
+    path, why = not_a_file
+    e = returns(load_adapter, path)
+    assert isinstance(e, ConfigError) and e.key == "draft_adapter"
+    assert str(e) == f"draft_adapter = {str(path)!r}: {why}"  # was: "no such file"
