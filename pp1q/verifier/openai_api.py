@@ -25,6 +25,7 @@ from typing import Annotated, Any, Protocol
 import msgspec
 
 from pp1q.verifier.api import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, GenerateRequest, decode_generate
+from pp1q.verifier.detokenize import REPLACEMENT, IncrementalText, followable, unfollowed
 from pp1q.verifier.http import HttpError
 
 MAX_STOP = 4  # stop sequences per request, as OpenAI's API
@@ -213,16 +214,32 @@ def _openai_paths(message: str, chat: bool) -> str:
     return message
 
 
-# what a byte-level tokenizer decodes a character's first bytes to, until its last token
-# comes: the text ending in it is not yet the text the whole answer will have there
-REPLACEMENT = "\ufffd"
+def _first(text: str, stops: tuple[str, ...]) -> int | None:
+    return min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
 
 
 class Stopper:
     """Where the output ends: at the first stop token id (excluded, as vLLM's
     stop_token_ids) or stop string (excluded, as OpenAI's); holds back the text that could
     still become a stop string, or the rest of a character split across tokens, so a
-    stream never shows what the whole answer does not."""
+    stream never shows what the whole answer does not.
+
+    Cost: the text is followed in a window (pp1q.verifier.detokenize: each round decodes
+    its new ids and the few before them) and stop strings are looked for only where a
+    new one could be (the last ``len(longest stop) - 1`` settled characters and the new
+    text), so a request costs O(its ids), where decoding every id each round cost
+    O(ids^2) (3.9 CPU-s for 4,096 tokens with a stop string on SmolLM2's tokenizer).
+    The answer's text is one whole decode at the end, as before, cut at the stop string.
+
+    Exactness: the window's text is the whole decode's for a local, prefix-stable decode
+    (byte-level BPE, SentencePiece, the toy's ``IdText``). A decode that is not (HF's
+    ``clean_up_tokenization_spaces``) is caught in the window, and the request goes on
+    decoding every id each round: today's path, with today's text and deltas from that
+    round on. One that depends on text further back than the window (no tokenizer we
+    know) is caught when the answer's whole decode differs from the window's text: the
+    answer is the whole decode's (its stop string looked for there; its stream may have
+    shown the window's text), and every later Stopper on that decoder decodes in full.
+    """
 
     def __init__(self, call: Call, text: Tokenizer | IdText) -> None:
         self.stop_ids, self.stop_strs, self.text = call.stop_ids, call.stop_strs, text
@@ -230,13 +247,25 @@ class Stopper:
         self.shown = 0  # characters of the text already handed out
         self.stopped = False
         self._cut: int | None = None  # end of the text when a stop string matched
-        # the text of the first ``_decoded`` ids: a round's feed and delta decode once
+        self._longest = max(map(len, self.stop_strs), default=0)
+        # the text followed in a window; None: every id decoded each round
+        self._inc: IncrementalText | None = IncrementalText(text) if followable(text) else None
+        self._searched = 0  # settled characters looked through for stop strings
+        # the whole decode of the first ``_decoded`` ids (ids only grow: a count names them)
         self._decoded, self._text = 0, ""
+        self._checked = 0  # ids whose whole decode was compared with the window's text
 
     def _decode(self) -> str:
-        if self._decoded != len(self.ids):  # ids only grow: their count names them
+        if self._decoded != len(self.ids):
             self._decoded, self._text = len(self.ids), self.text.decode(self.ids)
         return self._text
+
+    def _follow(self) -> IncrementalText | None:
+        """The window's text up to date, or None from the round the window could not
+        follow (decoded in full from then on)."""
+        if self._inc is not None and not self._inc.update(self.ids):
+            self._inc = None
+        return self._inc
 
     def feed(self, new: list[int]) -> bool:
         """Take a round's committed tokens; True when the output ended in them."""
@@ -246,26 +275,53 @@ class Stopper:
                 return True
             self.ids.append(t)
         if self.stop_strs:
-            full = self._decode()
-            hits = [i for i in (full.find(s) for s in self.stop_strs) if i >= 0]
-            if hits:
-                self._cut, self.stopped = min(hits), True
+            inc = self._follow()
+            if inc is None:
+                start, text = 0, self._decode()
+            else:  # a stop string ending in settled text was found when that was new
+                start = max(0, self._searched - (self._longest - 1))
+                text, self._searched = inc.since(start), inc.committed
+            hit = _first(text, self.stop_strs)
+            if hit is not None:
+                self._cut, self.stopped = start + hit, True
         return self.stopped
 
     def full_text(self) -> str:
-        return self._decode()[: self._cut]
+        """The answer's text: the whole decode, cut at the stop string (checked against
+        the window's text the first time for these ids)."""
+        full = self._decode()
+        if self._checked != len(self.ids):
+            self._checked = len(self.ids)
+            inc = self._inc
+            if inc is not None and inc.n and self._follow() is not None and inc.whole() != full:
+                self._unfollowed(full)
+        return full[: self._cut]
+
+    def _unfollowed(self, full: str) -> None:
+        unfollowed(self.text)  # later requests decode in full from the start
+        self._inc = None
+        if self.stop_strs:
+            hit = _first(full, self.stop_strs)
+            self._cut, self.stopped = hit, self.stopped or hit is not None
 
     def delta(self, final: bool) -> str:
         """Text not yet handed out; before the end, less what a stop string could start
         and less a trailing character still undecoded (U+FFFD until its last byte)."""
-        full = self.full_text()
-        end = len(full)
-        if not final and not self.stopped:
-            end = len(full.rstrip(REPLACEMENT))
-            if self.stop_strs:
-                end = min(end, len(full) - (max(map(len, self.stop_strs)) - 1))
-            end = max(self.shown, end)
-        out, self.shown = full[self.shown:end], max(self.shown, end)
+        if final or self.stopped:
+            full = self.full_text()
+            out, self.shown = full[self.shown:], max(self.shown, len(full))
+            return out
+        inc = self._follow()
+        if inc is None:
+            whole = self._decode()
+            rest, total = whole[self.shown:], len(whole)
+        else:
+            rest, total = inc.since(self.shown), len(inc)
+        end = self.shown + len(rest.rstrip(REPLACEMENT))
+        if self.stop_strs:
+            end = min(end, total - (self._longest - 1))
+        end = max(self.shown, end)
+        out, self.shown = rest[: end - self.shown], end
         return out
 
 
