@@ -99,12 +99,17 @@ def _defaults(args, table: dict) -> None:
 
 def run(args) -> int:
     if args.plot:
+        from pp1q.runtime.files import check_output
         from pp1q.tools.plot import require_matplotlib
 
         try:
             require_matplotlib()  # before anything starts: the answer is one line
+            check_output(args.plot)  # a FIFO, folder or device: refused now, not at the end
         except ImportError as e:
             print(f"pp1q demo: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:
+            print(f"pp1q demo: --plot {args.plot}: {e.strerror}", file=sys.stderr)
             return 2
     if args.model == "embedded":
         from pp1q.tools.demo_real import run_real

@@ -63,6 +63,9 @@ def run(args) -> int:
     except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"pp1q train-adapter: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # --out not a folder, an adapter file a FIFO (files.check_output)
+        print(f"pp1q train-adapter: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
     print("\nheld-out acceptance per position (sum min(p, q)), plain exit -> adapted:")
     for f in fitted:
         print(f"  k={f.k}: " + ", ".join(f"T={t}: {f.plain[t]:.1%} -> {f.adapted[t]:.1%}"

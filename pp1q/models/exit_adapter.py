@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from pp1q.core.errors import ConfigError
-from pp1q.runtime.files import NotRegularFileError, check_regular
+from pp1q.runtime.files import NotRegularFileError, check_output, check_regular
 
 ADAPTER_FORMAT = "pp1q-exit-adapter/1"
 MAX_ADAPTER_BYTES = 80 << 20  # an fp32 affine map of hidden size 4096 is 64 MiB + header
@@ -61,11 +61,15 @@ class ExitAdapter:
         return f"adapter={self.digest[:ADAPTER_ID_HEX]}"
 
     def save(self, path: str | Path) -> ExitAdapter:
-        """Write the file; returns the adapter with the file's digest."""
+        """Write the file; returns the adapter with the file's digest. A FIFO, folder or
+        device at ``path`` is refused by name (NotRegularFileError)."""
         from safetensors.torch import save_file
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # safetensors 0.4.5's save_file blocked for ever opening a FIFO with no reader
+        # (0.8.0 replaces whatever is there by rename): refused by name, either way
+        check_output(path)
         meta = {"format": ADAPTER_FORMAT, "source": self.source, "k": str(self.k),
                 "layers": str(self.layers), "training": json.dumps(self.training, sort_keys=True)}
         save_file({"weight": self.weight.float().contiguous(),

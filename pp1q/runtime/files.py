@@ -1,7 +1,9 @@
 """Files an operator names (a config, a secret, TLS files, a capture, a model's files, an
 exit adapter), opened without hanging: a FIFO, socket, device or folder given where a
 file belongs is refused by what it is, before any read that could block (a FIFO with no
-writer blocks open() for ever) or never end (/dev/zero).
+writer blocks open() for ever) or never end (/dev/zero). Files an operator names for
+output (``--capture``, ``--plot``, an adapter) likewise: open() for writing blocks for
+ever on a FIFO with no reader.
 
 The refusal is an OSError whose ``strerror`` says what the path is, so every caller's
 existing ``except OSError`` turns it into its own one-line error.
@@ -57,3 +59,40 @@ def check_regular(path, *, folder_ok: bool = False) -> None:
     are two steps: a file swapped between them is the operator's own file system at
     work, not a peer's input."""
     _refuse_unless_regular(path, os.stat(path).st_mode, folder_ok=folder_ok)
+
+
+def check_output(path) -> None:
+    """Refuse ``path`` if it exists and is not a regular file, for a library that writes
+    it by name (matplotlib's savefig, safetensors' save_file); a missing path passes (the
+    writer creates it). Symlinks are followed, as for reads. Checked by name, as
+    ``check_regular``: a path swapped before the library's open is the operator's doing."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:  # a new file (or a dangling link: open creates its target)
+        return
+    _refuse_unless_regular(path, mode)
+
+
+def open_output(path, *, buffering: int = -1) -> BinaryIO:
+    """The regular file at ``path``, created (mode 0o666 less the umask) or emptied, open
+    for writing. What is there already and is not a regular file is refused by name
+    before it is opened (opening a device can do things: a tape rewinds, a watchdog
+    arms); O_NONBLOCK makes an open of a FIFO swapped in since return at once (ENXIO
+    with no reader), and fstat on the open descriptor checks the very file written. The
+    file is emptied only then, and writes block as usual (O_NONBLOCK is cleared)."""
+    check_output(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.EISDIR):  # swapped in since the check
+            check_output(path)
+        raise
+    try:
+        _refuse_unless_regular(path, os.fstat(fd).st_mode)
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "wb", buffering=buffering)

@@ -5,8 +5,11 @@ position (the share of rounds whose first i drafts were all accepted)."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from pp1q.runtime.files import open_output
 from pp1q.tools.exactness import Homogeneity
 
 PLOT_HINT = "--plot needs matplotlib: pip install 'pp1q[plot]'"
@@ -33,8 +36,11 @@ def by_position(accepted_hist: Sequence[int], depth: int) -> list[float]:
 def write_plot(path: str, *, title: str, exactness: Homogeneity | None,
                labels: tuple[str, str], accepted_hist: Sequence[int] | None, depth: int,
                name: Callable[[int], str] = str) -> None:
-    """Write the figure to ``path`` (any matplotlib format; .png usual). ``name(token)``:
-    how a token is labelled on the exactness panel (its text for a real model)."""
+    """Write the figure to ``path`` (any matplotlib format, by its suffix; .png usual, and
+    PNG without one). ``name(token)``: how a token is labelled on the exactness panel
+    (its text for a real model). The figure is rendered first, then written with
+    open_output: a FIFO, folder or device at ``path`` is refused by name (savefig's own
+    open blocked on a FIFO for ever)."""
     plt = require_matplotlib()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ex, hist, pos = axes
@@ -74,5 +80,8 @@ def write_plot(path: str, *, title: str, exactness: Homogeneity | None,
         hist.set_title("no speculative rounds", fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    image = io.BytesIO()
+    fig.savefig(image, format=Path(path).suffix[1:].lower() or "png", dpi=100)
     plt.close(fig)
+    with open_output(path) as f:
+        f.write(image.getbuffer())

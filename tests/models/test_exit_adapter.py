@@ -6,6 +6,8 @@ the embedded SmolLM2-135M (conftest.smol).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -43,6 +45,21 @@ def test_file_round_trip_names_its_content(tmp_path):
                                                                   {"seed": 0})
     other = _adapter(seed=1).save(tmp_path / "b.safetensors")
     assert other.tag != saved.tag  # another map, another identity at HELLO
+
+
+def test_saving_over_a_fifo_or_a_folder_is_refused_by_name(tmp_path):
+    """safetensors 0.4.5's save_file blocked for ever opening a FIFO with no reader;
+    0.8.0 replaces it by rename. Either way the path is refused by what it is."""
+    from bounded_call import returns
+
+    from pp1q.runtime.files import NotRegularFileError
+
+    os.mkfifo(tmp_path / "fifo.safetensors")
+    (tmp_path / "folder.safetensors").mkdir()
+    for name, kind in (("fifo", "a FIFO"), ("folder", "a folder")):
+        e = returns(_adapter().save, tmp_path / f"{name}.safetensors")
+        assert isinstance(e, NotRegularFileError)
+        assert e.strerror == f"is {kind}, not a regular file"
 
 
 def _refused(path, words: str) -> None:

@@ -5,6 +5,7 @@ from the captured CONTEXT frames (on the wire connection since revision 2)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -119,13 +120,24 @@ def test_capture_of_a_corrupted_reply_replays_as_the_same_fallback(tmp_path):
     assert not json.loads(out)["failures"]
 
 
-def test_unwritable_capture_path_is_a_settings_error(tmp_path):
+@pytest.mark.parametrize("kind", ["missing folder", "fifo"])
+def test_unwritable_capture_path_is_a_settings_error(tmp_path, kind):
+    """A FIFO with no reader blocked the worker's start for ever in open(); the run's
+    timeout turns a regression into a failure."""
+    path = tmp_path / "no" / "such" / "x"
+    if kind == "fifo":
+        path = tmp_path / "x.pp1qcap"
+        os.mkfifo(path)
     proc = subprocess.run(pp1q_command("worker", "--listen", "127.0.0.1:0", "--vocab", "16",
-                                       "--capture", str(tmp_path / "no" / "such" / "x")),
+                                       "--capture", str(path)),
                           capture_output=True, text=True, timeout=REPLAY_TIMEOUT_S,
                           env=daemon_env())
     assert proc.returncode == 2, proc.stderr
     assert "cannot create capture" in proc.stderr
+    if kind == "fifo":
+        assert proc.stderr.splitlines()[-1] == (
+            f"pp1q worker: capture = {str(path)!r}: cannot create capture file: "
+            f"is a FIFO, not a regular file")
 
 
 def test_capture_max_bytes_stops_recording_at_the_cap_and_serving_goes_on(tmp_path):

@@ -1,14 +1,15 @@
 """Files an operator names, given a FIFO, a folder or a device where a file belongs: each
 is refused at once with one line naming what the path is (a FIFO with no writer blocked
-open() for ever). Each call runs in a thread with a bounded join, so a hang fails."""
+open() for ever). Each call runs in a thread with a bounded join (bounded_call), so a
+hang fails."""
 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
+from bounded_call import returns
 
 from pp1q.core.errors import ConfigError
 from pp1q.runtime.capture.reader import CaptureReader
@@ -16,26 +17,6 @@ from pp1q.runtime.config import load
 from pp1q.runtime.draw_secret import load_draw_keys
 from pp1q.runtime.files import NotRegularFileError, read_regular
 from pp1q.runtime.settings import WorkerSettings
-
-JOIN_S = 10.0  # a refusal takes microseconds; a hang is what this bounds
-
-
-def returns(fn, *args):
-    """What ``fn(*args)`` raised (None: it returned), or a failure if it hung."""
-    out: list = []
-
-    def run():
-        try:
-            fn(*args)
-            out.append(None)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(JOIN_S)
-    assert not t.is_alive(), f"{getattr(fn, '__name__', fn)} hung on {args[0]}"
-    return out[0]
 
 
 @pytest.fixture(params=["fifo", "folder"])

@@ -1,13 +1,16 @@
 """``pp1q demo --model toy`` end to end on a small vocabulary: speed, the accepted length
 against theory with both noises, and the exactness check of one context; ``--plot``
-with and without matplotlib. (The real-model demo: tests/models/test_demo_real.py.)"""
+with and without matplotlib, and naming a FIFO. (The real-model demo:
+tests/models/test_demo_real.py.)"""
 
 import os
 import re
 import subprocess
 
 import pytest
+from bounded_call import returns
 
+from pp1q.runtime.files import NotRegularFileError
 from pp1q.runtime.launcher import daemon_env, pp1q_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -39,6 +42,36 @@ def test_demo_plot_writes_a_png(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"plot written to {out}" in proc.stdout
     assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
+
+
+def test_demo_plot_naming_a_fifo_is_one_line_and_exit_2_before_it_starts(tmp_path):
+    """savefig's open blocked for ever on a FIFO with no reader, at the end of the run;
+    it is refused at once, before the daemons start."""
+    pytest.importorskip("matplotlib", reason="--plot needs: pip install 'pp1q[plot]'")
+    fifo = tmp_path / "plot.png"
+    os.mkfifo(fifo)
+    proc = subprocess.run(pp1q_command("demo", "--model", "toy", "--plot", str(fifo)),
+                          capture_output=True, text=True, timeout=120, env=daemon_env())
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"pp1q demo: --plot {fifo}: is a FIFO, not a regular file"
+
+
+def test_write_plot_refuses_a_fifo_and_writes_the_named_file(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs: pip install 'pp1q[plot]'")
+    from pp1q.tools.plot import write_plot
+
+    def plot(path):
+        write_plot(path, title="t", exactness=None, labels=("a", "b"),
+                   accepted_hist=[1, 2, 3], depth=2)
+
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)
+    e = returns(plot, fifo)  # bounded: a regression hangs in open
+    assert isinstance(e, NotRegularFileError) and e.strerror == "is a FIFO, not a regular file"
+    for name in ("plot.png", "plot"):  # no suffix: PNG, at the very path named
+        assert returns(plot, tmp_path / name) is None
+        assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
+    assert not (tmp_path / "plot.png.png").exists()
 
 
 def _shadowed(tmp_path, package: str, init: str) -> dict:

@@ -33,6 +33,7 @@ from pp1q.runtime.capture.format import (
     meta_body,
     record_head,
 )
+from pp1q.runtime.files import open_output
 
 log = logging.getLogger("pp1q.runtime.capture")
 
@@ -64,7 +65,8 @@ class CaptureWriter:
         self._next_conn = 1
         self._open: set[int] = set()
         self._flush_scheduled = False
-        raw = open(self.path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+        # a FIFO, device or folder is refused by name (open() blocked on a FIFO for ever)
+        raw = open_output(self.path, buffering=0)
         self._fd = raw.fileno()
         self._file = io.BufferedWriter(raw, WRITE_BUFFER_BYTES)
         start = time.time_ns() if wall_ns is None else wall_ns
@@ -228,7 +230,7 @@ def _write_all(fd: int, parts) -> None:
 def write_records(path: str | os.PathLike, header, records) -> None:
     """Write ``records`` (``Record``s, e.g. read, edited, split) verbatim under ``header``:
     for trimming or editing captures, and for building malformed ones in tests."""
-    with open(path, "wb") as f:
+    with open_output(path) as f:
         f.write(file_header(header.role, header.start_unix_ns))
         for r in records:
             f.write(record_head(r.kind, r.direction, r.conn, r.time_ns, r.body))
