@@ -10,7 +10,10 @@ Both roles are per-request and stateful, because every real engine keeps a KV ca
 * ``Target`` scores all requests of a round in one call: ``score([(req, drafts), ...])``
   returns, per request, logits [len(drafts) + 1, V] on the model's device, where row i
   is conditioned on the committed prefix + drafts[:i]. ``score(... [])`` is a
-  target-only step (one row).
+  target-only step (one row). A long prompt is opened in chunks: ``open(req, first)``
+  then ``extend(req, next)`` per chunk (the verifier's EngineDecider: other requests'
+  rounds run between the chunks, and a request whose client left stops after the chunk
+  in hand instead of prefilling the rest).
 
 Both end a round the same way: ``commit(req, accepted, token)`` keeps the first
 ``accepted`` speculative tokens plus the correction/bonus ``token`` and rolls the KV
@@ -98,6 +101,11 @@ class Target(Engine):
     @abc.abstractmethod
     def open(self, request: RequestKey, prompt: Sequence[int]) -> None:
         """Start ``request`` from its prompt ids (at least one) and cache them."""
+
+    @abc.abstractmethod
+    def extend(self, request: RequestKey, prompt: Sequence[int]) -> None:
+        """Append the next ``prompt`` ids of an opened request before its first round
+        (a chunked prefill) and cache them as ``open`` does; refused with drafts held."""
 
     @abc.abstractmethod
     def score(self, batch: Sequence[tuple[RequestKey, Sequence[int]]]) -> list[torch.Tensor]:

@@ -29,6 +29,14 @@ class Ledger:
             raise LocalProtocolError(Reason.UNEXPECTED_SIZE, "a request needs at least one token")
         return cls(committed=ids)
 
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append committed ``tokens`` (the next chunk of a prompt prefilled in parts);
+        refused while speculative tokens are outstanding (they would sit before them)."""
+        if self.spec:
+            raise LocalProtocolError(
+                Reason.STATE_NOT_ALLOWED, f"extend with {len(self.spec)} speculative tokens held")
+        self.committed += [int(t) for t in tokens]
+
     @property
     def tokens(self) -> list[int]:
         return self.committed + self.spec

@@ -82,6 +82,9 @@ class ToyTargetEngine(Target):
     def open(self, request: RequestKey, prompt: Sequence[int]) -> None:
         self._requests.ledgers[request] = Ledger.start(prompt)
 
+    def extend(self, request: RequestKey, prompt: Sequence[int]) -> None:
+        self._requests.get(request).extend(prompt)
+
     def score(self, batch: Sequence[tuple[RequestKey, Sequence[int]]]) -> list[torch.Tensor]:
         out = []
         for request, drafts in batch:

@@ -17,11 +17,18 @@ decision ends the request's round on the engine at once:
 the KV cache and rolls back the rest, so the engine's committed tokens always equal the
 job's prefix. p is the request's processed target row (pp1q.models.processors), the same
 function for rounds and for target-only steps.
+
+A prompt is prefilled in chunks of ``prefill_chunk`` ids (``Target.open`` then
+``Target.extend``), each a call of its own on the engine thread: the rounds other
+requests queued meanwhile run between two chunks instead of after the whole prompt (a
+prompt at SmolLM2's 8,192 positions is ~20 s of one 2-core CPU), and a request whose
+client leaves (its task cancelled) stops after the chunk in hand.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,6 +49,11 @@ from pp1q.verifier.round_batch import RoundBatch
 from pp1q.wire import Step
 from pp1q.wire.events import ProposalReady
 
+# ids a prefill call takes: ~0.5 s of SmolLM2-135M on a 2-core CPU, about what another
+# request's round then waits behind a long prompt; smaller chunks cost the prefill little
+# more (1.06x of the whole prompt at 128 and 256; BENCHMARKS.md, "Chunked prefill")
+PREFILL_CHUNK = 128
+
 
 def round_p(processors: Processors, greedy: bool, logits: torch.Tensor) -> torch.Tensor:
     """The rows a decision reads from the target's logits [rows, V], on their device:
@@ -53,8 +65,9 @@ def round_p(processors: Processors, greedy: bool, logits: torch.Tensor) -> torch
 
 class EngineDecider(Decider):
     def __init__(self, target: Target, *, slots: int, depth: int, draws: DrawKeys,
-                 target_delay_s: float = 0.0) -> None:
+                 target_delay_s: float = 0.0, prefill_chunk: int = PREFILL_CHUNK) -> None:
         self.target = target
+        self.prefill_chunk = prefill_chunk
         self.draws = draws  # the verifier's own draw keys (pp1q.core.drawkey)
         # the target's calls (open, score, commit, close) run in this thread, so its GPU
         # is this thread's current one too; p and the decisions run on the event loop's
@@ -63,6 +76,8 @@ class EngineDecider(Decider):
                                           initializer=make_current, initargs=(target.device,))
         self._queue: list[tuple[int, list[int], asyncio.Future]] = []
         self._draining = False
+        # slot -> done when its round in hand has committed (a prefill's next chunk waits)
+        self._rounds: dict[int, asyncio.Future] = {}
         self.forwards = 0  # Target.score calls (metrics and benchmarks)
         self.scored = 0  # request rows scored by them
         # the sampled rounds of a tick, one call, where the target's logits are
@@ -111,29 +126,51 @@ class EngineDecider(Decider):
         for a batch of one (``pp1q bench profile`` times it: one request)."""
         return rounds.sampled(p, q_rows, drafts, keys, kernel=self.batch.kernel)
 
+    @contextlib.contextmanager
+    def _round(self, slot: int):
+        """A round of ``slot`` from its forward asked for to its commit done."""
+        done = asyncio.get_running_loop().create_future()
+        self._rounds[slot] = done
+        try:
+            yield
+        finally:
+            if self._rounds.get(slot) is done:
+                del self._rounds[slot]
+            done.set_result(None)
+
     async def open(self, job: Job) -> None:
-        await self._call(self.target.open, job.slot, list(job.prefix.tokens))
+        prompt, n = list(job.prefix.tokens), self.prefill_chunk
+        await self._call(self.target.open, job.slot, prompt[:n])
+        for i in range(n, len(prompt), n):  # a cancellation ends it at the next chunk
+            # the rounds begun meanwhile commit first: a round's commit is a call of its
+            # own, which would otherwise queue behind the next chunk (a round a chunk
+            # later). One round each, so neither side waits for ever.
+            if self._rounds:
+                await asyncio.wait(list(self._rounds.values()))
+            await self._call(self.target.extend, job.slot, prompt[i:i + n])
 
     async def decide_round(self, job: Job, step: Step,
                            ready: ProposalReady) -> tuple[rounds.Outcome, StepKind]:
         drafts = list(ready.draft_ids)
-        p = self._p(job, await self._score(job.slot, drafts))
-        if ready.greedy:  # v1: an argmax on the target's device, only the ids cross
-            out = rounds.greedy(p, drafts)
-        else:
-            keys = RoundKeys(self.draws.seed_for(job.req.seed), step.generation, step.round_id,
-                             step.first_position)
-            out = await self.batch.decide(p, ready.q_rows, drafts, keys)
-        await self._call(self.target.commit, job.slot, out.accepted, out.token)
+        with self._round(job.slot):
+            p = self._p(job, await self._score(job.slot, drafts))
+            if ready.greedy:  # v1: an argmax on the target's device, only the ids cross
+                out = rounds.greedy(p, drafts)
+            else:
+                keys = RoundKeys(self.draws.seed_for(job.req.seed), step.generation,
+                                 step.round_id, step.first_position)
+                out = await self.batch.decide(p, ready.q_rows, drafts, keys)
+            await self._call(self.target.commit, job.slot, out.accepted, out.token)
         return out, StepKind.GREEDY if ready.greedy else StepKind.SPECULATIVE
 
     async def decide_target_only(self, job: Job, generation: int,
                                  round_id: int) -> rounds.Outcome:
-        p = self._p(job, await self._score(job.slot, []))
-        out = rounds.target_only(p[0], self.draws.seed_for(job.req.seed), generation,
-                                 round_id, len(job.prefix.tokens), job.req.greedy,
-                                 kernel=self.batch.kernel)
-        await self._call(self.target.commit, job.slot, 0, out.token)
+        with self._round(job.slot):
+            p = self._p(job, await self._score(job.slot, []))
+            out = rounds.target_only(p[0], self.draws.seed_for(job.req.seed), generation,
+                                     round_id, len(job.prefix.tokens), job.req.greedy,
+                                     kernel=self.batch.kernel)
+            await self._call(self.target.commit, job.slot, 0, out.token)
         return out
 
     def close(self, job: Job) -> None:

@@ -14,6 +14,7 @@ from real_model import full_logits, max_diff
 pytestmark = pytest.mark.model
 pytest.importorskip("transformers", reason="real-model tests need: pip install 'pp1q[hf]'")
 
+from pp1q.core.errors import LocalProtocolError  # noqa: E402
 from pp1q.models.hf_target import HFTarget  # noqa: E402
 
 TOL = 1e-4
@@ -127,3 +128,37 @@ def test_a_forward_failing_part_way_drops_the_cache(smol64, story_ids, target):
         hook.remove()
     rows = target.score([("r", [77, 88])])[0]
     assert max_diff(rows, _rows(smol, committed, [77, 88])) <= TOL
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7], ids=["chunk-1", "chunk-3", "chunk-7"])
+def test_a_prompt_opened_in_chunks_scores_as_one_opened_whole(smol64, story_ids, target,
+                                                              chunk):
+    # the verifier's chunked prefill (EngineDecider): open the first chunk, extend by
+    # the rest; every position's K/V is the one a whole prefill gives (to TOL)
+    drafts = [1030, 314, 253]
+    target.open("r", story_ids[:chunk])
+    for i in range(chunk, len(story_ids), chunk):
+        target.extend("r", story_ids[i:i + chunk])
+    rows = target.score([("r", drafts)])[0]
+    assert max_diff(rows, _rows(smol64, story_ids, drafts)) <= TOL
+    target.commit("r", 2, 5)
+    target.score([("r", [6])])  # a round's drafts are held: the prompt may not grow
+    with pytest.raises(LocalProtocolError, match="speculative"):
+        target.extend("r", [7])
+    target.reset("r")  # the round discarded: it may
+    target.extend("r", [7, 8])
+    committed = story_ids + drafts[:2] + [5, 7, 8]
+    assert max_diff(target.score([("r", [])])[0], _rows(smol64, committed, [])) <= TOL
+
+
+def test_an_extend_failing_part_way_drops_the_cache(smol64, story_ids, target):
+    target.open("r", story_ids[:4])
+    hook = smol64.model.model.layers[15].register_forward_hook(
+        lambda *_: (_ for _ in ()).throw(_BoomError()))
+    try:
+        with pytest.raises(_BoomError):
+            target.extend("r", story_ids[4:])
+    finally:
+        hook.remove()
+    rows = target.score([("r", [77])])[0]  # the whole prompt, fed again from position 0
+    assert max_diff(rows, _rows(smol64, story_ids, [77])) <= TOL

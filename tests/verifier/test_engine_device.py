@@ -51,6 +51,9 @@ class TableEngine(Target):
     def open(self, request, prompt) -> None:
         self.prompts[request] = tuple(prompt)
 
+    def extend(self, request, prompt) -> None:
+        self.prompts[request] += tuple(prompt)
+
     def score(self, batch) -> list[torch.Tensor]:
         with np.errstate(divide="ignore"):  # a zero of p is a -inf logit: masked
             return [torch.from_numpy(np.log(self.table[self.prompts[r]][:len(d) + 1]))

@@ -16,10 +16,12 @@ SUITES = {
     "ranks": "pp1q.tools.bench.ranks",
     "model": "pp1q.tools.bench.model",
     "profile": "pp1q.tools.bench.profile",
+    "prefill": "pp1q.tools.bench.prefill",
 }
 
-# run only when named: both need the real model (model: about 10 minutes; profile: 2)
-OPT_IN = frozenset({"model", "profile"})
+# run only when named: they need the real model (model: about 10 minutes; profile: 2;
+# prefill: 4 on a 2-core CPU)
+OPT_IN = frozenset({"model", "profile", "prefill"})
 
 
 def bench_device() -> str:
