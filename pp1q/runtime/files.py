@@ -1,9 +1,10 @@
 """Files an operator names (a config, a secret, TLS files, a capture, a model's files, an
 exit adapter), opened without hanging: a FIFO, socket, device or folder given where a
-file belongs is refused by what it is, before any read that could block (a FIFO with no
-writer blocks open() for ever) or never end (/dev/zero). Files an operator names for
-output (``--capture``, ``--plot``, an adapter) likewise: open() for writing blocks for
-ever on a FIFO with no reader.
+file belongs is refused by what it is, before it is opened (opening a device can do
+things) and so before any read that could block (a FIFO with no writer blocks open() for
+ever) or never end (/dev/zero). Files an operator names for output (``--capture``,
+``--plot``, an adapter) likewise: open() for writing blocks for ever on a FIFO with no
+reader.
 
 The refusal is an OSError whose ``strerror`` says what the path is, so every caller's
 existing ``except OSError`` turns it into its own one-line error.
@@ -32,16 +33,33 @@ def _refuse_unless_regular(path, mode: int, *, folder_ok: bool = False) -> None:
     raise NotRegularFileError(errno.EINVAL, f"is {kind}, not {wanted}", str(path))
 
 
-def open_regular(path) -> BinaryIO:
-    """The regular file at ``path``, open for reading (the caller bounds what it reads).
-    O_NONBLOCK makes opening a FIFO return at once; fstat on the open descriptor then
-    checks the very file read (no window between a check and the open)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+def _open_checked(path, flags: int, check) -> int:
+    """A descriptor on the regular file at ``path``, opened with ``flags``. ``check(path)``
+    refuses by name what is there and is not a regular file before it is opened (opening
+    a device can do things: a watchdog arms, a tape rewinds, a serial line raises DTR);
+    O_NONBLOCK makes an open of a FIFO swapped in since return at once (for writing:
+    ENXIO with no reader, named by checking again), and fstat on the open descriptor
+    then checks the very file opened. The caller clears O_NONBLOCK if it matters."""
+    check(path)
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.EISDIR):  # swapped in since the check
+            check(path)
+        raise
     try:
         _refuse_unless_regular(path, os.fstat(fd).st_mode)
     except BaseException:
         os.close(fd)
         raise
+    return fd
+
+
+def open_regular(path) -> BinaryIO:
+    """The regular file at ``path``, open for reading (the caller bounds what it reads).
+    What is there and is not a regular file is refused by name before it is opened, and
+    the open descriptor is checked again (``_open_checked``); symlinks are followed."""
+    fd = _open_checked(path, os.O_RDONLY, check_regular)
     return os.fdopen(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
 
 
@@ -76,20 +94,10 @@ def check_output(path) -> None:
 def open_output(path, *, buffering: int = -1) -> BinaryIO:
     """The regular file at ``path``, created (mode 0o666 less the umask) or emptied, open
     for writing. What is there already and is not a regular file is refused by name
-    before it is opened (opening a device can do things: a tape rewinds, a watchdog
-    arms); O_NONBLOCK makes an open of a FIFO swapped in since return at once (ENXIO
-    with no reader), and fstat on the open descriptor checks the very file written. The
-    file is emptied only then, and writes block as usual (O_NONBLOCK is cleared)."""
-    check_output(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    before it is opened, and the open descriptor is checked again (``_open_checked``).
+    The file is emptied only then, and writes block as usual (O_NONBLOCK is cleared)."""
+    fd = _open_checked(path, os.O_WRONLY | os.O_CREAT, check_output)
     try:
-        fd = os.open(path, flags, 0o666)
-    except OSError as e:
-        if e.errno in (errno.ENXIO, errno.EISDIR):  # swapped in since the check
-            check_output(path)
-        raise
-    try:
-        _refuse_unless_regular(path, os.fstat(fd).st_mode)
         os.ftruncate(fd, 0)
         os.set_blocking(fd, True)
     except BaseException:

@@ -6,16 +6,19 @@ hang fails."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from bounded_call import returns
 
+import pp1q.runtime.files as files
 from pp1q.core.errors import ConfigError
 from pp1q.runtime.capture.reader import CaptureReader
 from pp1q.runtime.config import load
 from pp1q.runtime.draw_secret import load_draw_keys
-from pp1q.runtime.files import NotRegularFileError, read_regular
+from pp1q.runtime.files import NotRegularFileError, open_regular, read_regular
 from pp1q.runtime.settings import WorkerSettings
 
 
@@ -118,3 +121,78 @@ def test_an_exit_adapter_that_is_not_a_file_is_a_one_line_config_error(not_a_fil
     e = returns(load_adapter, path)
     assert isinstance(e, ConfigError) and e.key == "draft_adapter"
     assert str(e) == f"draft_adapter = {str(path)!r}: {why}"  # was: "no such file"
+
+
+WATCH_S = 0.5  # how long a blocked writer on the FIFO watches for a reader's open
+
+
+def _a_reader_opened(fifo: Path, refuse) -> bool:
+    """Whether ``refuse(fifo)``, called again and again for WATCH_S, opened the FIFO.
+    A writer's blocking open waits for a reader, and any reader's open ends that wait,
+    however soon it closes (Linux counts the reader's opens): a device or FIFO opened
+    only to be refused is seen, as an open() with side effects would be."""
+    writer: list[int] = []
+    t = threading.Thread(target=lambda: writer.append(os.open(fifo, os.O_WRONLY)),
+                         daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + WATCH_S
+        while t.is_alive() and time.monotonic() < deadline:
+            e = returns(refuse, fifo)
+            assert isinstance(e, NotRegularFileError)
+            assert e.strerror == "is a FIFO, not a regular file"
+            time.sleep(0.005)
+        return not t.is_alive()
+    finally:  # the test's own reader lets a still-blocked writer go
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            t.join(5)
+            assert not t.is_alive()
+        finally:
+            os.close(reader)
+            for fd in writer:
+                os.close(fd)
+
+
+def test_a_fifo_or_device_is_refused_without_being_opened(tmp_path):
+    """What is not a regular file is refused by name before open() (opening a device can
+    arm a watchdog, rewind a tape, raise a serial line's DTR): a FIFO stands in for the
+    device, as its opens can be seen."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert not _a_reader_opened(fifo, open_regular)
+    assert not _a_reader_opened(fifo, lambda p: read_regular(p, 16))
+    link = tmp_path / "link"
+    link.symlink_to(fifo)  # followed, and still not opened
+    assert not _a_reader_opened(fifo, lambda _: open_regular(link))
+
+
+def test_the_open_watch_catches_an_open_before_the_check(tmp_path):
+    """Planted bug: the old order (open non-blocking, then fstat) refuses the FIFO in the
+    same words, and the watch above sees it opened."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def open_then_check(path):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            files._refuse_unless_regular(path, os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+
+    assert _a_reader_opened(fifo, open_then_check)
+
+
+def test_a_fifo_swapped_in_after_the_check_is_refused_on_the_open_file(tmp_path,
+                                                                         monkeypatch):
+    """A path swapped between the check by name and the open is caught on the open
+    descriptor (O_NONBLOCK: the open of a FIFO returns at once; fstat refuses it)."""
+    monkeypatch.setattr(files, "check_regular", lambda path, **_: None)  # as if swapped
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    e = returns(read_regular, fifo, 16)
+    assert isinstance(e, NotRegularFileError) and e.strerror == "is a FIFO, not a regular file"
+    assert e.filename == str(fifo)
+    f = tmp_path / "f"
+    f.write_bytes(b"data")
+    assert read_regular(f, 16)[0] == b"data"
