@@ -41,6 +41,23 @@ def missing() -> str | None:
     return None
 
 
+def bench_skip() -> str | None:
+    """A real-model bench suite's line when it cannot run here, or None when it can."""
+    why = missing()
+    return None if why is None else (
+        f"skipped: {why}; the real model needs `bash scripts/install.sh`")
+
+
+def load_embedded(device: str):
+    """The embedded checkpoint on ``device`` (a bench suite's load: its progress bars
+    quiet, the de-quantized copy cached where the daemons keep it)."""
+    from pp1q.models.embedded import smollm2_gguf
+    from pp1q.models.hf import load_checkpoint
+
+    quiet_progress_bars()
+    return load_checkpoint(smollm2_gguf(), device=device, gguf_cache=default_cache())
+
+
 def default_cache() -> Path:
     """Where the de-quantized copy lives between runs (the README's ~/.cache/pp1q)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

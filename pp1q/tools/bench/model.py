@@ -180,11 +180,11 @@ def run(quick: bool, k: list[int] | None = None, temperatures: list[float] | Non
         tokens: int | None = None, adapters: list[str] | None = None,
         depths: list[int] | None = None) -> Iterator[str]:
     from pp1q.runtime.launcher import start_pair
-    from pp1q.tools.realmodel import default_cache, missing, model_args, warm_cache
+    from pp1q.tools.realmodel import bench_skip, default_cache, model_args, warm_cache
 
-    why = missing()
-    if why is not None:
-        yield f"skipped: {why}; the real model needs `bash scripts/install.sh`"
+    skipped = bench_skip()
+    if skipped is not None:
+        yield skipped
         return
     temps = list(temperatures or TEMPERATURES)
     n_tokens = tokens or (QUICK_TOKENS if quick else TOKENS)

@@ -85,21 +85,17 @@ async def _one(target, chunk: int, n: int) -> tuple[float, float, int, float, fl
 
 
 def run(quick: bool = False) -> Iterator[str]:
-    from pp1q.tools.realmodel import default_cache, missing, quiet_progress_bars
+    from pp1q.tools.realmodel import bench_skip, load_embedded
 
-    why = missing()
-    if why is not None:
-        yield f"skipped: {why}; the real model needs `bash scripts/install.sh`"
+    skipped = bench_skip()
+    if skipped is not None:
+        yield skipped
         return
-    from pp1q.models.embedded import smollm2_gguf
-    from pp1q.models.hf import load_checkpoint
     from pp1q.models.hf_target import HFTarget
 
-    quiet_progress_bars()
     n = QUICK_PROMPT_TOKENS if quick else PROMPT_TOKENS
     device = bench_device()
-    ckpt = load_checkpoint(smollm2_gguf(), device=device, gguf_cache=default_cache())
-    target = HFTarget.from_checkpoint(ckpt)
+    target = HFTarget.from_checkpoint(load_embedded(device))
     yield (f"SmolLM2-135M on {device}; a {n}-token prompt; its client leaves "
            f"{NEIGHBOUR_AFTER_S} s in; seconds, one run each")
     yield ("| chunk | prefill alone | CPU s | / whole (CPU) | neighbour's steps meanwhile "

@@ -292,24 +292,21 @@ def _ms(x: float) -> str:
 
 
 def run(quick: bool = False) -> Iterator[str]:
-    from pp1q.tools.realmodel import default_cache, missing, quiet_progress_bars
+    from pp1q.tools.realmodel import bench_skip, load_embedded
 
-    why = missing()
-    if why is not None:
-        yield f"skipped: {why}; the real model needs `bash scripts/install.sh`"
+    skipped = bench_skip()
+    if skipped is not None:
+        yield skipped
         return
-    from pp1q.models.embedded import smollm2_gguf
-    from pp1q.models.hf import load_checkpoint
     from pp1q.models.hf_drafter import HFDrafter
     from pp1q.models.hf_target import HFTarget
     from pp1q.models.text import TextCodec
 
-    quiet_progress_bars()
     n_rounds = QUICK_ROUNDS if quick else ROUNDS
     device = bench_device()
     with _pinned() as how:
         yield how + f"; the model on {_where(device)}"
-        ckpt = load_checkpoint(smollm2_gguf(), device=device, gguf_cache=default_cache())
+        ckpt = load_embedded(device)
         prompt = TextCodec(ckpt.tokenizer).encode(PROMPT, chat=True)
         yield (f"model loaded in {ckpt.load_seconds:.1f} s; vocabulary {ckpt.vocab}; prompt "
                f"{len(prompt)} tokens; {WARMUP_ROUNDS} warm-up + {n_rounds} rounds per case, "
