@@ -16,7 +16,11 @@ first_position + i - 1): a retried STEP under the same keys would draw identical
 but the endpoint refuses a reused round outright, so a key is never drawn twice on one
 session.
 
-What the rows are is the ``Proposer``'s: the worker's one drafting seam. It also hears
+What the rows are is the ``Proposer``'s: the worker's one drafting seam. Before the first
+row a STEP runs the proposer's ``prepare``, its work in pieces (a real drafter's prefill
+of a long prompt, in chunks of PREFILL_CHUNK ids), yielding to the loop after each piece
+and stopping there once the step is no longer live, so a long prompt does not hold every
+other slot's STEP, RESET and read of the connection behind it. It also hears
 when a slot's whole context arrives (``prefill``) and when a proposal is discarded
 (``discard``): hooks a drafter may use; the toy chain is stateless, and
 ``EngineProposer`` (pp1q.worker.engine_proposer) brings its KV cache to each STEP's
@@ -74,6 +78,12 @@ class Proposer:
 
     def discard(self, key) -> None:
         """``key``'s proposal was discarded (RESET): drop state past the committed prefix."""
+
+    def prepare(self, step: Step, prefix: list[int]) -> Iterator[None]:
+        """Work to do before the STEP's first row, one yield after each piece (the drafter
+        may stop between two pieces, and a later STEP's ``prepare`` takes over from the
+        last piece done). The toy chain has none."""
+        return iter(())
 
     def rows(self, step: Step, prefix: list[int]) -> Iterator[tuple[int, DyadicRow | None]]:
         if step_form(step) is Form.TOKEN_ONLY:
@@ -143,12 +153,17 @@ class StepDrafter:
         whole = proposal_fits(step, ep.limits)  # one PROPOSAL at the end: rows kept till then
         tokens: list[int] = []
         rows: list[DyadicRow | None] = []
-        resumed = t0
         # a RESET, a lost connection or a close reaches the endpoint only in another loop
         # callback, so the step can stop being live only across an await (or before we
         # first ran): check again only then
-        awaited = True
         try:
+            if not ep.is_live(step.slot, step.generation, step.round_id):
+                return  # reset before we first ran: not even a piece of prefill for it
+            for _ in self.proposer.prepare(step, prefix):  # a piece done (a prefill chunk)
+                await asyncio.sleep(0)  # the other slots' STEPs and any input run now
+                if not ep.is_live(step.slot, step.generation, step.round_id):
+                    return  # the next STEP for this slot takes over where this one stopped
+            resumed, awaited = time.perf_counter(), False
             for index, (token, row) in enumerate(self.proposer.rows(step, prefix), start=1):
                 if awaited and not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # reset (or connection gone) while drafting: send nothing more
