@@ -1,19 +1,22 @@
 """The worker prefills a STEP's long committed prefix in chunks of PREFILL_CHUNK ids
 (``Proposer.prepare``: EngineProposer opens the drafter's request with the first chunk
 and extends it a chunk at a time), and StepDrafter gives the event loop back after each
-chunk: another slot's STEP is drafted, and any input read, between two chunks instead
-of after the whole prompt. A RESET mid-prefill stops it after the chunk in hand, and
+chunk (a timer, so what the chunk kept waiting runs before the next one): another
+slot's STEP is drafted, and any input read, between two chunks instead of after the
+whole prompt. A RESET mid-prefill stops it after the chunk in hand, and
 the next STEP resumes it with ``extend`` where it stopped, not with a reopen.
 
 The drafter here is the toy's engine behind the Drafter seam, every prompt call and row
 logged in one list with the ticks of a task that turns with the loop, so the log shows
 what ran between two chunks. Planted variants: a proposer whose ``prepare`` yields
 nothing (the whole prefill in one loop tick, in chunks), one that prefills the whole
-prompt in one call, and one that reopens an interrupted prefill: each is rejected."""
+prompt in one call, one that reopens an interrupted prefill, and a sleep(0) between two
+chunks (a timer's task then waits three): each is rejected."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import pytest
@@ -27,6 +30,7 @@ from pp1q.models.toy_engine import ToyDrafterEngine
 from pp1q.wire import Reset
 from pp1q.wire.events import ProposalReady
 from pp1q.wire.messages import Completion, Reply
+from pp1q.worker import drafting
 from pp1q.worker.drafting import Proposer
 from pp1q.worker.engine_proposer import EngineProposer
 
@@ -34,6 +38,7 @@ VOCAB, DEPTH, TOP_K = 64, 3, 8
 CHUNKS = 5
 LONG = [(7 * i + 3) % VOCAB for i in range(CHUNKS * PREFILL_CHUNK - 5)]  # the last one short
 PROMPT_CALLS = ("open", "extend")
+CALL_S, TICK_S = 0.004, 1e-4  # a slow prompt call; the ticker's timer, due well before
 
 
 def _model() -> ToyDrafter:
@@ -113,10 +118,12 @@ def _check_interleaved(log: list, request, prompt: list[int]) -> None:
         assert any(what == "tick" for what, _, _ in log[a + 1:b]), ("no loop turn", log[a:b])
 
 
-async def _ticker(log: list) -> None:
+async def _ticker(log: list, every_s: float = 0.0) -> None:
+    """A tick each loop turn, or each timer of ``every_s`` (a timer's task wakes a turn
+    after it is due)."""
     while True:
         log.append(("tick", None, 0))
-        await asyncio.sleep(0)
+        await asyncio.sleep(every_s)
 
 
 def _chain(step, prefix) -> list[int]:
@@ -124,13 +131,13 @@ def _chain(step, prefix) -> list[int]:
     return [t for t, _ in Proposer(_model()).rows(step, prefix)]
 
 
-async def _drafted(cls) -> tuple[list, list]:
+async def _drafted(cls, engine=Logged, tick_s: float = 0.0) -> tuple[list, list]:
     """Slot 0's STEP on LONG and slot 1's on PREFIX, read together; the log and the
     verifier's events."""
     log: list = []
-    conn, t, v = await connected(cls(Logged(log)), vocab=VOCAB, slots=2, depth=DEPTH,
+    conn, t, v = await connected(cls(engine(log)), vocab=VOCAB, slots=2, depth=DEPTH,
                                  support=8, prefixes={0: LONG}, step_timeout=60.0)
-    ticker = asyncio.get_running_loop().create_task(_ticker(log))
+    ticker = asyncio.get_running_loop().create_task(_ticker(log, tick_s))
     feed_buffered(conn, v.send(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), now=0.0)
                   + v.send(step_of(1, DEPTH, top_k=TOP_K), now=0.0))
     await until(lambda: not conn.drafter.tasks)
@@ -164,6 +171,34 @@ async def test_planted_prefills_on_one_loop_tick_are_rejected(cls):
         _check_interleaved(log, (SESSION, 0), LONG)
     with pytest.raises(AssertionError):
         _check_neighbour_first(log)
+
+
+class Slow(Logged):
+    """Each prompt call takes CALL_S, longer than the ticker's timer: it is due when the
+    call ends."""
+
+    def open(self, request, committed) -> None:
+        time.sleep(CALL_S)
+        super().open(request, committed)
+
+    def extend(self, request, committed) -> None:
+        time.sleep(CALL_S)
+        super().extend(request, committed)
+
+
+@pytest.mark.parametrize("pause", [drafting.PIECE_PAUSE_S, 0.0],
+                         ids=["timer", "planted-sleep-0"])
+async def test_a_timer_due_during_a_chunk_runs_before_the_next_chunk(pause, monkeypatch):
+    # after sleep(0) the drafting task is ahead of what the chunk kept waiting in the
+    # ready queue: the next chunk ran first, and a timer's task waited three chunks
+    monkeypatch.setattr(drafting, "PIECE_PAUSE_S", pause)
+    log, events = await _drafted(EngineProposer, Slow, tick_s=TICK_S)
+    assert sorted(e.slot for e in events if isinstance(e, ProposalReady)) == [0, 1]
+    if pause:
+        _check_interleaved(log, (SESSION, 0), LONG)
+        return
+    with pytest.raises(AssertionError, match="no loop turn"):
+        _check_interleaved(log, (SESSION, 0), LONG)
 
 
 def _reset(generation: int) -> Reset:
