@@ -6,14 +6,16 @@ Both roles are per-request and stateful, because every real engine keeps a KV ca
   token before it (committed prefix and x_1..x_{i-1}), so the worker asks for one row
   at a time: ``next_logits(req)`` for x_1, then ``next_logits(req, x_i)`` after sampling
   each x_i. ``append(req, x_D)`` records the last draft (no row is needed after it, so
-  no forward is spent on it; it is fed lazily if it is accepted).
+  no forward is spent on it; it is fed lazily if it is accepted). A long committed
+  prefix is opened in chunks too: ``open(req, first)`` then ``extend(req, next)`` (the
+  worker's EngineProposer, yielding its event loop between two chunks).
 * ``Target`` scores all requests of a round in one call: ``score([(req, drafts), ...])``
   returns, per request, logits [len(drafts) + 1, V] on the model's device, where row i
   is conditioned on the committed prefix + drafts[:i]. ``score(... [])`` is a
   target-only step (one row). A long prompt is opened in chunks: ``open(req, first)``
-  then ``extend(req, next)`` per chunk (the verifier's EngineDecider: other requests'
-  rounds run between the chunks, and a request whose client left stops after the chunk
-  in hand instead of prefilling the rest).
+  then ``extend(req, next)`` per chunk of ``PREFILL_CHUNK`` ids (the verifier's
+  EngineDecider: other requests' rounds run between the chunks, and a request whose
+  client left stops after the chunk in hand instead of prefilling the rest).
 
 Both end a round the same way: ``commit(req, accepted, token)`` keeps the first
 ``accepted`` speculative tokens plus the correction/bonus ``token`` and rolls the KV
@@ -41,6 +43,12 @@ import torch
 from pp1q.core.errors import LocalProtocolError, Reason
 
 RequestKey = Hashable  # whatever the daemon uses to name a request (an int, a tuple...)
+
+# ids one prefill call takes, on both sides (``open`` then ``extend`` per chunk): ~0.5 s
+# of SmolLM2-135M on a 2-core CPU, about what the other requests then wait behind a
+# long prompt; smaller chunks cost the prefill little more (1.06x of the whole prompt at
+# 128 and 256; BENCHMARKS.md, "Chunked prefill")
+PREFILL_CHUNK = 128
 
 
 def lookup(table: dict, request: RequestKey):
@@ -73,6 +81,11 @@ class Drafter(Engine):
     @abc.abstractmethod
     def open(self, request: RequestKey, committed: Sequence[int]) -> None:
         """Start ``request`` from its committed token ids (at least one)."""
+
+    @abc.abstractmethod
+    def extend(self, request: RequestKey, committed: Sequence[int]) -> None:
+        """Append the next ``committed`` ids of an opened request (a chunked prefill) and
+        cache them as ``open`` does; refused with speculative tokens held."""
 
     @abc.abstractmethod
     def append(self, request: RequestKey, token: int) -> None:

@@ -42,6 +42,10 @@ class ToyDrafterEngine(Drafter):
         self._requests.ledgers[request] = Ledger.start(committed)
         self._backbone.pop(request, None)
 
+    def extend(self, request: RequestKey, committed: Sequence[int]) -> None:
+        self._requests.get(request).extend(committed)
+        self._backbone.pop(request, None)  # its rows read the committed prefix
+
     def append(self, request: RequestKey, token: int) -> None:
         self._requests.get(request).spec.append(int(token))
 

@@ -18,11 +18,12 @@ the KV cache and rolls back the rest, so the engine's committed tokens always eq
 job's prefix. p is the request's processed target row (pp1q.models.processors), the same
 function for rounds and for target-only steps.
 
-A prompt is prefilled in chunks of ``prefill_chunk`` ids (``Target.open`` then
-``Target.extend``), each a call of its own on the engine thread: the rounds other
-requests queued meanwhile run between two chunks instead of after the whole prompt (a
-prompt at SmolLM2's 8,192 positions is ~20 s of one 2-core CPU), and a request whose
-client leaves (its task cancelled) stops after the chunk in hand.
+A prompt is prefilled in chunks of ``prefill_chunk`` ids (``PREFILL_CHUNK`` of
+pp1q.models.engine, the worker's chunk too; ``Target.open`` then ``Target.extend``),
+each a call of its own on the engine thread: the rounds other requests queued meanwhile
+run between two chunks instead of after the whole prompt (a prompt at SmolLM2's 8,192
+positions is ~20 s of one 2-core CPU), and a request whose client leaves (its task
+cancelled) stops after the chunk in hand.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pp1q.core.errors import ConfigError
 from pp1q.core.outcomes import StepKind
 from pp1q.core.q import DyadicRow
 from pp1q.core.verify import RoundKeys
-from pp1q.models.engine import Target, make_current
+from pp1q.models.engine import PREFILL_CHUNK, Target, make_current
 from pp1q.models.processors import Processors
 from pp1q.verifier import rounds
 from pp1q.verifier.decider import Decider
@@ -48,11 +49,6 @@ from pp1q.verifier.kernel_rounds import KernelRounds
 from pp1q.verifier.round_batch import RoundBatch
 from pp1q.wire import Step
 from pp1q.wire.events import ProposalReady
-
-# ids a prefill call takes: ~0.5 s of SmolLM2-135M on a 2-core CPU, about what another
-# request's round then waits behind a long prompt; smaller chunks cost the prefill little
-# more (1.06x of the whole prompt at 128 and 256; BENCHMARKS.md, "Chunked prefill")
-PREFILL_CHUNK = 128
 
 
 def round_p(processors: Processors, greedy: bool, logits: torch.Tensor) -> torch.Tensor:

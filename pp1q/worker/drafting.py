@@ -16,11 +16,16 @@ first_position + i - 1): a retried STEP under the same keys would draw identical
 but the endpoint refuses a reused round outright, so a key is never drawn twice on one
 session.
 
-What the rows are is the ``Proposer``'s: the worker's one drafting seam. It also hears
-when a slot's whole context arrives (``prefill``) and when a proposal is discarded
-(``discard``): hooks a drafter may use; the toy chain is stateless, and
-``EngineProposer`` (pp1q.worker.engine_proposer) brings its KV cache to each STEP's
-committed prefix instead, so a lost hook can never leave it elsewhere. ``serve`` passes
+What the rows are is the ``Proposer``'s: the worker's one drafting seam. Before the first
+row a STEP runs the proposer's ``prepare``: work in pieces (a real drafter's prefill of a
+new prefix, in chunks of pp1q.models.engine.PREFILL_CHUNK ids), a loop turn after each
+piece, and the step stops there once it is no longer live; so a long prompt does not
+hold the other slots' STEPs, a RESET and every read of the connection behind it, and a
+RESET mid-prefill stops it after the piece in hand. It also hears when a slot's whole
+context arrives (``prefill``) and when a proposal is discarded (``discard``): hooks a
+drafter may use; the toy chain is stateless, and ``EngineProposer``
+(pp1q.worker.engine_proposer) brings its KV cache to each STEP's committed prefix in
+``prepare`` instead, so a lost hook can never leave it elsewhere. ``serve`` passes
 ``default_proposer`` (the toy chain, or ``EngineProposer`` for a real drafter) and a
 planted-bug test a wrong q the same way (pp1q.worker.daemon.serve); the round benchmark
 builds its connection with canned rows (pp1q.tools.bench.round_peer).
@@ -59,6 +64,12 @@ YIELD_AFTER_S = 0.5e-3
 # before the next is built (the kernel sends it while we draft, and its reused row is
 # free again), and what a tick holds unsent stays bounded; a sparse round is ~7 KB.
 YIELD_AT_BYTES = 64 * 1024
+# After each piece of a Proposer's ``prepare`` (a prefill chunk, ~0.5 s of a real model)
+# the task sleeps this long, a timer rather than sleep(0): what the piece kept waiting (a
+# read, the task a STEP it read starts, a timer due) runs before the next piece. After a
+# sleep(0) the next piece ran first (asyncio and uvloop alike: the drafting task is
+# ahead of them in the ready queue), so a STEP read during a piece waited two.
+PIECE_PAUSE_S = 1e-6
 
 
 class Proposer:
@@ -74,6 +85,12 @@ class Proposer:
 
     def discard(self, key) -> None:
         """``key``'s proposal was discarded (RESET): drop state past the committed prefix."""
+
+    def prepare(self, step: Step, prefix: list[int]) -> Iterator[None]:
+        """Work to do before the STEP's first row, one yield after each piece (the drafter
+        may stop between two pieces, and a later STEP's ``prepare`` takes over from the
+        last piece done). The toy chain has none."""
+        return iter(())
 
     def rows(self, step: Step, prefix: list[int]) -> Iterator[tuple[int, DyadicRow | None]]:
         if step_form(step) is Form.TOKEN_ONLY:
@@ -143,12 +160,17 @@ class StepDrafter:
         whole = proposal_fits(step, ep.limits)  # one PROPOSAL at the end: rows kept till then
         tokens: list[int] = []
         rows: list[DyadicRow | None] = []
-        resumed = t0
         # a RESET, a lost connection or a close reaches the endpoint only in another loop
         # callback, so the step can stop being live only across an await (or before we
         # first ran): check again only then
-        awaited = True
         try:
+            if not ep.is_live(step.slot, step.generation, step.round_id):
+                return  # reset before we first ran: not even a piece of prefill for it
+            for _ in self.proposer.prepare(step, prefix):  # a piece done (a prefill chunk)
+                await asyncio.sleep(PIECE_PAUSE_S)  # the other slots' STEPs and input run
+                if not ep.is_live(step.slot, step.generation, step.round_id):
+                    return  # the next STEP for this slot takes over where this one stopped
+            resumed, awaited = time.perf_counter(), False
             for index, (token, row) in enumerate(self.proposer.rows(step, prefix), start=1):
                 if awaited and not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # reset (or connection gone) while drafting: send nothing more

@@ -6,10 +6,25 @@ toy chain does. A drafter request is kept per (session, slot) with its KV cache;
 STEP's committed prefix tells what the verifier committed since the last STEP: when it
 is the drafter's committed tokens plus some accepted drafts plus one token, the drafter
 commits that (its cache kept); the same prefix again (a RESET, a retried round) resets
-the speculative tail; any other prefix (a new generation's context resent, say) closes
-and reopens the request from it. Deriving it from the prefix, which the
-worker state already checked against the STEP's digest, means a lost or reordered
-COMMIT can never leave the drafter on another prefix than the one the verifier holds.
+the speculative tail; a longer prefix that begins with the drafter's committed tokens
+otherwise (a prefill a RESET or a new STEP interrupted) extends it from there; any
+other prefix (a new generation's context resent, say) closes and reopens the request
+from it. Deriving it from the prefix, which the worker state already checked against
+the STEP's digest, means a lost or reordered COMMIT can never leave the drafter on
+another prefix than the one the verifier holds.
+
+That bringing happens in ``prepare``, before the first row: a prefix is opened with its
+first PREFILL_CHUNK ids and extended a chunk at a time, one yield after each chunk, so
+StepDrafter gives the event loop back between two chunks (a 4,096-token prompt is
+~20-30 s of SmolLM2-135M on a 2-core CPU: whole, it held every other slot's STEP, each
+RESET and every read of the connection behind it, past the verifier's STEP watchdog).
+What the drafter holds is recorded after each call, so a prefill stopped between two
+chunks leaves it consistent and the next STEP resumes it.
+
+The chunked prefill's logits are not bit-identical to a whole-prompt prefill's (the
+float sums run in another order: ~1e-5 on SmolLM2), but exactness does not rest on them:
+every q is built from exactly the logits the drafter returns, whatever they are, and a
+prefix chunked the same way gives the same logits again (same tokens, same q).
 """
 
 from __future__ import annotations
@@ -20,7 +35,7 @@ from collections.abc import Iterator
 import torch
 
 from pp1q.core.q import DyadicRow
-from pp1q.models.engine import Drafter
+from pp1q.models.engine import PREFILL_CHUNK, Drafter
 from pp1q.models.proposal import HostStaging, propose
 from pp1q.wire import Form, Step
 from pp1q.wire.validate import step_form
@@ -39,31 +54,60 @@ class EngineProposer(Proposer):
         self._held: collections.OrderedDict[tuple[int, int], tuple[list[int], list[int]]] = (
             collections.OrderedDict())
 
-    def _sync(self, key: tuple[int, int], prefix: list[int]) -> None:
-        """Bring the drafter's request to ``prefix`` (commit if it extends it, else reopen)."""
-        held = self._held.pop(key, None)
-        if held is not None:
-            committed, drafts = held
-            extra = prefix[len(committed):]
-            accepted = len(extra) - 1
-            if (prefix[: len(committed)] == committed and 0 <= accepted <= len(drafts)
-                    and extra[:accepted] == drafts[:accepted]):
-                self.drafter.commit(key, accepted, extra[-1])
-            elif prefix != committed:
-                self.drafter.close(key)
-                held = None
-            else:
-                self.drafter.reset(key)  # same prefix, a retried or discarded round
-        if held is None:
-            self.drafter.open(key, prefix)
-        self._held[key] = (list(prefix), [])
+    def prepare(self, step: Step, prefix: list[int]) -> Iterator[None]:
+        """Bring the drafter's request to ``prefix``, a yield after each prefill chunk
+        (an ``open`` or an ``extend``, the last one's too); a commit or a reset is cheap
+        and yields nothing."""
+        key, prefix = (step.session, step.slot), list(prefix)
+        while True:
+            chunk = self._toward(key, prefix)
+            done = len(self._held[key][0]) == len(prefix)
+            if chunk:
+                yield
+            if done:
+                return
+
+    def _toward(self, key: tuple[int, int], prefix: list[int]) -> bool:
+        """One engine call toward ``prefix``, from what the drafter holds now (read
+        afresh: another slot's STEP may have evicted it since the last call); after it,
+        the committed tokens held are a prefix of ``prefix``. True for a prefill chunk."""
+        held = self._held.pop(key, None)  # back (as the most recent) once the call is done
+        chunk = False
+        try:
+            if held is not None:
+                committed, drafts = held
+                extra = prefix[len(committed):]
+                if prefix[: len(committed)] != committed:
+                    self.drafter.close(key)  # not a continuation: reopen below
+                    held = None
+                elif not extra:
+                    self.drafter.reset(key)  # same prefix, a retried or discarded round
+                elif len(extra) - 1 <= len(drafts) and extra[:-1] == drafts[: len(extra) - 1]:
+                    self.drafter.commit(key, len(extra) - 1, extra[-1])  # the verifier's
+                    committed = prefix
+                else:  # a prefill a RESET or a new STEP interrupted: go on from there
+                    if drafts:
+                        self.drafter.reset(key)  # extend is refused with drafts held
+                    self.drafter.extend(key, extra[:PREFILL_CHUNK])
+                    committed, chunk = committed + extra[:PREFILL_CHUNK], True
+            if held is None:
+                committed, chunk = prefix[:PREFILL_CHUNK], True
+                self.drafter.open(key, committed)
+        except BaseException:  # failed part-way: what it holds is unknown, start it over
+            self.drafter.close(key)
+            raise
+        self._held[key] = (committed, [])
         while len(self._held) > MAX_OPEN_REQUESTS:
             old, _ = self._held.popitem(last=False)
             self.drafter.close(old)
+        return chunk
 
     def rows(self, step: Step, prefix: list[int]) -> Iterator[tuple[int, DyadicRow | None]]:
-        key = (step.session, step.slot)
-        self._sync(key, list(prefix))
+        key, prefix = (step.session, step.slot), list(prefix)
+        held = self._held.get(key)
+        if held is None or held[1] or held[0] != prefix:  # prepare was not run (or undone)
+            for _ in self.prepare(step, prefix):
+                pass
         drafts = self._held[key][1]
         if step_form(step) is Form.TOKEN_ONLY:
             prev = None

@@ -1,4 +1,5 @@
-"""HFDrafter on the real 135M model: incremental rows, q built from them, early exit.
+"""HFDrafter on the real 135M model: incremental rows, q built from them, early exit, and
+the worker's chunked prefill through EngineProposer.
 
 The acceptance test runs whole rounds through pp1q's float64 reference verification
 (pp1q.core.verify.verify_round with RoundKeys) with the drafter equal to the target
@@ -23,6 +24,9 @@ from pp1q.models.hf_drafter import HFDrafter, early_exit_view, num_layers  # noq
 from pp1q.models.hf_target import HFTarget  # noqa: E402
 from pp1q.models.processors import processed_probs  # noqa: E402
 from pp1q.models.proposal import propose  # noqa: E402
+from pp1q.wire import Step  # noqa: E402
+from pp1q.worker import engine_proposer  # noqa: E402
+from pp1q.worker.engine_proposer import EngineProposer  # noqa: E402
 from pp1q.worker.proposer import ProposalSpec  # noqa: E402
 
 TOL = 1e-4
@@ -130,3 +134,61 @@ def test_drafter_equal_to_target_accepts_nearly_everything(smol, story_ids):
     assert accepted >= 0.99 * drafted, (accepted, drafted)
     text = smol.tokenizer.decode(committed[0][len(prompts[0]):])
     assert text.strip()  # something readable came out
+
+
+class _Recording(HFDrafter):
+    """HFDrafter keeping what its prompt calls took and every row it returned."""
+
+    def open(self, request, committed) -> None:
+        self.calls = [*getattr(self, "calls", []), ("open", len(committed))]
+        super().open(request, committed)
+
+    def extend(self, request, committed) -> None:
+        self.calls.append(("extend", len(committed)))
+        super().extend(request, committed)
+
+    def next_logits(self, request, token=None) -> torch.Tensor:
+        out = super().next_logits(request, token)
+        self.rows = [*getattr(self, "rows", []), out.clone()]
+        return out
+
+
+def _chunked(smol, ids, stop_after: int | None):
+    """The worker's EngineProposer over an early exit: one STEP's rows after a chunked
+    prefill, stopped after ``stop_after`` chunks (a RESET) and resumed by the next STEP."""
+    drafter = _Recording.early_exit(smol, 8)
+    proposer = EngineProposer(drafter)
+    step = Step(session=1, slot=0, generation=1, round_id=1, last_committed=len(ids) - 1,
+                first_position=len(ids), prefix_digest=0, depth=4, temperature=0.8,
+                top_k=64, context_version=0, seed=11)
+    if stop_after is not None:
+        pieces = proposer.prepare(step, ids)
+        for _ in range(stop_after):
+            next(pieces)
+        pieces.close()
+    for _ in proposer.prepare(step, ids):
+        pass
+    rows = [(t, tuple(r.ids), tuple(r.counts)) for t, r in proposer.rows(step, ids)]
+    return rows, drafter
+
+
+def test_a_chunked_prefill_stopped_and_resumed_drafts_as_one_left_alone(smol64, story_ids,
+                                                                       monkeypatch):
+    # the worker's chunked prefill (EngineProposer.prepare), in chunks of 4 ids here: a
+    # prefill a RESET stopped after two chunks and the next STEP resumed (by extend) gives
+    # the same rows, bit for bit, as one never stopped; both are within TOL of a prompt
+    # opened whole (float sums in another order), and q is built from the rows returned
+    monkeypatch.setattr(engine_proposer, "PREFILL_CHUNK", 4)
+    ids = list(story_ids)
+    assert len(ids) > 3 * 4
+    alone, a = _chunked(smol64, ids, None)
+    resumed, b = _chunked(smol64, ids, 2)
+    assert [c[0] for c in b.calls] == ["open"] + ["extend"] * (len(b.calls) - 1)
+    assert b.calls == a.calls and sum(n for _, n in a.calls) == len(ids)
+    assert resumed == alone
+    assert len(a.rows) == len(b.rows) == 4
+    assert all(torch.equal(x, y) for x, y in zip(a.rows, b.rows, strict=True))
+    whole = HFDrafter.early_exit(smol64, 8)
+    whole.open("w", ids)
+    assert max_diff(whole.next_logits("w"), a.rows[0]) <= TOL
+    assert max_diff(a.rows[0], full_logits(early_exit_view(smol64.model, 8), ids)[-1]) <= TOL

@@ -27,11 +27,11 @@ ROUNDS_OF_THE_LOOP = 500  # bounded: a round takes a few dozen iterations
 
 
 def step_of(slot: int, depth: int, top_k: int = 0, temperature: float = 1.0,
-            generation: int = 1) -> Step:
-    """The STEP ``run_round`` sends for ``slot`` (its seed is the slot)."""
+            generation: int = 1, prefix: list[int] = PREFIX) -> Step:
+    """The STEP ``run_round`` sends for ``slot`` (its seed is the slot) after ``prefix``."""
     return Step(session=SESSION, slot=slot, generation=generation, round_id=1,
-                last_committed=len(PREFIX) - 1, first_position=len(PREFIX),
-                prefix_digest=digest_of(PREFIX), depth=depth, temperature=temperature,
+                last_committed=len(prefix) - 1, first_position=len(prefix),
+                prefix_digest=digest_of(prefix), depth=depth, temperature=temperature,
                 top_k=top_k, context_version=0, seed=slot)
 
 
@@ -72,10 +72,12 @@ def kinds(data: bytes) -> list[type]:
 
 
 async def connected(proposer, *, vocab: int, slots: int, depth: int, support: int = 32,
-                    drains: bool = True, check_outgoing: bool = False, **verifier_options
+                    drains: bool = True, check_outgoing: bool = False,
+                    prefixes: dict[int, list[int]] | None = None, **verifier_options
                     ) -> tuple[WorkerConnection, HoldingTransport, VerifierEndpoint]:
     """A WorkerConnection drafting with ``proposer`` on a HoldingTransport, and a
-    VerifierEndpoint past HELLO that gave every slot the context PREFIX."""
+    VerifierEndpoint past HELLO that gave every slot the context PREFIX (or its own,
+    ``prefixes[slot]``)."""
     spec = ToySpec(vocab=vocab)
     conn = WorkerConnection(worker_config(spec, (2,), DEFAULT_MAX_SUPPORT), SessionTable(),
                             proposer, Metrics("worker"), check_outgoing=check_outgoing)
@@ -87,8 +89,9 @@ async def connected(proposer, *, vocab: int, slots: int, depth: int, support: in
     await asyncio.sleep(0)  # the answer leaves with the tick's writelines
     v.receive_data(t.take(), 0.0)
     for s in range(slots):
+        tokens = (prefixes or {}).get(s, PREFIX)
         feed_buffered(conn, v.send(context_of(session=SESSION, slot=s, generation=1,
-                                              tokens=PREFIX, digest=digest_of(PREFIX))))
+                                              tokens=tokens, digest=digest_of(tokens))))
     return conn, t, v
 
 

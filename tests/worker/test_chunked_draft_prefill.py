@@ -1,0 +1,293 @@
+"""The worker prefills a STEP's long committed prefix in chunks of PREFILL_CHUNK ids
+(``Proposer.prepare``: EngineProposer opens the drafter's request with the first chunk
+and extends it a chunk at a time), and StepDrafter gives the event loop back after each
+chunk (a timer, so what the chunk kept waiting runs before the next one): another
+slot's STEP is drafted, and any input read, between two chunks instead of after the
+whole prompt. A RESET mid-prefill stops it after the chunk in hand, and
+the next STEP resumes it with ``extend`` where it stopped, not with a reopen.
+
+The drafter here is the toy's engine behind the Drafter seam, every prompt call and row
+logged in one list with the ticks of a task that turns with the loop, so the log shows
+what ran between two chunks. Planted variants: a proposer whose ``prepare`` yields
+nothing (the whole prefill in one loop tick, in chunks), one that prefills the whole
+prompt in one call, one that reopens an interrupted prefill, and a sleep(0) between two
+chunks (a timer's task then waits three): each is rejected."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+from wire_helpers import feed_buffered
+from worker_round import PREFIX, SESSION, connected, kinds, step_of, until
+
+from pp1q.core.errors import Reason
+from pp1q.models.engine import PREFILL_CHUNK
+from pp1q.models.toy import ToyDrafter, ToySpec
+from pp1q.models.toy_engine import ToyDrafterEngine
+from pp1q.wire import Reset
+from pp1q.wire.events import ProposalReady
+from pp1q.wire.messages import Completion, Reply
+from pp1q.worker import drafting
+from pp1q.worker.drafting import Proposer
+from pp1q.worker.engine_proposer import EngineProposer
+
+VOCAB, DEPTH, TOP_K = 64, 3, 8
+CHUNKS = 5
+LONG = [(7 * i + 3) % VOCAB for i in range(CHUNKS * PREFILL_CHUNK - 5)]  # the last one short
+PROMPT_CALLS = ("open", "extend")
+CALL_S, TICK_S = 0.004, 1e-4  # a slow prompt call; the ticker's timer, due well before
+
+
+def _model() -> ToyDrafter:
+    return ToyDrafter.preset(ToySpec(vocab=VOCAB, seed=3), "far")
+
+
+class Logged(ToyDrafterEngine):
+    """The toy's engine, each prompt call and row logged as (what, request, ids) in
+    ``log``, which the test's ticker writes to as well."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__(_model())
+        self.log = log
+        self.fail_extend = False  # True: the next extend raises (and is cleared)
+
+    def open(self, request, committed) -> None:
+        self.log.append(("open", request, len(committed)))
+        super().open(request, committed)
+
+    def extend(self, request, committed) -> None:
+        if self.fail_extend:
+            self.fail_extend = False
+            raise RuntimeError("planted: the device failed mid-extend")
+        self.log.append(("extend", request, len(committed)))
+        super().extend(request, committed)
+
+    def next_logits(self, request, token=None):
+        self.log.append(("row", request, 0))
+        return super().next_logits(request, token)
+
+
+class NoYield(EngineProposer):
+    """Planted: the chunks prepared without a yield between them (one loop tick)."""
+
+    def prepare(self, step, prefix):
+        for _ in super().prepare(step, prefix):
+            pass
+        return iter(())
+
+
+class Whole(EngineProposer):
+    """Planted: the whole prompt in one ``open``, as before the chunking."""
+
+    def prepare(self, step, prefix):
+        key = (step.session, step.slot)
+        self.drafter.close(key)
+        self.drafter.open(key, list(prefix))
+        self._held[key] = (list(prefix), [])
+        yield
+
+
+class Reopens(EngineProposer):
+    """Planted: an interrupted prefill is closed and started over, not extended."""
+
+    def prepare(self, step, prefix):
+        key = (step.session, step.slot)
+        held = self._held.get(key)
+        if held is not None and len(prefix) - len(held[0]) > 1 and not held[1]:
+            del self._held[key]
+            self.drafter.close(key)
+        yield from super().prepare(step, prefix)
+
+
+def _prompt_calls(log: list, request) -> list[tuple[str, int]]:
+    return [(what, n) for what, r, n in log if r == request and what in PROMPT_CALLS]
+
+
+def _check_interleaved(log: list, request, prompt: list[int]) -> None:
+    """The prompt went in chunks of at most PREFILL_CHUNK ids, one open then extends,
+    and the loop turned (a tick) between every two of them."""
+    calls = _prompt_calls(log, request)
+    assert [n for _, n in calls] and sum(n for _, n in calls) == len(prompt), calls
+    assert max(n for _, n in calls) <= PREFILL_CHUNK, calls
+    assert [what for what, _ in calls] == ["open"] + ["extend"] * (len(calls) - 1), calls
+    at = [i for i, (what, r, _) in enumerate(log) if r == request and what in PROMPT_CALLS]
+    for a, b in zip(at, at[1:], strict=False):
+        assert any(what == "tick" for what, _, _ in log[a + 1:b]), ("no loop turn", log[a:b])
+
+
+async def _ticker(log: list, every_s: float = 0.0) -> None:
+    """A tick each loop turn, or each timer of ``every_s`` (a timer's task wakes a turn
+    after it is due)."""
+    while True:
+        log.append(("tick", None, 0))
+        await asyncio.sleep(every_s)
+
+
+def _chain(step, prefix) -> list[int]:
+    """The toy chain's tokens for ``step`` (the engine's rows equal it: whole or chunked)."""
+    return [t for t, _ in Proposer(_model()).rows(step, prefix)]
+
+
+async def _drafted(cls, engine=Logged, tick_s: float = 0.0) -> tuple[list, list]:
+    """Slot 0's STEP on LONG and slot 1's on PREFIX, read together; the log and the
+    verifier's events."""
+    log: list = []
+    conn, t, v = await connected(cls(engine(log)), vocab=VOCAB, slots=2, depth=DEPTH,
+                                 support=8, prefixes={0: LONG}, step_timeout=60.0)
+    ticker = asyncio.get_running_loop().create_task(_ticker(log, tick_s))
+    feed_buffered(conn, v.send(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), now=0.0)
+                  + v.send(step_of(1, DEPTH, top_k=TOP_K), now=0.0))
+    await until(lambda: not conn.drafter.tasks)
+    ticker.cancel()
+    return log, v.receive_data(t.take(), 0.0)
+
+
+def _check_neighbour_first(log: list) -> None:
+    """Slot 1's rows were all drafted before slot 0's prefill ended."""
+    last_chunk = max(i for i, (what, r, _) in enumerate(log)
+                     if r == (SESSION, 0) and what in PROMPT_CALLS)
+    rows = [i for i, (what, r, _) in enumerate(log) if r == (SESSION, 1) and what == "row"]
+    assert len(rows) == DEPTH and max(rows) < last_chunk, (rows, last_chunk)
+
+
+async def test_a_long_prompt_is_prefilled_in_chunks_with_the_loop_turning_between():
+    log, events = await _drafted(EngineProposer)
+    _check_interleaved(log, (SESSION, 0), LONG)
+    assert len(_prompt_calls(log, (SESSION, 0))) == CHUNKS
+    _check_neighbour_first(log)
+    ready = {e.slot: list(e.draft_ids) for e in events if isinstance(e, ProposalReady)}
+    assert ready == {0: _chain(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), LONG),
+                     1: _chain(step_of(1, DEPTH, top_k=TOP_K), PREFIX)}
+
+
+@pytest.mark.parametrize("cls", [NoYield, Whole], ids=["planted-no-yield", "planted-whole"])
+async def test_planted_prefills_on_one_loop_tick_are_rejected(cls):
+    log, events = await _drafted(cls)
+    assert sorted(e.slot for e in events if isinstance(e, ProposalReady)) == [0, 1]
+    with pytest.raises(AssertionError):
+        _check_interleaved(log, (SESSION, 0), LONG)
+    with pytest.raises(AssertionError):
+        _check_neighbour_first(log)
+
+
+class Slow(Logged):
+    """Each prompt call takes CALL_S, longer than the ticker's timer: it is due when the
+    call ends."""
+
+    def open(self, request, committed) -> None:
+        time.sleep(CALL_S)
+        super().open(request, committed)
+
+    def extend(self, request, committed) -> None:
+        time.sleep(CALL_S)
+        super().extend(request, committed)
+
+
+@pytest.mark.parametrize("pause", [drafting.PIECE_PAUSE_S, 0.0],
+                         ids=["timer", "planted-sleep-0"])
+async def test_a_timer_due_during_a_chunk_runs_before_the_next_chunk(pause, monkeypatch):
+    # after sleep(0) the drafting task is ahead of what the chunk kept waiting in the
+    # ready queue: the next chunk ran first, and a timer's task waited three chunks
+    monkeypatch.setattr(drafting, "PIECE_PAUSE_S", pause)
+    log, events = await _drafted(EngineProposer, Slow, tick_s=TICK_S)
+    assert sorted(e.slot for e in events if isinstance(e, ProposalReady)) == [0, 1]
+    if pause:
+        _check_interleaved(log, (SESSION, 0), LONG)
+        return
+    with pytest.raises(AssertionError, match="no loop turn"):
+        _check_interleaved(log, (SESSION, 0), LONG)
+
+
+def _reset(generation: int) -> Reset:
+    return Reset(session=SESSION, slot=0, generation=generation, reason=Reason.STEP_TIMEOUT)
+
+
+async def _reset_mid_prefill(cls) -> tuple[list, int, list]:
+    """A STEP on LONG reset after two chunks, then the next generation's STEP: the log,
+    the prompt calls when the RESET was read, and the verifier's events."""
+    log: list = []
+    conn, t, v = await connected(cls(Logged(log)), vocab=VOCAB, slots=1, depth=DEPTH,
+                                 support=8, prefixes={0: LONG}, step_timeout=60.0)
+    feed_buffered(conn, v.send(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), now=0.0))
+    await until(lambda: len(_prompt_calls(log, (SESSION, 0))) >= 2)
+    assert conn.drafter.tasks  # still prefilling: the RESET comes mid-prefill
+    feed_buffered(conn, v.send(_reset(1)))
+    at_reset = len(_prompt_calls(log, (SESSION, 0)))
+    await until(lambda: not conn.drafter.tasks)
+    sent = kinds(t.take())
+    assert Reply not in sent and Completion not in sent, sent
+    assert len(_prompt_calls(log, (SESSION, 0))) == at_reset  # stopped with the chunk in hand
+    step = step_of(0, DEPTH, top_k=TOP_K, generation=2, prefix=LONG)
+    feed_buffered(conn, v.send(step, now=0.0))
+    await until(lambda: not conn.drafter.tasks)
+    return log, at_reset, v.receive_data(t.take(), 0.0)
+
+
+async def test_a_reset_mid_prefill_stops_it_and_the_next_step_resumes_with_extend():
+    log, at_reset, events = await _reset_mid_prefill(EngineProposer)
+    assert 2 <= at_reset < CHUNKS
+    calls = _prompt_calls(log, (SESSION, 0))
+    assert [what for what, _ in calls] == ["open"] + ["extend"] * (CHUNKS - 1)  # no reopen
+    assert sum(n for _, n in calls) == len(LONG)
+    [ready] = events
+    assert isinstance(ready, ProposalReady) and ready.generation == 2
+    step = step_of(0, DEPTH, top_k=TOP_K, generation=2, prefix=LONG)
+    assert list(ready.draft_ids) == _chain(step, LONG)
+
+
+async def test_planted_reopen_of_an_interrupted_prefill_is_rejected():
+    log, _, events = await _reset_mid_prefill(Reopens)
+    assert [e.generation for e in events if isinstance(e, ProposalReady)] == [2]
+    opens = [what for what, _ in _prompt_calls(log, (SESSION, 0))].count("open")
+    assert opens == 2  # the test above asks for one
+
+
+def _step(prefix, round_id=1):
+    return msgspec.structs.replace(step_of(0, DEPTH, top_k=TOP_K, prefix=prefix),
+                                   round_id=round_id)
+
+
+def test_a_prepare_left_part_way_is_resumed_by_rows_and_by_later_prefixes():
+    log: list = []
+    engine = Logged(log)
+    proposer = EngineProposer(engine)
+    key, step = (SESSION, 0), _step(LONG)
+    pieces = proposer.prepare(step, LONG)
+    next(pieces)
+    next(pieces)  # two chunks, then the STEP stops (a RESET)
+    pieces.close()
+    assert engine._requests.get(key).committed == LONG[:2 * PREFILL_CHUNK]
+    # rows() without prepare (a bench's direct call) finishes the prefill itself
+    drafted = [t for t, _ in proposer.rows(step, LONG)]
+    assert drafted == _chain(step, LONG)
+    assert [what for what, _ in _prompt_calls(log, key)] == ["open"] + ["extend"] * (CHUNKS - 1)
+    # drafts held, and a longer prefix that is not their commit: reset and extended
+    longer = LONG + [(drafted[0] + 1) % VOCAB] + [i % VOCAB for i in range(PREFILL_CHUNK + 2)]
+    step = _step(longer, 2)
+    assert list(proposer.prepare(step, longer)) == [None, None]  # two chunks, one yield each
+    drafted = [t for t, _ in proposer.rows(step, longer)]
+    assert drafted == _chain(step, longer)
+    assert [what for what, _ in _prompt_calls(log, key)].count("open") == 1
+    # the verifier's commit of one draft and a token: a commit, nothing to yield for
+    committed = longer + drafted[:1] + [5]
+    step = _step(committed, 3)
+    assert list(proposer.prepare(step, committed)) == []
+    assert [t for t, _ in proposer.rows(step, committed)] == _chain(step, committed)
+
+
+def test_an_extend_that_fails_starts_the_request_over():
+    log: list = []
+    engine = Logged(log)
+    proposer = EngineProposer(engine)
+    key, step = (SESSION, 0), _step(LONG)
+    pieces = proposer.prepare(step, LONG)
+    next(pieces)
+    engine.fail_extend = True
+    with pytest.raises(RuntimeError, match="planted"):
+        next(pieces)
+    assert key not in engine._requests.ledgers  # closed: what it held is unknown
+    assert [t for t, _ in proposer.rows(step, LONG)] == _chain(step, LONG)
+    assert [what for what, _ in _prompt_calls(log, key)].count("open") == 2
