@@ -44,10 +44,10 @@ from pp1q.core.errors import LocalProtocolError, Reason
 
 RequestKey = Hashable  # whatever the daemon uses to name a request (an int, a tuple...)
 
-# ids one prefill call takes, on both sides (``open`` then ``extend`` per chunk): ~0.5 s
+# ids one prefill call takes, on both sides (``open`` then ``extend`` per chunk): ~0.5-1 s
 # of SmolLM2-135M on a 2-core CPU, about what the other requests then wait behind a
-# long prompt; smaller chunks cost the prefill little more (1.06x of the whole prompt at
-# 128 and 256; BENCHMARKS.md, "Chunked prefill")
+# long prompt. The prefill costs more in chunks the longer the prompt: ~1.0x the whole
+# prompt's CPU at 2,048 ids, ~1.25x at 4,096 (BENCHMARKS.md, "Chunked prefill")
 PREFILL_CHUNK = 128
 
 
