@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
-from pp1q.runtime.files import open_regular
+from pp1q.runtime.files import check_regular, open_regular
 
 HF_INSTALL_HINT = "pip install 'pp1q[hf]'  (transformers, gguf, accelerate)"
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32,
@@ -63,13 +63,23 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def checkpoint_files(path: Path) -> list[Path]:
-    """The files whose bytes define the model: the .gguf, or config.json + weights."""
+    """The files whose bytes define the model: the .gguf, or config.json + weights.
+
+    A folder's other entries (the tokenizer's files, generation_config.json, ...) are
+    opened by transformers, not by us: each must be a regular file or a folder, or the
+    folder is refused here by the entry's name (NotRegularFileError), before transformers
+    opens a FIFO with no writer and waits for ever."""
     if path.is_file():
         return [path]
-    files = sorted(p for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES)
+    entries = sorted(path.iterdir())
+    files = [p for p in entries if p.suffix in _WEIGHT_SUFFIXES]
     if not files:
         raise FileNotFoundError(f"{path}: no .safetensors or .gguf weights in this folder")
     config = path / "config.json"
+    for other in entries:
+        if other.suffix not in _WEIGHT_SUFFIXES and other != config:
+            with contextlib.suppress(FileNotFoundError):  # a dangling link: not ours to read
+                check_regular(other, folder_ok=True)
     # exists, not is_file: a FIFO or folder there is refused by files_digest, not skipped
     # for transformers to open (a FIFO with no writer: for ever)
     return ([config] if config.exists() else []) + files

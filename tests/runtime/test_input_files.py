@@ -100,6 +100,25 @@ def test_a_checkpoint_folder_holding_a_fifo_is_refused_by_name(tmp_path, planted
     assert e.strerror == "is a FIFO, not a regular file"
 
 
+def test_a_fifo_beside_a_checkpoints_weights_is_refused_by_name(tmp_path):
+    """transformers opens a folder's other files itself (the tokenizer's, say): a FIFO
+    among them blocked its load for ever; now the folder is refused by that entry."""
+    from pp1q.models.hf import checkpoint_identity
+
+    folder = tmp_path / "ckpt"
+    (folder / "subfolder").mkdir(parents=True)  # a folder among them is fine
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "vocab.json").symlink_to(folder / "gone.json")  # so is a dangling link
+    before = checkpoint_identity(folder)
+    os.mkfifo(folder / "tokenizer.json")
+    e = returns(checkpoint_identity, folder)
+    assert isinstance(e, NotRegularFileError) and e.filename == str(folder / "tokenizer.json")
+    assert e.strerror == "is a FIFO, not a regular file or a folder"
+    os.unlink(folder / "tokenizer.json")
+    (folder / "tokenizer.json").write_text("{}")
+    assert checkpoint_identity(folder) == before  # the identity hashes the weights alone
+
+
 def test_a_daemon_given_such_a_folder_refuses_in_one_line(tmp_path):
     pytest.importorskip("transformers", reason="real models need: pip install 'pp1q[hf]'")
     from pp1q.models.serving import load_drafter
