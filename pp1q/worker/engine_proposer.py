@@ -108,20 +108,30 @@ class EngineProposer(Proposer):
         if held is None or held[1] or held[0] != prefix:  # prepare was not run (or undone)
             for _ in self.prepare(step, prefix):
                 pass
+        # the drafts the drafter holds, as it takes them: x_i with row i + 1's forward,
+        # the last by ``append`` before it is yielded; a STEP stopped after k < depth rows
+        # (a RESET) leaves k - 1, and a later prefix that accepts the k-th is extended
         drafts = self._held[key][1]
         if step_form(step) is Form.TOKEN_ONLY:
             prev = None
             for i in range(step.depth):
                 token = int(torch.argmax(self.drafter.next_logits(key, prev)))  # lowest id on ties
+                if prev is not None:
+                    drafts.append(prev)
                 if i + 1 == step.depth:
                     self.drafter.append(key, token)
-                drafts.append(token)
+                    drafts.append(token)
                 yield token, None
                 prev = token
             return
         spec = ProposalSpec(seed=step.seed, generation=step.generation, round_id=step.round_id,
                             first_position=step.first_position, depth=step.depth,
                             temperature=step.temperature, top_k=step.top_k or None)
-        for draft in propose(self.drafter, key, spec, self.staging):
-            drafts.append(draft.token)
+        prev = None
+        for i, draft in enumerate(propose(self.drafter, key, spec, self.staging)):
+            if prev is not None:
+                drafts.append(prev)
+            if i + 1 == step.depth:  # propose appended it
+                drafts.append(draft.token)
             yield draft.token, draft.row
+            prev = draft.token

@@ -291,3 +291,31 @@ def test_an_extend_that_fails_starts_the_request_over():
     assert key not in engine._requests.ledgers  # closed: what it held is unknown
     assert [t for t, _ in proposer.rows(step, LONG)] == _chain(step, LONG)
     assert [what for what, _ in _prompt_calls(log, key)].count("open") == 2
+
+
+@pytest.mark.parametrize("top_k", [8, None], ids=["sampled", "token-only"])
+def test_rows_stopped_early_then_every_yielded_draft_committed_extends(top_k):
+    """A RESET after two of three rows: the drafter took the first draft (with the second
+    row's forward), not the second. A later prefix that accepts both (target-only steps
+    that matched them) is reached by extending; counting the second as held (as before)
+    asked the drafter to commit a draft it never took, refused, and the request was
+    closed and prefilled again from its first token."""
+    drafter = ToyDrafterEngine(ToyDrafter.preset(ToySpec(vocab=64, seed=3), "far"))
+    proposer = EngineProposer(drafter)
+    prefix = [1, 2, 3, 4, 5]
+    step = step_of(0, 3, top_k=top_k, prefix=prefix)
+    rows = proposer.rows(step, prefix)
+    d1, _ = next(rows)
+    d2, _ = next(rows)
+    rows.close()  # the StepDrafter returned: the step is no longer live
+    opened = []
+    real_open = drafter.open
+    drafter.open = lambda key, committed: (opened.append(len(committed)),
+                                           real_open(key, committed))[1]
+    later = prefix + [d1, d2, 7]
+    step2 = msgspec.structs.replace(step_of(0, 3, top_k=top_k, generation=2, prefix=later),
+                                    round_id=2)
+    for _ in proposer.prepare(step2, later):
+        pass
+    assert drafter._requests.get((SESSION, 0)).committed == later
+    assert opened == []  # extended from the first draft, not reopened
