@@ -269,12 +269,14 @@ class Stopper:
 
     def feed(self, new: list[int]) -> bool:
         """Take a round's committed tokens; True when the output ended in them."""
+        stop_id = False
         for t in new:
             if t in self.stop_ids:
-                self.stopped = True
-                return True
+                stop_id = True  # the ids before it may still hold a stop string: look
+                break
             self.ids.append(t)
-        if self.stop_strs:
+        self.stopped = self.stopped or stop_id
+        if self.stop_strs and self._cut is None:
             inc = self._follow()
             if inc is None:
                 start, text = 0, self._decode()
@@ -312,14 +314,12 @@ class Stopper:
             out, self.shown = full[self.shown:], max(self.shown, len(full))
             return out
         inc = self._follow()
-        if inc is None:
-            whole = self._decode()
-            rest, total = whole[self.shown:], len(whole)
-        else:
-            rest, total = inc.since(self.shown), len(inc)
+        rest = self._decode()[self.shown:] if inc is None else inc.since(self.shown)
+        # an unfinished character may complete a stop string begun in the settled text
+        # before it: hold back from where the settled text ends, not from the text's end
         end = self.shown + len(rest.rstrip(REPLACEMENT))
         if self.stop_strs:
-            end = min(end, total - (self._longest - 1))
+            end -= self._longest - 1
         end = max(self.shown, end)
         out, self.shown = rest[: end - self.shown], end
         return out

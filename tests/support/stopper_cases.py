@@ -1,7 +1,9 @@
 """The OpenAI Stopper's cross-check: its windowed text against the whole-decode path.
 
 ``FullDecodeStopper`` is the Stopper as it was before the window (every id decoded each
-round; the stop string looked for in the whole text): the oracle. ``check_equivalent``
+round; the stop string looked for in the whole text), with the two fixes a review found
+later (a stop string before a stop id of the same round; the hold-back measured from
+the end of the settled text): the oracle. ``check_equivalent``
 feeds the same ids in the same rounds to both and asserts the same deltas round by
 round, the same end and the same answer; ``CountingDecoder`` counts the ids a decoder is
 given, passed as the Stopper's ``text`` as production passes the tokenizer.
@@ -40,9 +42,9 @@ class FullDecodeStopper:
         for t in new:
             if t in self.stop_ids:
                 self.stopped = True
-                return True
+                break
             self.ids.append(t)
-        if self.stop_strs:
+        if self.stop_strs and self._cut is None:
             full = self._decode()
             hits = [i for i in (full.find(s) for s in self.stop_strs) if i >= 0]
             if hits:
@@ -58,7 +60,7 @@ class FullDecodeStopper:
         if not final and not self.stopped:
             end = len(full.rstrip(REPLACEMENT))
             if self.stop_strs:
-                end = min(end, len(full) - (max(map(len, self.stop_strs)) - 1))
+                end -= max(map(len, self.stop_strs)) - 1
             end = max(self.shown, end)
         out, self.shown = full[self.shown:end], max(self.shown, end)
         return out

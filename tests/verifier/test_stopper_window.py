@@ -196,3 +196,31 @@ def test_the_cross_check_rejects_a_window_without_context():
             rounds, stops, stop_ids = _case(rng, SentencePieceLike())
             check_equivalent(SentencePieceLike(), rounds, stops, stop_ids,
                              stopper=ContextlessStopper)
+
+
+class Utf8Bytes:
+    """A decode of one byte an id (ids under 256), U+FFFD for an unfinished character."""
+
+    def decode(self, ids) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("stopper", [Stopper, FullDecodeStopper], ids=["window", "oracle"])
+def test_a_stop_string_ending_in_an_unfinished_character_is_never_streamed(stopper):
+    """'c😀' with the emoji's four bytes still to come: 'c' was streamed (held back from
+    the end of the text, U+FFFD included, not from the end of its settled part), and the
+    answer ended before it. Found by review on SmolLM2's tokenizer (' 🍵')."""
+    ids = list(b"abc") + list("😀".encode())
+    deltas, answer, stopped, _ = run(stopper(call(["c😀"]), Utf8Bytes()), [[i] for i in ids])
+    assert stopped and answer == "ab"
+    assert "".join(deltas) == answer
+
+
+@pytest.mark.parametrize("stopper", [Stopper, FullDecodeStopper], ids=["window", "oracle"])
+def test_a_stop_string_before_a_stop_id_in_the_same_round_ends_the_answer(stopper):
+    """A round commits up to 17 ids: the answer must not depend on where rounds split."""
+    ids = list(b"xab") + [999]
+    answers = {run(stopper(call(["ab"], [999]), Utf8Bytes()), rounds, stream)[1]
+               for rounds in ([ids], [ids[:3], ids[3:]], [[i] for i in ids])
+               for stream in (True, False)}
+    assert answers == {"x"}
