@@ -64,7 +64,8 @@ def run(args) -> int:
         print(f"pp1q train-adapter: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # --out not a folder, an adapter file a FIFO (files.check_output)
-        print(f"pp1q train-adapter: {e.filename}: {e.strerror}", file=sys.stderr)
+        where = f"{e.filename}: " if e.filename else ""  # ENOSPC on a write names none
+        print(f"pp1q train-adapter: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     print("\nheld-out acceptance per position (sum min(p, q)), plain exit -> adapted:")
     for f in fitted:

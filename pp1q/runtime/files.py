@@ -60,7 +60,11 @@ def open_regular(path) -> BinaryIO:
     What is there and is not a regular file is refused by name before it is opened, and
     the open descriptor is checked again (``_open_checked``); symlinks are followed."""
     fd = _open_checked(path, os.O_RDONLY, check_regular)
-    return os.fdopen(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
+    try:
+        return os.fdopen(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_regular(path, limit: int) -> tuple[bytes, os.stat_result]:
@@ -100,7 +104,7 @@ def open_output(path, *, buffering: int = -1) -> BinaryIO:
     try:
         os.ftruncate(fd, 0)
         os.set_blocking(fd, True)
+        return os.fdopen(fd, "wb", buffering=buffering)
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, "wb", buffering=buffering)

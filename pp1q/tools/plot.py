@@ -79,9 +79,11 @@ def write_plot(path: str, *, title: str, exactness: Homogeneity | None,
             ax.set_axis_off()
         hist.set_title("no speculative rounds", fontsize=9)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     image = io.BytesIO()
-    fig.savefig(image, format=Path(path).suffix[1:].lower() or "png", dpi=100)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        fig.savefig(image, format=Path(path).suffix[1:].lower() or "png", dpi=100)
+    finally:
+        plt.close(fig)  # pyplot keeps every figure not closed
     with open_output(path) as f:
         f.write(image.getbuffer())
