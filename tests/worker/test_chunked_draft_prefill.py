@@ -250,13 +250,19 @@ def _step(prefix, round_id=1):
                                    round_id=round_id)
 
 
-def test_a_prepare_left_part_way_is_resumed_by_rows_and_by_later_prefixes():
+def _one_chunk_in():
+    """A proposer over a logged engine, LONG's prepare one chunk in."""
     log: list = []
     engine = Logged(log)
     proposer = EngineProposer(engine)
-    key, step = (SESSION, 0), _step(LONG)
+    step = _step(LONG)
     pieces = proposer.prepare(step, LONG)
     next(pieces)
+    return log, engine, proposer, (SESSION, 0), step, pieces
+
+
+def test_a_prepare_left_part_way_is_resumed_by_rows_and_by_later_prefixes():
+    log, engine, proposer, key, step, pieces = _one_chunk_in()
     next(pieces)  # two chunks, then the STEP stops (a RESET)
     pieces.close()
     assert engine._requests.get(key).committed == LONG[:2 * PREFILL_CHUNK]
@@ -279,12 +285,7 @@ def test_a_prepare_left_part_way_is_resumed_by_rows_and_by_later_prefixes():
 
 
 def test_an_extend_that_fails_starts_the_request_over():
-    log: list = []
-    engine = Logged(log)
-    proposer = EngineProposer(engine)
-    key, step = (SESSION, 0), _step(LONG)
-    pieces = proposer.prepare(step, LONG)
-    next(pieces)
+    log, engine, proposer, key, step, pieces = _one_chunk_in()
     engine.fail_extend = True
     with pytest.raises(RuntimeError, match="planted"):
         next(pieces)
