@@ -42,7 +42,9 @@ from pp1q.wire.validate import step_form
 from pp1q.worker.drafting import Proposer
 from pp1q.worker.proposer import ProposalSpec
 
-MAX_OPEN_REQUESTS = 256  # drafter requests (KV caches) kept; the oldest is freed beyond
+# drafter requests (KV caches) kept; beyond, the least recently used is freed, never
+# one a STEP is prefilling (between its chunks: at most one a live STEP)
+MAX_OPEN_REQUESTS = 256
 
 
 class EngineProposer(Proposer):
@@ -53,19 +55,26 @@ class EngineProposer(Proposer):
         # (session, slot) -> (committed tokens, drafts of the last proposal), LRU order
         self._held: collections.OrderedDict[tuple[int, int], tuple[list[int], list[int]]] = (
             collections.OrderedDict())
+        # keys a prepare is bringing to a prefix right now (between two of its chunks,
+        # the loop runs other STEPs): never evicted, or the prefill would restart
+        self._preparing: set[tuple[int, int]] = set()
 
     def prepare(self, step: Step, prefix: list[int]) -> Iterator[None]:
         """Bring the drafter's request to ``prefix``, a yield after each prefill chunk
         (an ``open`` or an ``extend``, the last one's too); a commit or a reset is cheap
         and yields nothing."""
         key, prefix = (step.session, step.slot), list(prefix)
-        while True:
-            chunk = self._toward(key, prefix)
-            done = len(self._held[key][0]) == len(prefix)
-            if chunk:
-                yield
-            if done:
-                return
+        self._preparing.add(key)
+        try:
+            while True:
+                chunk = self._toward(key, prefix)
+                done = len(self._held[key][0]) == len(prefix)
+                if chunk:
+                    yield
+                if done:
+                    return
+        finally:  # done, failed, or closed by a step that stopped (then evictable again)
+            self._preparing.discard(key)
 
     def _toward(self, key: tuple[int, int], prefix: list[int]) -> bool:
         """One engine call toward ``prefix``, from what the drafter holds now (read
@@ -97,8 +106,11 @@ class EngineProposer(Proposer):
             self.drafter.close(key)
             raise
         self._held[key] = (committed, [])
-        while len(self._held) > MAX_OPEN_REQUESTS:
-            old, _ = self._held.popitem(last=False)
+        while len(self._held) > MAX_OPEN_REQUESTS:  # the least recently used, not mid-prefill
+            old = next((k for k in self._held if k not in self._preparing), None)
+            if old is None:  # all mid-prefill: at most one per live STEP, freed as they end
+                break
+            del self._held[old]
             self.drafter.close(old)
         return chunk
 

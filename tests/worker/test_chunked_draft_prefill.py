@@ -30,7 +30,7 @@ from pp1q.models.toy_engine import ToyDrafterEngine
 from pp1q.wire import Reset
 from pp1q.wire.events import ProposalReady
 from pp1q.wire.messages import Completion, Reply
-from pp1q.worker import drafting
+from pp1q.worker import drafting, engine_proposer
 from pp1q.worker.drafting import Proposer
 from pp1q.worker.engine_proposer import EngineProposer
 
@@ -320,3 +320,23 @@ def test_rows_stopped_early_then_every_yielded_draft_committed_extends(top_k):
         pass
     assert drafter._requests.get((SESSION, 0)).committed == later
     assert opened == []  # extended from the first draft, not reopened
+
+
+def test_a_request_mid_prefill_is_not_evicted_by_other_slots(monkeypatch):
+    """The drafter keeps MAX_OPEN_REQUESTS requests, least recently used freed first;
+    between two chunks of one slot's prefill the loop runs other slots' STEPs, which
+    must not free it (its prefill would start over from its first token)."""
+    monkeypatch.setattr(engine_proposer, "MAX_OPEN_REQUESTS", 2)
+    log: list = []
+    engine = Logged(log)
+    proposer = EngineProposer(engine)
+    pieces = proposer.prepare(_step(LONG), LONG)
+    next(pieces)  # slot 0 one chunk in; slots 1 and 2 prepare meanwhile
+    for slot in (1, 2):
+        step = step_of(slot, DEPTH, top_k=TOP_K, prefix=[slot, 5, 6])
+        assert list(proposer.prepare(step, [slot, 5, 6])) == [None]
+    assert list(pieces) == [None] * (CHUNKS - 1)  # the rest of slot 0's chunks
+    assert engine._requests.get((SESSION, 0)).committed == LONG
+    assert [what for what, _ in _prompt_calls(log, (SESSION, 0))].count("open") == 1
+    assert (SESSION, 1) not in engine._requests.ledgers  # the one freed instead
+    assert len(proposer._held) == 2  # the bound kept: slot 1 freed in its place
