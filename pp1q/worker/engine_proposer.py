@@ -121,29 +121,32 @@ class EngineProposer(Proposer):
             for _ in self.prepare(step, prefix):
                 pass
         # the drafts the drafter holds, as it takes them: x_i with row i + 1's forward,
-        # the last by ``append`` before it is yielded; a STEP stopped after k < depth rows
-        # (a RESET) leaves k - 1, and a later prefix that accepts the k-th is extended
+        # the last by ``append`` before it is yielded (both chains do); a STEP stopped
+        # after k < depth rows (a RESET) leaves k - 1, and a later prefix that accepts the
+        # k-th is extended
         drafts = self._held[key][1]
+        prev = None
+        for i, (token, row) in enumerate(self._chain(step, key)):
+            if prev is not None:
+                drafts.append(prev)
+            if i + 1 == step.depth:
+                drafts.append(token)
+            yield token, row
+            prev = token
+
+    def _chain(self, step: Step, key: tuple[int, int]) -> Iterator[tuple[int, DyadicRow | None]]:
+        """The STEP's (x_i, q_i): argmaxes for a v1 token-only STEP, else sampled rows."""
         if step_form(step) is Form.TOKEN_ONLY:
             prev = None
             for i in range(step.depth):
                 token = int(torch.argmax(self.drafter.next_logits(key, prev)))  # lowest id on ties
-                if prev is not None:
-                    drafts.append(prev)
                 if i + 1 == step.depth:
                     self.drafter.append(key, token)
-                    drafts.append(token)
                 yield token, None
                 prev = token
             return
         spec = ProposalSpec(seed=step.seed, generation=step.generation, round_id=step.round_id,
                             first_position=step.first_position, depth=step.depth,
                             temperature=step.temperature, top_k=step.top_k or None)
-        prev = None
-        for i, draft in enumerate(propose(self.drafter, key, spec, self.staging)):
-            if prev is not None:
-                drafts.append(prev)
-            if i + 1 == step.depth:  # propose appended it
-                drafts.append(draft.token)
+        for draft in propose(self.drafter, key, spec, self.staging):
             yield draft.token, draft.row
-            prev = draft.token
