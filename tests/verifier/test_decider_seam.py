@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from fake_decider import ALONE, BONUS, FakeDecider
+from fake_link import FakeLink
 
 from pp1q.core.errors import Pp1qError, Reason, ServiceError
 from pp1q.core.outcomes import FallbackCause
@@ -23,38 +23,6 @@ from pp1q.verifier.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [3, 1, 4]
-DRAFTS = (5, 9)
-
-
-class FakeLink:
-    """A worker link that proposes DRAFTS for every greedy STEP (or is down)."""
-
-    max_context = 1 << 17
-
-    def __init__(self, ready: bool = True, outcomes=()) -> None:
-        self.ready, self.session = ready, 1
-        self.commits, self.resets, self.contexts = [], [], []
-        self.outcomes = list(outcomes)  # Fallbacks to answer STEPs with, in turn (None: drafts)
-
-    def send_context(self, slot, generation, prefix, start):
-        self.contexts.append((start, list(prefix.tokens[start:])))
-        return True
-
-    async def propose(self, step):
-        if self.outcomes and (out := self.outcomes.pop(0)) is not None:
-            return out
-        return SimpleNamespace(draft_ids=DRAFTS, q_rows=(), replies=(), greedy=True)
-
-    def commit(self, c):
-        self.commits.append(c)
-        return True
-
-    def reset(self, slot, generation, reason):
-        self.resets.append((slot, generation, reason))
-        return True
-
-    def circuit_open(self):
-        return False
 
 
 def _req(speculative=True, max_tokens=6, greedy=True) -> GenerateRequest:

@@ -20,6 +20,21 @@ import time
 
 import msgspec
 import pytest
+from draft_prefill import (
+    CALL_S,
+    CHUNKS,
+    DEPTH,
+    LONG,
+    PROMPT_CALLS,
+    TICK_S,
+    TOP_K,
+    VOCAB,
+    Logged,
+    chain,
+    check_interleaved,
+    prompt_calls,
+    ticker,
+)
 from wire_helpers import feed_buffered
 from worker_round import PREFIX, SESSION, connected, kinds, step_of, until
 
@@ -31,43 +46,7 @@ from pp1q.wire import Reset
 from pp1q.wire.events import ProposalReady
 from pp1q.wire.messages import Completion, Reply
 from pp1q.worker import drafting, engine_proposer
-from pp1q.worker.drafting import Proposer
 from pp1q.worker.engine_proposer import EngineProposer
-
-VOCAB, DEPTH, TOP_K = 64, 3, 8
-CHUNKS = 5
-LONG = [(7 * i + 3) % VOCAB for i in range(CHUNKS * PREFILL_CHUNK - 5)]  # the last one short
-PROMPT_CALLS = ("open", "extend")
-CALL_S, TICK_S = 0.004, 1e-4  # a slow prompt call; the ticker's timer, due well before
-
-
-def _model() -> ToyDrafter:
-    return ToyDrafter.preset(ToySpec(vocab=VOCAB, seed=3), "far")
-
-
-class Logged(ToyDrafterEngine):
-    """The toy's engine, each prompt call and row logged as (what, request, ids) in
-    ``log``, which the test's ticker writes to as well."""
-
-    def __init__(self, log: list) -> None:
-        super().__init__(_model())
-        self.log = log
-        self.fail_extend = False  # True: the next extend raises (and is cleared)
-
-    def open(self, request, committed) -> None:
-        self.log.append(("open", request, len(committed)))
-        super().open(request, committed)
-
-    def extend(self, request, committed) -> None:
-        if self.fail_extend:
-            self.fail_extend = False
-            raise RuntimeError("planted: the device failed mid-extend")
-        self.log.append(("extend", request, len(committed)))
-        super().extend(request, committed)
-
-    def next_logits(self, request, token=None):
-        self.log.append(("row", request, 0))
-        return super().next_logits(request, token)
 
 
 class NoYield(EngineProposer):
@@ -102,46 +81,17 @@ class Reopens(EngineProposer):
         yield from super().prepare(step, prefix)
 
 
-def _prompt_calls(log: list, request) -> list[tuple[str, int]]:
-    return [(what, n) for what, r, n in log if r == request and what in PROMPT_CALLS]
-
-
-def _check_interleaved(log: list, request, prompt: list[int]) -> None:
-    """The prompt went in chunks of at most PREFILL_CHUNK ids, one open then extends,
-    and the loop turned (a tick) between every two of them."""
-    calls = _prompt_calls(log, request)
-    assert [n for _, n in calls] and sum(n for _, n in calls) == len(prompt), calls
-    assert max(n for _, n in calls) <= PREFILL_CHUNK, calls
-    assert [what for what, _ in calls] == ["open"] + ["extend"] * (len(calls) - 1), calls
-    at = [i for i, (what, r, _) in enumerate(log) if r == request and what in PROMPT_CALLS]
-    for a, b in zip(at, at[1:], strict=False):
-        assert any(what == "tick" for what, _, _ in log[a + 1:b]), ("no loop turn", log[a:b])
-
-
-async def _ticker(log: list, every_s: float = 0.0) -> None:
-    """A tick each loop turn, or each timer of ``every_s`` (a timer's task wakes a turn
-    after it is due)."""
-    while True:
-        log.append(("tick", None, 0))
-        await asyncio.sleep(every_s)
-
-
-def _chain(step, prefix) -> list[int]:
-    """The toy chain's tokens for ``step`` (the engine's rows equal it: whole or chunked)."""
-    return [t for t, _ in Proposer(_model()).rows(step, prefix)]
-
-
 async def _drafted(cls, engine=Logged, tick_s: float = 0.0) -> tuple[list, list]:
     """Slot 0's STEP on LONG and slot 1's on PREFIX, read together; the log and the
     verifier's events."""
     log: list = []
     conn, t, v = await connected(cls(engine(log)), vocab=VOCAB, slots=2, depth=DEPTH,
                                  support=8, prefixes={0: LONG}, step_timeout=60.0)
-    ticker = asyncio.get_running_loop().create_task(_ticker(log, tick_s))
+    ticking = asyncio.get_running_loop().create_task(ticker(log, tick_s))
     feed_buffered(conn, v.send(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), now=0.0)
                   + v.send(step_of(1, DEPTH, top_k=TOP_K), now=0.0))
     await until(lambda: not conn.drafter.tasks)
-    ticker.cancel()
+    ticking.cancel()
     return log, v.receive_data(t.take(), 0.0)
 
 
@@ -155,12 +105,12 @@ def _check_neighbour_first(log: list) -> None:
 
 async def test_a_long_prompt_is_prefilled_in_chunks_with_the_loop_turning_between():
     log, events = await _drafted(EngineProposer)
-    _check_interleaved(log, (SESSION, 0), LONG)
-    assert len(_prompt_calls(log, (SESSION, 0))) == CHUNKS
+    check_interleaved(log, (SESSION, 0), LONG)
+    assert len(prompt_calls(log, (SESSION, 0))) == CHUNKS
     _check_neighbour_first(log)
     ready = {e.slot: list(e.draft_ids) for e in events if isinstance(e, ProposalReady)}
-    assert ready == {0: _chain(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), LONG),
-                     1: _chain(step_of(1, DEPTH, top_k=TOP_K), PREFIX)}
+    assert ready == {0: chain(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), LONG),
+                     1: chain(step_of(1, DEPTH, top_k=TOP_K), PREFIX)}
 
 
 @pytest.mark.parametrize("cls", [NoYield, Whole], ids=["planted-no-yield", "planted-whole"])
@@ -168,7 +118,7 @@ async def test_planted_prefills_on_one_loop_tick_are_rejected(cls):
     log, events = await _drafted(cls)
     assert sorted(e.slot for e in events if isinstance(e, ProposalReady)) == [0, 1]
     with pytest.raises(AssertionError):
-        _check_interleaved(log, (SESSION, 0), LONG)
+        check_interleaved(log, (SESSION, 0), LONG)
     with pytest.raises(AssertionError):
         _check_neighbour_first(log)
 
@@ -195,10 +145,10 @@ async def test_a_timer_due_during_a_chunk_runs_before_the_next_chunk(pause, monk
     log, events = await _drafted(EngineProposer, Slow, tick_s=TICK_S)
     assert sorted(e.slot for e in events if isinstance(e, ProposalReady)) == [0, 1]
     if pause:
-        _check_interleaved(log, (SESSION, 0), LONG)
+        check_interleaved(log, (SESSION, 0), LONG)
         return
     with pytest.raises(AssertionError, match="no loop turn"):
-        _check_interleaved(log, (SESSION, 0), LONG)
+        check_interleaved(log, (SESSION, 0), LONG)
 
 
 def _reset(generation: int) -> Reset:
@@ -212,14 +162,14 @@ async def _reset_mid_prefill(cls) -> tuple[list, int, list]:
     conn, t, v = await connected(cls(Logged(log)), vocab=VOCAB, slots=1, depth=DEPTH,
                                  support=8, prefixes={0: LONG}, step_timeout=60.0)
     feed_buffered(conn, v.send(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), now=0.0))
-    await until(lambda: len(_prompt_calls(log, (SESSION, 0))) >= 2)
+    await until(lambda: len(prompt_calls(log, (SESSION, 0))) >= 2)
     assert conn.drafter.tasks  # still prefilling: the RESET comes mid-prefill
     feed_buffered(conn, v.send(_reset(1)))
-    at_reset = len(_prompt_calls(log, (SESSION, 0)))
+    at_reset = len(prompt_calls(log, (SESSION, 0)))
     await until(lambda: not conn.drafter.tasks)
     sent = kinds(t.take())
     assert Reply not in sent and Completion not in sent, sent
-    assert len(_prompt_calls(log, (SESSION, 0))) == at_reset  # stopped with the chunk in hand
+    assert len(prompt_calls(log, (SESSION, 0))) == at_reset  # stopped with the chunk in hand
     step = step_of(0, DEPTH, top_k=TOP_K, generation=2, prefix=LONG)
     feed_buffered(conn, v.send(step, now=0.0))
     await until(lambda: not conn.drafter.tasks)
@@ -229,19 +179,19 @@ async def _reset_mid_prefill(cls) -> tuple[list, int, list]:
 async def test_a_reset_mid_prefill_stops_it_and_the_next_step_resumes_with_extend():
     log, at_reset, events = await _reset_mid_prefill(EngineProposer)
     assert 2 <= at_reset < CHUNKS
-    calls = _prompt_calls(log, (SESSION, 0))
+    calls = prompt_calls(log, (SESSION, 0))
     assert [what for what, _ in calls] == ["open"] + ["extend"] * (CHUNKS - 1)  # no reopen
     assert sum(n for _, n in calls) == len(LONG)
     [ready] = events
     assert isinstance(ready, ProposalReady) and ready.generation == 2
     step = step_of(0, DEPTH, top_k=TOP_K, generation=2, prefix=LONG)
-    assert list(ready.draft_ids) == _chain(step, LONG)
+    assert list(ready.draft_ids) == chain(step, LONG)
 
 
 async def test_planted_reopen_of_an_interrupted_prefill_is_rejected():
     log, _, events = await _reset_mid_prefill(Reopens)
     assert [e.generation for e in events if isinstance(e, ProposalReady)] == [2]
-    opens = [what for what, _ in _prompt_calls(log, (SESSION, 0))].count("open")
+    opens = [what for what, _ in prompt_calls(log, (SESSION, 0))].count("open")
     assert opens == 2  # the test above asks for one
 
 
@@ -268,20 +218,20 @@ def test_a_prepare_left_part_way_is_resumed_by_rows_and_by_later_prefixes():
     assert engine._requests.get(key).committed == LONG[:2 * PREFILL_CHUNK]
     # rows() without prepare (a bench's direct call) finishes the prefill itself
     drafted = [t for t, _ in proposer.rows(step, LONG)]
-    assert drafted == _chain(step, LONG)
-    assert [what for what, _ in _prompt_calls(log, key)] == ["open"] + ["extend"] * (CHUNKS - 1)
+    assert drafted == chain(step, LONG)
+    assert [what for what, _ in prompt_calls(log, key)] == ["open"] + ["extend"] * (CHUNKS - 1)
     # drafts held, and a longer prefix that is not their commit: reset and extended
     longer = LONG + [(drafted[0] + 1) % VOCAB] + [i % VOCAB for i in range(PREFILL_CHUNK + 2)]
     step = _step(longer, 2)
     assert list(proposer.prepare(step, longer)) == [None, None]  # two chunks, one yield each
     drafted = [t for t, _ in proposer.rows(step, longer)]
-    assert drafted == _chain(step, longer)
-    assert [what for what, _ in _prompt_calls(log, key)].count("open") == 1
+    assert drafted == chain(step, longer)
+    assert [what for what, _ in prompt_calls(log, key)].count("open") == 1
     # the verifier's commit of one draft and a token: a commit, nothing to yield for
     committed = longer + drafted[:1] + [5]
     step = _step(committed, 3)
     assert list(proposer.prepare(step, committed)) == []
-    assert [t for t, _ in proposer.rows(step, committed)] == _chain(step, committed)
+    assert [t for t, _ in proposer.rows(step, committed)] == chain(step, committed)
 
 
 def test_an_extend_that_fails_starts_the_request_over():
@@ -290,8 +240,8 @@ def test_an_extend_that_fails_starts_the_request_over():
     with pytest.raises(RuntimeError, match="planted"):
         next(pieces)
     assert key not in engine._requests.ledgers  # closed: what it held is unknown
-    assert [t for t, _ in proposer.rows(step, LONG)] == _chain(step, LONG)
-    assert [what for what, _ in _prompt_calls(log, key)].count("open") == 2
+    assert [t for t, _ in proposer.rows(step, LONG)] == chain(step, LONG)
+    assert [what for what, _ in prompt_calls(log, key)].count("open") == 2
 
 
 @pytest.mark.parametrize("top_k", [8, None], ids=["sampled", "token-only"])
@@ -337,6 +287,6 @@ def test_a_request_mid_prefill_is_not_evicted_by_other_slots(monkeypatch):
         assert list(proposer.prepare(step, [slot, 5, 6])) == [None]
     assert list(pieces) == [None] * (CHUNKS - 1)  # the rest of slot 0's chunks
     assert engine._requests.get((SESSION, 0)).committed == LONG
-    assert [what for what, _ in _prompt_calls(log, (SESSION, 0))].count("open") == 1
+    assert [what for what, _ in prompt_calls(log, (SESSION, 0))].count("open") == 1
     assert (SESSION, 1) not in engine._requests.ledgers  # the one freed instead
     assert len(proposer._held) == 2  # the bound kept: slot 1 freed in its place

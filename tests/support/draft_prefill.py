@@ -1,0 +1,77 @@
+"""A toy drafter engine whose prompt calls and rows are logged, for the worker's
+chunked-prefill tests (tests/worker/test_chunked_draft_prefill.py, test_prefill_ahead.py):
+each ``open``, ``extend`` and row goes into one list with the ticks of a task that turns
+with the loop, so the log shows what ran between two chunks."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pp1q.models.engine import PREFILL_CHUNK
+from pp1q.models.toy import ToyDrafter, ToySpec
+from pp1q.models.toy_engine import ToyDrafterEngine
+from pp1q.worker.drafting import Proposer
+
+VOCAB, DEPTH, TOP_K = 64, 3, 8
+CHUNKS = 5
+LONG = [(7 * i + 3) % VOCAB for i in range(CHUNKS * PREFILL_CHUNK - 5)]  # the last one short
+PROMPT_CALLS = ("open", "extend")
+CALL_S, TICK_S = 0.004, 1e-4  # a slow prompt call; the ticker's timer, due well before
+
+
+def model() -> ToyDrafter:
+    return ToyDrafter.preset(ToySpec(vocab=VOCAB, seed=3), "far")
+
+
+class Logged(ToyDrafterEngine):
+    """The toy's engine, each prompt call and row logged as (what, request, ids) in
+    ``log``, which the test's ticker writes to as well."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__(model())
+        self.log = log
+        self.fail_extend = False  # True: the next extend raises (and is cleared)
+
+    def open(self, request, committed) -> None:
+        self.log.append(("open", request, len(committed)))
+        super().open(request, committed)
+
+    def extend(self, request, committed) -> None:
+        if self.fail_extend:
+            self.fail_extend = False
+            raise RuntimeError("planted: the device failed mid-extend")
+        self.log.append(("extend", request, len(committed)))
+        super().extend(request, committed)
+
+    def next_logits(self, request, token=None):
+        self.log.append(("row", request, 0))
+        return super().next_logits(request, token)
+
+
+def prompt_calls(log: list, request) -> list[tuple[str, int]]:
+    return [(what, n) for what, r, n in log if r == request and what in PROMPT_CALLS]
+
+
+def check_interleaved(log: list, request, prompt: list[int]) -> None:
+    """The prompt went in chunks of at most PREFILL_CHUNK ids, one open then extends,
+    and the loop turned (a tick) between every two of them."""
+    calls = prompt_calls(log, request)
+    assert [n for _, n in calls] and sum(n for _, n in calls) == len(prompt), calls
+    assert max(n for _, n in calls) <= PREFILL_CHUNK, calls
+    assert [what for what, _ in calls] == ["open"] + ["extend"] * (len(calls) - 1), calls
+    at = [i for i, (what, r, _) in enumerate(log) if r == request and what in PROMPT_CALLS]
+    for a, b in zip(at, at[1:], strict=False):
+        assert any(what == "tick" for what, _, _ in log[a + 1:b]), ("no loop turn", log[a:b])
+
+
+async def ticker(log: list, every_s: float = 0.0) -> None:
+    """A tick each loop turn, or each timer of ``every_s`` (a timer's task wakes a turn
+    after it is due)."""
+    while True:
+        log.append(("tick", None, 0))
+        await asyncio.sleep(every_s)
+
+
+def chain(step, prefix) -> list[int]:
+    """The toy chain's tokens for ``step`` (the engine's rows equal it: whole or chunked)."""
+    return [t for t, _ in Proposer(model()).rows(step, prefix)]
