@@ -1,7 +1,9 @@
 """The verifier's scheduler: request slots, rounds, fail-closed fallback.
 
 Each request holds one of ``slots`` slots for its lifetime and runs rounds of fixed
-depth. A round sends a STEP (the link batches STEPs and bounds batches in flight),
+depth. A speculative request's prompt goes to the worker (CONTEXT) before the target
+prefills it, so the worker's drafter prefills beside it. A round sends a STEP (the link
+batches STEPs and bounds batches in flight),
 waits for a validated proposal and hands it to the scheduler's ``Decider``
 (pp1q.verifier.decider: target rows and the accept/reject rule, in one process or
 across a rank group; the scheduler is the same either way). When the proposal fails
@@ -104,6 +106,7 @@ class Scheduler:
         self._running += 1
         self._idle.clear()
         try:
+            self._context_ahead(job)
             await self.decider.open(job)
             while job.produced < req.max_tokens and not job.stopped and not stopped:
                 if self._cut:
@@ -181,21 +184,13 @@ class Scheduler:
             await self._fallback(job, Fallback(FallbackCause.CIRCUIT_OPEN, Reason.STEP_TIMEOUT,
                                                "circuit open"), job.next_round())
             return
-        # a round the worker could not hold, or whose drafts the target would read past its
-        # context (the request fits it, its last rounds' depth may not): target-only
-        if (len(job.prefix) + self.depth + 1 > link.max_context
-                or self.max_positions is not None
-                and len(job.prefix) + self.depth > self.max_positions):
+        if not self._round_fits(job):
             await self._target_only_step(job, job.generation, job.next_round(), None)
             return
-        if job.context_session != link.session:  # a new session holds nothing of ours
-            job.context_session, job.worker_holds = link.session, 0
-        if job.worker_holds < len(job.prefix):
-            if not link.send_context(job.slot, job.generation, job.prefix, job.worker_holds):
-                await self._fallback(job, Fallback(FallbackCause.WORKER_UNAVAILABLE,
-                                                   Reason.CONNECTION_LOST), job.next_round())
-                return
-            job.worker_holds = len(job.prefix)  # a refusal comes back on the STEP below
+        if not self._send_context(job):
+            await self._fallback(job, Fallback(FallbackCause.WORKER_UNAVAILABLE,
+                                               Reason.CONNECTION_LOST), job.next_round())
+            return
         round_id = job.next_round()
         req = job.req
         last_committed = job.prefix.last_position
@@ -222,6 +217,38 @@ class Scheduler:
             return
         await self._verify(job, step, outcome)
         self.metrics.round_latency.observe(time.perf_counter() - t0)
+
+    def _round_fits(self, job: Job) -> bool:
+        """False for a round the worker could not hold, or whose drafts the target would
+        read past its context (the request fits it, its last rounds' depth may not)."""
+        return not (len(job.prefix) + self.depth + 1 > self.link.max_context
+                    or self.max_positions is not None
+                    and len(job.prefix) + self.depth > self.max_positions)
+
+    def _send_context(self, job: Job) -> bool:
+        """Give the worker what it lacks of the job's committed prefix; False when the
+        link could not send it (a refusal comes back on the STEP that follows)."""
+        link = self.link
+        if job.context_session != link.session:  # a new session holds nothing of ours
+            job.context_session, job.worker_holds = link.session, 0
+        if job.worker_holds < len(job.prefix):
+            if not link.send_context(job.slot, job.generation, job.prefix, job.worker_holds):
+                return False
+            job.worker_holds = len(job.prefix)
+        return True
+
+    def _context_ahead(self, job: Job) -> None:
+        """Send a speculative request's prompt to the worker before the target prefills
+        it: the worker's drafter prefills it meanwhile (pp1q.worker.drafting), so the
+        first round waits for the longer of the two prefills, not their sum, and a long
+        prompt's first STEP is not the drafter's whole prefill against the watchdog.
+        Nothing is sent when the first round would not speculate anyway; a send that
+        fails is the first round's to retry."""
+        if not (job.req.speculative and self.link.ready and self._round_fits(job)
+                and not self.link.circuit_open()):
+            return
+        self._new_generation(job)
+        self._send_context(job)
 
     async def _verify(self, job: Job, step: Step, ready: ProposalReady) -> None:
         drafts = list(ready.draft_ids)

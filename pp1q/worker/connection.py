@@ -164,8 +164,8 @@ class WorkerConnection(asyncio.BufferedProtocol):
             if isinstance(ev, StepRequested):
                 self.drafter.start(ev.step)
             elif isinstance(ev, ContextReceived):
-                if ev.full:  # a whole prefix: the drafter fills its state once, here
-                    self.proposer.prefill((ep.session, ev.slot), ep.context(ev.slot))
+                if ev.full:  # a whole prefix: the drafter prefills it ahead of the STEP
+                    self.drafter.start_prefill((ep.session, ev.slot), ep.context(ev.slot))
                 self.metrics.slots_in_use.set(self.sessions.slots_held())
             elif isinstance(ev, ContextRefused):
                 log.info("context for slot %d refused: %s", ev.slot, ev.reason.value)

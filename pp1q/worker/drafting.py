@@ -21,11 +21,15 @@ row a STEP runs the proposer's ``prepare``: work in pieces (a real drafter's pre
 new prefix, in chunks of pp1q.models.engine.PREFILL_CHUNK ids), a loop turn after each
 piece, and the step stops there once it is no longer live; so a long prompt does not
 hold the other slots' STEPs, a RESET and every read of the connection behind it, and a
-RESET mid-prefill stops it after the piece in hand. It also hears when a slot's whole
-context arrives (``prefill``) and when a proposal is discarded (``discard``): hooks a
-drafter may use; the toy chain is stateless, and ``EngineProposer``
+RESET mid-prefill stops it after the piece in hand. A slot's whole context (a CONTEXT
+from position 0) starts its ``prefill``: the same kind of pieces, run ahead of the
+slot's first STEP (the verifier sends a request's prompt before its own target prefills
+it, so the two prefills run side by side, not one after the other), stopped by the
+STEP, whose ``prepare`` goes on from the last piece done, or by a RESET. It also hears
+when a proposal is discarded (``discard``). The toy chain is stateless; ``EngineProposer``
 (pp1q.worker.engine_proposer) brings its KV cache to each STEP's committed prefix in
-``prepare`` instead, so a lost hook can never leave it elsewhere. ``serve`` passes
+``prepare`` whatever a prefill did, so a prefill stopped or lost can never leave it
+elsewhere. ``serve`` passes
 ``default_proposer`` (the toy chain, or ``EngineProposer`` for a real drafter) and a
 planted-bug test a wrong q the same way (pp1q.worker.daemon.serve); the round benchmark
 builds its connection with canned rows (pp1q.tools.bench.round_peer).
@@ -79,9 +83,14 @@ class Proposer:
     def __init__(self, model: DraftModel) -> None:
         self.model = model
 
-    def prefill(self, key, prefix: list[int]) -> None:
-        """A whole committed context for ``key`` (session, slot) arrived. The toy model is
-        stateless (each row reads the prefix), so there is nothing to fill."""
+    def prefill(self, key, prefix: list[int]) -> Iterator[None]:
+        """A whole committed context for ``key`` (session, slot) arrived: work to do ahead
+        of the slot's first STEP, in pieces as ``prepare``'s (one yield after each). The
+        worker runs them while the verifier's target prefills the same prompt, until the
+        slot's STEP (whose ``prepare`` takes over from the last piece done), a RESET or the
+        connection's end stops them. The toy model is stateless (each row reads the
+        prefix): none."""
+        return iter(())
 
     def discard(self, key) -> None:
         """``key``'s proposal was discarded (RESET): drop state past the committed prefix."""
@@ -120,23 +129,71 @@ class StepDrafter:
         self._queued = queued  # bytes written this loop tick, not yet handed to the transport
         self._flush = flush  # hand what is queued to the transport now, not at the tick's end
         self.tasks: dict[int, asyncio.Task] = {}
+        # slot -> (task, its pieces): a prefill ahead of the slot's first STEP
+        self.prefills: dict[int, tuple[asyncio.Task, Iterator[None]]] = {}
         # dense REPLYs leave as (header, row) without a join copy (30-50 us a row): a
         # row is filled again only once the transport no longer holds it
         self._dense_rows = ZeroRows()
 
     def start(self, step: Step) -> None:
+        self._stop_prefill(step.slot)  # the step's prepare goes on from where it stopped
         task = asyncio.get_running_loop().create_task(self._run(step))
         self.tasks[step.slot] = task
         task.add_done_callback(lambda t, slot=step.slot: self._done(slot, t))
 
+    def start_prefill(self, key, prefix: list[int]) -> None:
+        """Run the proposer's ``prefill`` of a whole context that arrived for ``key``
+        (session, slot) on the loop, a pause after each piece, until the slot's STEP, a
+        RESET or the connection's end stops it. A slot whose STEP is live (a verifier
+        that resent its context mid-step) is left to that STEP's own ``prepare``."""
+        slot = key[1]
+        self._stop_prefill(slot)
+        if slot in self.tasks:
+            return
+        pieces = self.proposer.prefill(key, list(prefix))  # a copy: COMMITs extend the held one
+        task = asyncio.get_running_loop().create_task(self._prefill(slot, pieces))
+        self.prefills[slot] = (task, pieces)
+        task.add_done_callback(lambda t, slot=slot: self._prefill_done(slot, t))
+
     def cancel(self, slot: int) -> None:
+        self._stop_prefill(slot)
         task = self.tasks.pop(slot, None)
         if task is not None:
             task.cancel()
 
     def cancel_all(self) -> None:
-        for slot in list(self.tasks):
+        for slot in list(self.tasks) + list(self.prefills):
             self.cancel(slot)
+
+    def _stop_prefill(self, slot: int) -> None:
+        """Stop the slot's prefill now, between two pieces (each runs whole in one loop
+        callback): its pieces are closed here, not when the cancelled task next runs, so
+        a STEP started next finds the drafter's bookkeeping settled."""
+        held = self.prefills.pop(slot, None)
+        if held is not None:
+            task, pieces = held
+            task.cancel()
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                close()
+
+    async def _prefill(self, slot: int, pieces: Iterator[None]) -> None:
+        try:
+            for _ in pieces:  # a piece done (a prefill chunk): the loop turns before the next
+                await asyncio.sleep(PIECE_PAUSE_S)
+        except Exception as e:  # the drafter's failure: the slot's STEP prepares again from
+            # what it holds (a failed call closes the request), failing closed if it fails
+            reason = e.reason if isinstance(e, Pp1qError) else Reason.DRAFTER_FAILED
+            self.metrics.logs.log(log, logging.WARNING, ("prefill", reason),
+                                  "prefilling slot %d failed: %s", slot, str(e) or repr(e),
+                                  exc_info=None if isinstance(e, Pp1qError) else e)
+
+    def _prefill_done(self, slot: int, task: asyncio.Task) -> None:
+        held = self.prefills.get(slot)
+        if held is not None and held[0] is task:
+            del self.prefills[slot]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("prefill task failed", exc_info=task.exception())
 
     def detach(self) -> None:
         """The connection is gone: drop its hooks (bound to it: a reference cycle)."""

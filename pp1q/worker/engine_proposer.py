@@ -13,7 +13,9 @@ from it. Deriving it from the prefix, which the worker state already checked aga
 the STEP's digest, means a lost or reordered COMMIT can never leave the drafter on
 another prefix than the one the verifier holds.
 
-That bringing happens in ``prepare``, before the first row: a prefix is opened with its
+That bringing happens in ``prefill`` when a new context arrives, ahead of its first
+STEP (the verifier's target prefills the same prompt meanwhile), and in ``prepare``
+before a STEP's first row, from wherever a prefill stopped: a prefix is opened with its
 first PREFILL_CHUNK ids and extended a chunk at a time, one yield after each chunk, so
 StepDrafter gives the event loop back between two chunks (a 4,096-token prompt is
 ~20-30 s of SmolLM2-135M on a 2-core CPU: whole, it held every other slot's STEP, each
@@ -43,7 +45,7 @@ from pp1q.worker.drafting import Proposer
 from pp1q.worker.proposer import ProposalSpec
 
 # drafter requests (KV caches) kept; beyond, the least recently used is freed, never
-# one a STEP is prefilling (between its chunks: at most one a live STEP)
+# one being prefilled (between its chunks: at most one a slot of a live session)
 MAX_OPEN_REQUESTS = 256
 
 
@@ -55,15 +57,25 @@ class EngineProposer(Proposer):
         # (session, slot) -> (committed tokens, drafts of the last proposal), LRU order
         self._held: collections.OrderedDict[tuple[int, int], tuple[list[int], list[int]]] = (
             collections.OrderedDict())
-        # keys a prepare is bringing to a prefix right now (between two of its chunks,
-        # the loop runs other STEPs): never evicted, or the prefill would restart
+        # keys a prefill or a STEP's prepare is bringing to a prefix right now (between two
+        # of its chunks the loop runs other STEPs; one at a time a slot): never evicted, or
+        # the prefill would restart
         self._preparing: set[tuple[int, int]] = set()
 
+    def prefill(self, key, prefix: list[int]) -> Iterator[None]:
+        """A new context, ahead of its first STEP: brought as that STEP would bring it."""
+        return self._bring(key, prefix)
+
     def prepare(self, step: Step, prefix: list[int]) -> Iterator[None]:
+        return self._bring((step.session, step.slot), prefix)
+
+    def _bring(self, key: tuple[int, int], prefix: list[int]) -> Iterator[None]:
         """Bring the drafter's request to ``prefix``, a yield after each prefill chunk
         (an ``open`` or an ``extend``, the last one's too); a commit or a reset is cheap
-        and yields nothing."""
-        key, prefix = (step.session, step.slot), list(prefix)
+        and yields nothing. The chunks are the same whoever brings a prefix (a prefill
+        ahead, a STEP, a STEP after a stopped one: PREFILL_CHUNK ids from its first), so
+        its logits are too."""
+        prefix = list(prefix)
         self._preparing.add(key)
         try:
             while True:

@@ -46,8 +46,9 @@ class FlakyCountingProposer(Proposer):
         super().__init__(model)
         self._steps = 0
 
-    def prefill(self, key, prefix) -> None:
+    def prefill(self, key, prefix):
         type(self).prefills.append((*key, len(prefix)))
+        return super().prefill(key, prefix)
 
     def rows(self, step, prefix):
         self._steps += 1

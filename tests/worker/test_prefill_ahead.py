@@ -1,0 +1,163 @@
+"""A whole context (a CONTEXT from position 0) starts the drafter's prefill at once,
+ahead of the slot's first STEP (``Proposer.prefill``, run by StepDrafter a piece at a
+time with the loop turning between two): the verifier sends a request's prompt before
+its own target prefills it, so the two prefills run side by side. The STEP takes over
+where the prefill got to (``prepare`` goes on from the last chunk done, never reopens),
+a RESET stops it after the chunk in hand, and a prefill that fails leaves the STEP to
+start over.
+
+The drafter is the toy's engine with its prompt calls logged (tests/support/
+draft_prefill.py). Planted: a proposer that prefills nothing ahead (as before), and one
+that prefills ahead in one loop callback (every other slot and read waiting): each is
+rejected."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from draft_prefill import (
+    CHUNKS,
+    DEPTH,
+    LONG,
+    TOP_K,
+    VOCAB,
+    Logged,
+    chain,
+    check_interleaved,
+    prompt_calls,
+    ticker,
+)
+from wire_helpers import feed_buffered
+from worker_round import SESSION, connected, step_of, until
+
+from pp1q.core.errors import Reason
+from pp1q.wire import Reset
+from pp1q.wire.events import ProposalReady
+from pp1q.worker.drafting import Proposer
+from pp1q.worker.engine_proposer import EngineProposer
+
+KEY = (SESSION, 0)
+
+
+class NothingAhead(EngineProposer):
+    """Planted: no prefill on a whole context (the STEP's prepare does it all)."""
+
+    prefill = Proposer.prefill
+
+
+class WholeAhead(EngineProposer):
+    """Planted: the prefill ahead in one loop callback (its chunks without a yield)."""
+
+    def prefill(self, key, prefix):
+        for _ in super().prefill(key, prefix):
+            pass
+        return iter(())
+
+
+async def _connected(cls):
+    """Slot 0 given LONG, the ticker running: (log, connection, transport, verifier,
+    ticker task)."""
+    log: list = []
+    conn, t, v = await connected(cls(Logged(log)), vocab=VOCAB, slots=1, depth=DEPTH,
+                                 support=8, prefixes={0: LONG}, step_timeout=60.0)
+    return log, conn, t, v, asyncio.get_running_loop().create_task(ticker(log))
+
+
+async def _step(conn, t, v, generation: int = 1) -> list:
+    """Slot 0's STEP on LONG, drafted to its end: the verifier's events."""
+    feed_buffered(conn, v.send(step_of(0, DEPTH, top_k=TOP_K, generation=generation,
+                                       prefix=LONG), now=0.0))
+    await until(lambda: not conn.drafter.tasks)
+    return v.receive_data(t.take(), 0.0)
+
+
+def _check_drafted(events: list, generation: int = 1) -> None:
+    [ready] = events
+    assert isinstance(ready, ProposalReady) and ready.generation == generation
+    step = step_of(0, DEPTH, top_k=TOP_K, generation=generation, prefix=LONG)
+    assert list(ready.draft_ids) == chain(step, LONG)
+
+
+async def _prefilled_ahead(cls) -> tuple[list, list, int]:
+    """The context alone until the loop has turned enough for the whole prefill, then
+    the STEP: the log, the verifier's events and the prompt calls made before the STEP."""
+    log, conn, t, v, ticking = await _connected(cls)
+    try:
+        await until(lambda: not conn.drafter.prefills)
+        assert t.take() == b""  # a prefill sends nothing
+        before = len(prompt_calls(log, KEY))
+        events = await _step(conn, t, v)
+    finally:
+        ticking.cancel()
+    return log, events, before
+
+
+async def test_a_whole_context_is_prefilled_before_its_step_arrives():
+    log, events, before = await _prefilled_ahead(EngineProposer)
+    assert before == CHUNKS  # every chunk before the STEP, the loop turning between
+    check_interleaved(log, KEY, LONG)
+    assert len(prompt_calls(log, KEY)) == CHUNKS  # the STEP prefilled nothing again
+    _check_drafted(events)
+
+
+@pytest.mark.parametrize("cls", [NothingAhead, WholeAhead],
+                         ids=["planted-nothing-ahead", "planted-whole-ahead"])
+async def test_planted_prefills_ahead_are_rejected(cls):
+    log, events, before = await _prefilled_ahead(cls)
+    _check_drafted(events)  # exact either way: only the timing differs
+    with pytest.raises(AssertionError):
+        assert before == CHUNKS
+        check_interleaved(log, KEY, LONG)
+
+
+async def test_a_step_mid_prefill_takes_over_where_it_got_to():
+    log, conn, t, v, ticking = await _connected(EngineProposer)
+    try:
+        await until(lambda: len(prompt_calls(log, KEY)) >= 2)
+        at_step = len(prompt_calls(log, KEY))
+        assert 2 <= at_step < CHUNKS and conn.drafter.prefills
+        feed_buffered(conn, v.send(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), now=0.0))
+        assert not conn.drafter.prefills  # stopped at once, between two chunks
+        await until(lambda: not conn.drafter.tasks)
+        events = v.receive_data(t.take(), 0.0)
+    finally:
+        ticking.cancel()
+    check_interleaved(log, KEY, LONG)  # one open, then extends: nothing done twice
+    assert len(prompt_calls(log, KEY)) == CHUNKS
+    _check_drafted(events)
+
+
+async def test_a_reset_stops_a_prefill_and_the_next_step_resumes_it():
+    log, conn, t, v, ticking = await _connected(EngineProposer)
+    try:
+        await until(lambda: len(prompt_calls(log, KEY)) >= 2)
+        feed_buffered(conn, v.send(Reset(session=SESSION, slot=0, generation=1,
+                                         reason=Reason.STEP_TIMEOUT)))
+        at_reset = len(prompt_calls(log, KEY))
+        assert not conn.drafter.prefills
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(prompt_calls(log, KEY)) == at_reset < CHUNKS  # no chunk after it
+        events = await _step(conn, t, v, generation=2)  # the prefix was kept over the RESET
+    finally:
+        ticking.cancel()
+    check_interleaved(log, KEY, LONG)
+    _check_drafted(events, generation=2)
+
+
+async def test_a_prefill_that_fails_leaves_the_step_to_start_over(caplog):
+    log, conn, t, v, ticking = await _connected(EngineProposer)
+    engine = conn.proposer.drafter
+    engine.fail_extend = True  # the first extend (the second chunk) raises
+    try:
+        with caplog.at_level(logging.WARNING, logger="pp1q.worker"):
+            await until(lambda: not conn.drafter.prefills)
+            events = await _step(conn, t, v)
+    finally:
+        ticking.cancel()
+    assert any("prefilling slot 0 failed: planted" in r.getMessage() for r in caplog.records)
+    calls = [what for what, _ in prompt_calls(log, KEY)]
+    assert calls == ["open"] + ["open"] + ["extend"] * (CHUNKS - 1)  # started over
+    _check_drafted(events)
