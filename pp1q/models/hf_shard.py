@@ -31,6 +31,8 @@ stay under ``kv_budget_bytes``: past it the least recently used caches are dropp
 (``evictions`` counts them; their next round recomputes the prefix, same logits to the
 cached-vs-uncached tolerance of tests/models, 1e-4). ``prepare`` runs the requests of
 one exchange in one stacked forward (pp1q.models.hf.forward_stacked, HFTarget's batch).
+``prefill`` grows a slot's K/V by one chunk of its prompt (the group's PREFILL ops,
+pp1q.verifier.ranks.decider), so a long prompt never runs whole inside one exchange.
 """
 
 from __future__ import annotations
@@ -125,6 +127,18 @@ class HFShard:
         h = self.lm.hidden(torch.tensor([seq[keep:]]), entry.cache, rows)[0]
         self._keep(slot, entry, seq, keep)
         return self._head(h)
+
+    def prefill(self, slot: Hashable, tokens: Sequence[int]) -> None:
+        """Bring ``slot``'s K/V to exactly ``tokens`` (a prompt up to its next chunk
+        boundary: the rank group's PREFILL op) in one forward of what it does not hold
+        yet; the slot's next ``logits`` or ``prepare`` reuses them like any cached
+        prefix. No row is computed: a prefill needs no logits."""
+        seq = [int(t) for t in tokens]
+        self._ready.pop(slot, None)
+        entry, keep = self._reuse(slot, seq, 0)
+        if keep < len(seq):
+            self.lm.hidden(torch.tensor([seq[keep:]]), entry.cache, 1)
+        self._keep(slot, entry, seq, keep)
 
     def prepare(self, requests: Sequence[tuple[Hashable, Sequence[int], Sequence[int]]]
                 ) -> None:

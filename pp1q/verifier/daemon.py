@@ -16,6 +16,7 @@ import torch
 
 from pp1q.core.drawkey import DRAW_KEY_ID
 from pp1q.core.errors import ConfigError, Reason
+from pp1q.models.engine import PREFILL_CHUNK
 from pp1q.models.serving import TOY, load_target
 from pp1q.models.text import TextCodec
 from pp1q.models.toy import ToySpec, ToyTarget
@@ -150,7 +151,7 @@ def _build_engine(settings: VerifierSettings, deciders: Deciders, plan):
         from pp1q.verifier.ranks.decider import RankedDecider
 
         decider = RankedDecider(loaded.engine, metrics, draws, delay_s, deciders.rank,
-                                sharded=True)
+                                sharded=True, prefill_chunk=PREFILL_CHUNK)
     else:
         decider = deciders.engine(loaded.engine, slots=settings.slots, depth=settings.depth,
                                   draws=draws, target_delay_s=delay_s)

@@ -4,12 +4,24 @@ Each call becomes an op for the group (pp1q.verifier.ranks.group): OPEN when a r
 takes a slot (its prompt, seed and target processors), ROUND with the validated draft
 ids and q rows (replicated q: every rank receives them), TARGET_ONLY for a target-only
 step, INVALIDATE after a discarded proposal (a STEP of that generation went out), CLOSE
-when the slot is released. The op's decider (rank ``slot % world``: requests are spread
-over the ranks that sample) decides once through its replica's RankDecisions (replicated
+when the slot is released; a real model's shards (--shard-vocab) also get PREFILL
+ops after OPEN, each bringing the slot's K/V one chunk further into the prompt. The
+op's decider (rank ``slot % world``: requests are spread over the ranks that sample)
+decides once through its replica's RankDecisions (replicated
 ranks; with --shard-vocab every rank takes part, pp1q.verifier.ranks.sharded); every
 rank commits that decision or none does. A lost group or a refused op is a
 ServiceError (RANKS_LOST, RANK_DISAGREEMENT): the HTTP layer answers 503 ``ranks_lost``
 / 500 ``rank_disagreement``.
+
+A prompt is prefilled in chunks, as EngineDecider does with one process: ``open`` sends
+one PREFILL op per ``prefill_chunk`` ids of the prompt (the boundary in the op, so every
+rank holds the same prefix) and awaits each before the next, so the group's exchanges
+(one op per slot each) carry other slots' rounds between two chunks instead of holding
+them behind the whole prompt (a 4,096-id prompt is ~20 s of SmolLM2-135M on the 2-core
+CPU), and a request whose client leaves stops after the op in hand (its CLOSE queues
+behind it). The first round feeds the rest, at most one chunk, with its drafts. Only a
+real model's shards keep K/V: a toy group (replicated or sharded) gets no PREFILL op,
+which would cost an exchange each and do nothing.
 """
 
 from __future__ import annotations
@@ -48,12 +60,15 @@ class RankedDecider(Decider):
     def __init__(self, target: TargetModel, metrics: Metrics, draws: DrawKeys,
                  target_delay_s: float = 0.0,
                  decisions: Callable[[TargetModel, Limits], RankDecisions] = RankDecisions,
-                 sharded: bool = False) -> None:
+                 sharded: bool = False, prefill_chunk: int | None = None) -> None:
+        """``prefill_chunk``: the prompt ids one PREFILL op adds to the ranks' K/V (at
+        most PREFILL_CHUNK: each rank refuses more); None for targets with no cache."""
         self.target, self.metrics = target, metrics
         self.draws = draws  # handed to every rank at join (start_group), never in an op
         self.target_delay_s = target_delay_s
         self.decisions = decisions
         self.sharded = sharded  # --shard-vocab: dense rows are scattered, not broadcast
+        self.prefill_chunk = prefill_chunk
         self.group: RankGroup | None = None
 
     def decider_rank(self, slot: int) -> int:
@@ -90,6 +105,12 @@ class RankedDecider(Decider):
         self._submit_unawaited(self._op(job, OpKind.OPEN, greedy=job.req.greedy,
                                         prompt=np.asarray(job.req.prompt, dtype=np.int32),
                                         processors=job.req.processors))
+        if not self.prefill_chunk:
+            return
+        # the prompt but its last chunk (at most prefill_chunk ids, fed by the first
+        # round with its drafts); each awaited: a cancellation stops after the op in hand
+        for upto in range(self.prefill_chunk, len(job.prefix), self.prefill_chunk):
+            await self._run(self._op(job, OpKind.PREFILL, upto=upto))
 
     def close(self, job: Job) -> None:
         if self.group.lost is None:

@@ -23,7 +23,9 @@ none; top-p FP64, 1 for none), so every rank knows the p it decides from; ROUND 
 draft ids (int32), a row table (form, entries: u32 pairs) and the rows exactly as the
 worker sent them (dense FP32 q, or sparse int32 ids then FP32 q; a SHARDED row, --shard-
 vocab's dense row, has no bytes here: rank 0 scatters its slices after the envelope,
-pp1q.verifier.ranks.sharded); the other kinds nothing.
+pp1q.verifier.ranks.sharded); PREFILL the prompt length whose K/V the slot's target
+cache is brought up to (u32: the next chunk boundary, below the prompt's length); the
+other kinds nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from pp1q.models.processors import Processors
 from pp1q.verifier.api import MAX_TEMPERATURE  # an OPEN's temperature: what the API takes
 
 MAGIC = b"PP1QRANK"
-VERSION = 2  # 2: OPEN carries the target processors (--shard-vocab samples at T)
+VERSION = 3  # 2: OPEN carries the target processors (--shard-vocab samples at T);
+# 3: PREFILL (a sharded real model's prompt prefilled a chunk per op)
 ENVELOPE_BYTES = 16 * 1024  # gloo's broadcast costs the same from 128 B to ~64 KiB on
 # loopback; 16 KiB holds four sparse k=32 rounds, so overflow broadcasts are for dense rows
 MAX_PROMPT_TOKENS = 65536  # as the HTTP API (pp1q.verifier.api): bounds an OPEN payload
@@ -52,6 +55,7 @@ _HEAD = struct.Struct("<8sHHIQIIQ")
 _OP = struct.Struct("<BBHHHHHIIIIQQII")
 _ROW = struct.Struct("<II")  # form, entries
 _PROCESSORS = struct.Struct("<dId")  # OPEN, after the prompt: temperature, top-k, top-p
+_PREFILL = struct.Struct("<I")  # PREFILL: the prompt length the slot's K/V reach
 _CHECKED = _HEAD.size - 8  # the checksum covers the head up to itself, then the body
 HEAD_BYTES = _HEAD.size
 
@@ -66,6 +70,7 @@ class OpKind(enum.IntEnum):
     TARGET_ONLY = 3  # one target-only token (requested, or a fallback); the decider draws
     INVALIDATE = 4  # the slot's generation is dead: no proposal of it is verified again
     CLOSE = 5  # the request released the slot
+    PREFILL = 6  # every rank brings the slot's target K/V up to prompt[:upto] (one chunk)
 
 
 class Form(enum.IntEnum):
@@ -118,12 +123,15 @@ class Op:
     rows: tuple = ()  # ROUND sampled: (form, ids or None, q) per draft, wire bytes
     q_rows: tuple[DyadicRow, ...] | None = None  # rank 0 only: the rows it validated
     processors: Processors = Processors()  # OPEN: the request's target processors
+    upto: int = 0  # PREFILL: the K/V of prompt[:upto] (1 <= upto < prefix_len)
 
     def payload_parts(self) -> list:
         if self.kind is OpKind.OPEN:
             p = self.processors
             return [_le(self.prompt, "<i4"), _PROCESSORS.pack(
                 p.temperature, p.top_k or 0, 1.0 if p.top_p is None else p.top_p)]
+        if self.kind is OpKind.PREFILL:
+            return [_PREFILL.pack(self.upto)]
         if self.kind is not OpKind.ROUND:
             return []
         parts = [_le(self.drafts, "<i4")]
@@ -270,6 +278,16 @@ def _with_payload(op: Op, n_drafts: int, n_rows: int, payload: memoryview,
             raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "OPEN payload")
         prompt = _ids(payload, op.prefix_len, limits.vocab)
         return _replace(op, prompt=prompt, processors=_processors(payload, 4 * op.prefix_len))
+    if op.kind is OpKind.PREFILL:
+        # right after its OPEN: a prompt's length, and never its last id (the first
+        # round feeds that one with the drafts)
+        if n_drafts or n_rows or len(payload) != _PREFILL.size \
+                or not 1 < op.prefix_len <= MAX_PROMPT_TOKENS:
+            raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, "PREFILL payload")
+        (upto,) = _PREFILL.unpack_from(payload)
+        if not 1 <= upto < op.prefix_len:
+            raise RemoteProtocolError(Reason.BAD_POSITION, f"PREFILL up to {upto}")
+        return _replace(op, upto=upto)
     if op.kind is not OpKind.ROUND:
         if n_drafts or n_rows or len(payload):
             raise RemoteProtocolError(Reason.UNEXPECTED_SIZE, f"{op.kind.name} payload")

@@ -26,6 +26,7 @@ from pp1q.core.errors import LocalProtocolError, Pp1qError, Reason
 from pp1q.core.prefix import Prefix
 from pp1q.core.q import parse_dense, parse_sparse
 from pp1q.core.verify import RoundKeys
+from pp1q.models.engine import PREFILL_CHUNK
 from pp1q.models.processors import Processors
 from pp1q.models.toy import TargetModel
 from pp1q.verifier import rounds
@@ -41,6 +42,7 @@ class SlotReplica:
     prefix: Prefix
     invalid_through: int = 0  # no proposal of a generation <= this is verified again
     processors: Processors = Processors()  # the request's target processors (OPEN)
+    prefilled: int = 0  # the prompt length its PREFILL ops reached (each must go past it)
 
 
 def committed_tokens(op: Op, accepted: int, token: int) -> list[int]:
@@ -80,6 +82,10 @@ class RankDecisions:
         keys = RoundKeys(self.draw_seed(s), op.generation, op.round_id, len(s.prefix))
         return self.rows.round(op.slot, s.prefix.tokens, drafts, q_rows, keys, op.greedy,
                                processors=s.processors)
+
+    def prefill(self, op: Op, s: SlotReplica) -> None:
+        """A PREFILL op: bring the slot's target cache up to ``s``'s prompt[:op.upto].
+        Whole rows on one rank keep no cache (the toy): nothing to do."""
 
     @property
     def evictions(self) -> int:
@@ -125,6 +131,8 @@ class RankState:
         refusal = self.check(op)
         if refusal is not None:
             return no(refusal)
+        if op.kind is OpKind.PREFILL:
+            return self.prefill(op)
         if op.decider != self.rank or op.kind not in (OpKind.ROUND, OpKind.TARGET_ONLY):
             return yes()
         try:
@@ -133,6 +141,14 @@ class RankState:
             return no(e.reason)
         self.decided += 1
         return self.yes_with(op, out)
+
+    def prefill(self, op: Op) -> np.ndarray:
+        """Every rank runs a PREFILL it accepts (its own cache); a failure is a no."""
+        try:
+            self.decisions.prefill(op, self.slots[op.slot])
+        except Pp1qError as e:
+            return no(e.reason)
+        return yes()
 
     def yes_with(self, op: Op, out: rounds.Outcome) -> np.ndarray:
         """A yes carrying decision ``out`` and the committed state it leads to."""
@@ -161,6 +177,8 @@ class RankState:
             return Reason.CHECKSUM_MISMATCH  # this rank committed something else
         if op.kind is OpKind.ROUND and op.generation <= s.invalid_through:
             return Reason.STALE_GENERATION
+        if op.kind is OpKind.PREFILL and not 0 < op.upto - s.prefilled <= PREFILL_CHUNK:
+            return Reason.BAD_POSITION  # backwards, or more than one chunk's forward
         return None
 
     # -- committing ----------------------------------------------------------------
@@ -178,6 +196,8 @@ class RankState:
         elif op.kind is OpKind.CLOSE:
             self.slots.pop(op.slot, None)
             self.decisions.closed(op.slot)
+        elif op.kind is OpKind.PREFILL:
+            self.slots[op.slot].prefilled = op.upto  # its K/V: the rank's cache, not here
         elif op.kind is OpKind.INVALIDATE:
             s = self.slots[op.slot]
             s.invalid_through = max(s.invalid_through, op.generation)

@@ -13,7 +13,9 @@ test_kernels_shard_step.py, tests/verifier/ranks/test_ranks_shard_gloo.py).
 Inside an exchange (collective.Collective.exchange) every rank must enter the same
 collectives in the same order, so ``ShardedRankState.votes`` first agrees which ops
 every rank accepts (one gather of each rank's check of each op: its replica, the
-generation), then decides the accepted ROUND and TARGET_ONLY ops one after another.
+generation), then decides the accepted ROUND and TARGET_ONLY ops one after another;
+an accepted PREFILL (a real model's prompt chunk, pp1q.verifier.ranks.decider) each rank
+runs on its own K/V, with no collective.
 A refusal inside a decision (q = 0 at a draft, a bad row) is reached by every rank at
 the same collective, so every rank votes the same no. A rank that dies or hangs fails
 the collective it is in: the group is lost (503 ranks_lost), nothing is committed.
@@ -97,6 +99,14 @@ class ShardedDecisions(RankDecisions):
         prepare([(op.slot, s.prefix.tokens, [] if op.kind is OpKind.TARGET_ONLY
                   else [int(t) for t in op.drafts]) for op, s in work])
 
+    def prefill(self, op: Op, s: SlotReplica) -> None:
+        """A PREFILL: the shard's K/V of the slot brought up to prompt[:op.upto] in one
+        forward (a real model's: HFShard.prefill; the toy shard keeps no cache). Every
+        rank gets the same boundary in the op, so every rank holds the same prefix."""
+        prefill = getattr(self.shard, "prefill", None)
+        if prefill is not None:
+            prefill(op.slot, s.prefix.tokens[:op.upto])
+
     @property
     def evictions(self) -> int:
         return getattr(self.shard, "evictions", 0)  # the toy shard keeps no cache
@@ -179,8 +189,10 @@ class ShardedRankState(RankState):
         for i, op in enumerate(ops):
             if mine[i] is not None:
                 out.append(no(mine[i]))
-            elif bool(every[:, i].any()) or op.kind not in _DECIDING:
+            elif bool(every[:, i].any()) or op.kind not in (*_DECIDING, OpKind.PREFILL):
                 out.append(yes())  # another rank refuses it: nobody decides it
+            elif op.kind is OpKind.PREFILL:  # no collective: each rank its own cache
+                out.append(self.prefill(op))
             else:
                 out.append(self._decide(op))
         return out

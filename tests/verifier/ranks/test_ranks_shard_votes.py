@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 import pytest
+from rank_threads import BARRIER_S, ThreadGroup
 
 from pp1q.core.drawkey import DrawKeys
 from pp1q.core.errors import Reason, RemoteProtocolError
@@ -35,40 +36,6 @@ TARGET = ToyTarget(ToySpec(vocab=VOCAB))
 DRAWS = DrawKeys.from_hex("ab" * 32)
 PROMPT = [3, 7]
 T1 = Processors()  # T = 1, no top-k/top-p
-BARRIER_S = 30.0  # a rank that never arrives fails the test instead of hanging it
-
-
-class ThreadGroup:
-    """Collectives among WORLD threads: each rank posts its request, all meet, each
-    takes its delivery (shard_spmd.deliver), all meet again before the next."""
-
-    def __init__(self, n: int) -> None:
-        self.barrier = threading.Barrier(n, timeout=BARRIER_S)
-        self.posted: list = [None] * n
-        self.calls = 0
-
-    def comm(self, rank: int):
-        group = self
-
-        class Comm:
-            def run(self, req):
-                group.posted[rank] = req
-                group.barrier.wait()
-                out = deliver(list(group.posted))[rank]
-                if rank == 0:
-                    group.calls += 1
-                group.barrier.wait()
-                return out
-
-            def scatter_rows(self, rows, bounds, n_rows):
-                if rank == 0:
-                    group.posted[0] = rows
-                group.barrier.wait()
-                lo, hi = bounds[rank]
-                out = group.posted[0][:, lo:hi].clone()
-                group.barrier.wait()
-                return out
-        return Comm()
 
 
 def _states(sharded=True):
