@@ -17,11 +17,12 @@ SUITES = {
     "model": "pp1q.tools.bench.model",
     "profile": "pp1q.tools.bench.profile",
     "prefill": "pp1q.tools.bench.prefill",
+    "first-round": "pp1q.tools.bench.first_round",
 }
 
 # run only when named: they need the real model (model: about 10 minutes; profile: 2;
-# prefill: 4 on a 2-core CPU)
-OPT_IN = frozenset({"model", "profile", "prefill"})
+# prefill: 4; first-round: 5 on a 2-core CPU)
+OPT_IN = frozenset({"model", "profile", "prefill", "first-round"})
 
 
 def bench_device() -> str:
