@@ -1,0 +1,132 @@
+"""A chunk's attention without the mask: its past unmasked, its own keys causal, merged.
+
+A long prompt is prefilled in chunks (``PREFILL_CHUNK`` ids, pp1q.models.engine), each
+chunk's queries attending to the whole cache before them and causally to each other.
+transformers' ``sdpa`` path cannot say that with ``is_causal`` (SDPA aligns it to the
+top-left, and the chunk sits at the end of the keys), so it passes an explicit
+[B, 1, T, L] mask, and with a mask it expands grouped-query attention's K/V to every
+query head (3 to 9 heads for SmolLM2-135M) over the whole cache, in every layer, for
+every chunk; SDPA then turns the boolean mask into a float one, again per layer.
+
+``split_attention`` computes the same softmax in two parts with the CPU flash kernel,
+which returns each part's log-sum-exp: the queries against the keys before the chunk
+(no mask; the group of query heads sharing one K/V head folded into that head's query
+rows, so K/V are never expanded), and against the chunk's own keys (``is_causal``,
+where top-left is right: as many queries as keys). The two are merged exactly:
+``out = (e^lse_p out_p + e^lse_c out_c) / (e^lse_p + e^lse_c)``, the float sums in
+another order than one masked pass (differences of ~1e-7 on random inputs).
+
+It is wired through transformers' public registries under ``ATTENTION`` (chosen for
+a model on the CPU at load, pp1q.models.hf): ``chunk_mask`` builds sdpa's mask, then
+returns None when that mask is exactly "causal, aligned to the end of the keys" (a
+chunk on an unpadded cache), and ``chunk_attention`` reads None that way: a whole
+prompt (as many queries as keys) and a one-token step go to transformers' own sdpa
+function unchanged (is_causal, K/V not expanded: already its best path), a chunk to
+``split_attention``; any other mask (padding in a stacked round, a sliding window) goes
+to transformers' sdpa function with the mask, as before. A verifier round on a long
+cache (the last committed token and the drafts) and a drafter's two-token step are
+chunks too, and take the split past ``MIN_PAST`` keys.
+
+Measured on a 2-core AMD EPYC shared with another job, one torch thread (BENCHMARKS.md,
+"Chunked prefill"): one layer's attention of a 128-query chunk on 4,096 keys, 24-30 ms
+with K/V expanded and the mask, 22-25 ms with SDPA's ``enable_gqa`` and the mask,
+19-25 ms split; a 4,096-id prompt prefilled in 128-id chunks through HFTarget, 29.1 CPU
+s with transformers' sdpa against 24.9 split (eight runs each, alternated: 14% less;
+the two sittings 17% and 11%), logits within 2e-5 of sdpa's. Below ``MIN_PAST`` cached
+keys the split costs more than it saves (a fixed ~0.1 ms a layer), so the mask stays.
+``_scaled_dot_product_flash_attention_for_cpu`` is an aten op torch does not document;
+where it is missing, every chunk takes the masked path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ATTENTION = "pp1q_chunk_sdpa"  # the name registered with transformers for both functions
+# keys before the queries from which the split pays: two kernel calls and a merge cost
+# ~0.1 ms a layer more than one masked call, which the K/V expansion passes at ~150-250
+# keys (one thread; a round of 2-6 queries and a 128-query chunk alike)
+MIN_PAST = 256
+_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    scale: float | None = None) -> torch.Tensor:
+    """Causal attention of ``query`` [B, H, T, D] on ``key``/``value`` [B, KVH, L, D]
+    (L > T; H a multiple of KVH, query head h reading K/V head h // (H // KVH)), the
+    queries being the last T of the L positions: [B, H, T, D], as SDPA with the mask
+    ``tril(ones(T, L), L - T)`` gives it. CPU tensors."""
+    b, h, t, d = query.shape
+    kvh, past = key.shape[1], key.shape[2] - t
+    group = h // kvh
+    # the past: every query sees every key; a K/V head's group of query heads as rows
+    out_p, lse_p = _flash(query.reshape(b, kvh, group * t, d), key[:, :, :past],
+                          value[:, :, :past], 0.0, False, scale=scale)
+    out_p, lse_p = out_p.reshape(b, h, t, d), lse_p.reshape(b, h, t)
+    # the chunk's own keys: as many as queries, so top-left causal is the right causal
+    out_c, lse_c = _flash(query, key[:, :, past:], value[:, :, past:], 0.0, True,
+                          scale=scale)
+    return merge(out_p, lse_p, out_c, lse_c).to(query.dtype)
+
+
+def merge(out_p: torch.Tensor, lse_p: torch.Tensor, out_c: torch.Tensor,
+          lse_c: torch.Tensor) -> torch.Tensor:
+    """One softmax's output from two disjoint parts of its keys, each part's output
+    [..., T, D] and log-sum-exp [..., T]: weighted by their shares of the denominator,
+    e^lse_c / (e^lse_p + e^lse_c) for the second (in the LSE's dtype, float32 or wider)."""
+    share = torch.sigmoid(lse_c - lse_p).unsqueeze(-1)
+    return torch.lerp(out_p.to(share.dtype), out_c.to(share.dtype), share)
+
+
+def lower_right_causal(mask: torch.Tensor) -> bool:
+    """Whether a boolean [B, 1, T, L] mask is exactly causal aligned to the end of the
+    keys (query i sees keys 0..L - T + i): a chunk on an unpadded cache."""
+    t, length = mask.shape[-2:]
+    want = torch.ones(t, length, dtype=torch.bool, device=mask.device).tril(length - t)
+    return mask.dtype == torch.bool and torch.equal(mask, want.expand(mask.shape))
+
+
+def chunk_mask(*args, **kwargs):
+    """sdpa's mask (transformers' ``sdpa_mask``), None where it is causal aligned to the
+    end of the keys; ``chunk_attention`` reads None that way."""
+    from transformers.masking_utils import sdpa_mask
+
+    mask = sdpa_mask(*args, **kwargs)
+    if mask is None:
+        q, kv = kwargs.get("q_length"), kwargs.get("kv_length")
+        if q is None or kv is None or q == 1 or q == kv:
+            return None  # one query sees every key; or is_causal over equal lengths
+        # sdpa's None with more keys than queries means top-left (a static cache): say so
+        mask = sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
+    past = mask.shape[-1] - mask.shape[-2]
+    return None if past >= MIN_PAST and lower_right_causal(mask) else mask
+
+
+def chunk_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                    scaling: float | None = None, **kwargs):
+    """transformers' sdpa function, but a chunk (more keys than queries, no mask: the
+    mask was causal aligned to the end) through ``split_attention``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    t, length = query.shape[2], key.shape[2]
+    if (attention_mask is None and 1 < t < length and _flash is not None
+            and query.device.type == "cpu" and dropout == 0.0
+            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
+            and query.shape[1] % key.shape[1] == 0):
+        out = split_attention(query, key, value, scaling)
+        return out.transpose(1, 2).contiguous(), None
+    if attention_mask is None and 1 < t < length:  # not for the kernel: say the mask
+        attention_mask = torch.ones(t, length, dtype=torch.bool,
+                                    device=query.device).tril(length - t)[None, None]
+    return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                  dropout=dropout, scaling=scaling, **kwargs)
+
+
+def register() -> str:
+    """Register ``ATTENTION`` with transformers (idempotent); its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, chunk_attention)
+    AttentionMaskInterface.register(ATTENTION, chunk_mask)
+    return ATTENTION
