@@ -116,3 +116,46 @@ def test_chunk_mask_says_none_only_for_a_chunk_past_min_past():
     pad[0, 0] = False  # a stacked round's left pad: the mask, with the pad
     padded = mask(128, 128 + MIN_PAST, pad)
     assert padded is not None and not bool(padded[0, 0, :, 0].any())
+
+
+def test_chunk_attention_is_transformers_sdpa_without_the_expansion():
+    # every case the registered function sees, against transformers' own sdpa function
+    # given the mask the chunk means: a whole prompt and a one-token step (no mask), a
+    # chunk (no mask: causal aligned to the end; the split) and a padded mask (SDPA with
+    # enable_gqa); the output [B, T, H, D] as transformers' is
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from pp1q.models.hf_attention import chunk_attention
+
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    torch.manual_seed(6)
+    for t, length, pad in [(9, 9, 0), (1, 12, 0), (5, 12, 0), (5, 12, 3), (1, 12, 2)]:
+        q = torch.randn(2, t, 6, 16, dtype=torch.float64).transpose(1, 2)
+        k, v = (torch.randn(2, 2, length, 16, dtype=torch.float64) for _ in range(2))
+        mask = torch.ones(t, length, dtype=torch.bool).tril(length - t).repeat(2, 1, 1, 1)
+        mask[1, :, :, :pad] = False  # the second row left-padded
+        given = mask if pad else None
+        want, _ = sdpa_attention_forward(module, q, k, v, mask if 1 < t < length or pad
+                                         else None, scaling=0.25)
+        got, _ = chunk_attention(module, q, k, v, given, scaling=0.25)
+        assert got.shape == (2, t, 6, 16)
+        assert float((got - want).abs().max()) <= TOL64, (t, length, pad)
+
+
+def test_the_flash_op_is_checked_before_it_is_used():
+    # the op is not public API: one missing, refusing or computing another LSE is refused
+    # at import and chunks take SDPA with the mask
+    real = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    assert hf_attention._flash is not None and hf_attention.usable(real)
+
+    def log2_lse(*args, **kwargs):
+        out, lse = real(*args, **kwargs)
+        return out, lse / 0.6931471805599453
+
+    def refusing(*args, **kwargs):
+        raise RuntimeError("no such overload")
+
+    assert not any(hf_attention.usable(op) for op in (None, log2_lse, refusing))

@@ -167,10 +167,11 @@ def test_an_extend_failing_part_way_drops_the_cache(smol64, story_ids, target):
 
 def _long_chunked(smol, target, monkeypatch, drafts):
     """A 300-id prompt opened with 260 ids and extended by 40 (a chunk on 259 cached,
-    past MIN_PAST), then a round of ``drafts``: its rows, and the query counts of the
-    layers' attention that went through hf_attention's split."""
+    past a MIN_PAST of 256), then a round of ``drafts``: its rows, and the query counts
+    of the layers' attention that went through hf_attention's split."""
     from pp1q.models import hf_attention
 
+    monkeypatch.setattr(hf_attention, "MIN_PAST", 256)  # a shorter prompt takes the split
     calls = []
     split = hf_attention.split_attention
     monkeypatch.setattr(hf_attention, "split_attention",
@@ -183,7 +184,7 @@ def _long_chunked(smol, target, monkeypatch, drafts):
 
 
 def test_a_long_prompt_in_chunks_through_the_split_attention(smol64, target, monkeypatch):
-    # past MIN_PAST (256) cached keys, a chunk's and a round's attention is split in two
+    # past MIN_PAST cached keys, a chunk's and a round's attention is split in two
     # and merged (pp1q.models.hf_attention): the logits are a whole prefill's, to TOL
     drafts = [1030, 314, 253]
     prompt, rows, calls = _long_chunked(smol64, target, monkeypatch, drafts)
