@@ -224,6 +224,11 @@ def _load(path: Path, device, dtype, identity: str) -> Checkpoint:
     model = transformers.AutoModelForCausalLM.from_pretrained(
         where, dtype=resolve_dtype(dtype), **common)
     model.to(device)
+    if model.device.type == "cpu" and model.config._attn_implementation == "sdpa":
+        from pp1q.models.hf_attention import register  # a chunk's attention, unmasked
+
+        with contextlib.suppress(ValueError):  # a model refusing it keeps sdpa
+            model.set_attn_implementation(register())
     model.eval()
     model.requires_grad_(False)
     return Checkpoint(model=model, tokenizer=tokenizer, identity=identity,
