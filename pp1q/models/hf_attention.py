@@ -126,7 +126,11 @@ def chunk_mask(*args, **kwargs):
         if q is None or kv is None or q == 1 or q == kv:
             return None  # one query sees every key; or is_causal over equal lengths
         # sdpa's None with more keys than queries means top-left (a static cache): say so
-        mask = sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
+        # (and a bidirectional skip is no causal one: a mask materialised either way)
+        off = {"allow_is_causal_skip": False}
+        if "allow_is_bidirectional_skip" in kwargs:  # a keyword older releases lack
+            off["allow_is_bidirectional_skip"] = False
+        mask = sdpa_mask(*args, **{**kwargs, **off})
     past = mask.shape[-1] - mask.shape[-2]
     return None if past >= MIN_PAST and lower_right_causal(mask) else mask
 
@@ -135,14 +139,22 @@ def chunk_attention(module, query, key, value, attention_mask, dropout: float = 
                     scaling: float | None = None, **kwargs):
     """transformers' sdpa function, but on the CPU a chunk (more keys than queries, no
     mask: the mask was causal aligned to the end) through ``split_attention``, and a
-    mask given to SDPA with ``enable_gqa`` (K/V not expanded)."""
+    mask given to SDPA with ``enable_gqa`` (K/V not expanded). The end-aligned reading of
+    a None mask is ours, not transformers' (whose None with more keys than queries is
+    top-left): it holds because ``chunk_mask`` is where such a None comes from."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     t, length = query.shape[2], key.shape[2]
+    causal = kwargs.get("is_causal")
+    if not (getattr(module, "is_causal", True) if causal is None else causal):
+        # not causal (cross-attention, a bidirectional layer): a None mask means no mask
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
     plain = (query.device.type == "cpu" and dropout == 0.0 and query.shape[1] % key.shape[1] == 0
              and kwargs.get("position_bias") is None and kwargs.get("softcap") is None)
     if attention_mask is None and 1 < t < length:
-        if plain and _flash is not None:
+        if plain and _flash is not None and key.shape[-1] == value.shape[-1]:  # flash: one
+            # head size for Q, K and V (an MLA model's V differs: the masked path below)
             return split_attention(query, key, value, scaling).transpose(1, 2).contiguous(), None
         attention_mask = torch.ones(t, length, dtype=torch.bool,  # not for the kernel: say it
                                     device=query.device).tril(length - t)[None, None]

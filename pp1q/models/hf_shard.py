@@ -32,7 +32,10 @@ stay under ``kv_budget_bytes``: past it the least recently used caches are dropp
 cached-vs-uncached tolerance of tests/models, 1e-4). ``prepare`` runs the requests of
 one exchange in one stacked forward (pp1q.models.hf.forward_stacked, HFTarget's batch).
 ``prefill`` grows a slot's K/V by one chunk of its prompt (the group's PREFILL ops,
-pp1q.verifier.ranks.decider), so a long prompt never runs whole inside one exchange.
+pp1q.verifier.ranks.decider), so a long prompt does not run whole inside one exchange;
+unless the budget evicted the slot's K/V between two of them: the next recomputes the
+lost prefix in its one forward, as a round after an eviction does (two long prompts
+under a budget that cannot hold both evict each other at every op).
 """
 
 from __future__ import annotations

@@ -57,10 +57,11 @@ class EngineProposer(Proposer):
         # (session, slot) -> (committed tokens, drafts of the last proposal), LRU order
         self._held: collections.OrderedDict[tuple[int, int], tuple[list[int], list[int]]] = (
             collections.OrderedDict())
-        # keys a prefill or a STEP's prepare is bringing to a prefix right now (between two
-        # of its chunks the loop runs other STEPs; one at a time a slot): never evicted, or
-        # the prefill would restart
-        self._preparing: set[tuple[int, int]] = set()
+        # keys a prefill or a STEP's prepare is bringing to a prefix right now, with how
+        # many such bringings are open (between two chunks the loop runs other STEPs): never
+        # evicted, or the prefill would restart. A count, not a set: a stopped bringing
+        # closed after the next one began must not unmark the key the next one holds
+        self._preparing: collections.Counter[tuple[int, int]] = collections.Counter()
 
     def prefill(self, key, prefix: list[int]) -> Iterator[None]:
         """A new context, ahead of its first STEP: brought as that STEP would bring it."""
@@ -72,11 +73,13 @@ class EngineProposer(Proposer):
     def _bring(self, key: tuple[int, int], prefix: list[int]) -> Iterator[None]:
         """Bring the drafter's request to ``prefix``, a yield after each prefill chunk
         (an ``open`` or an ``extend``, the last one's too); a commit or a reset is cheap
-        and yields nothing. The chunks are the same whoever brings a prefix (a prefill
-        ahead, a STEP, a STEP after a stopped one: PREFILL_CHUNK ids from its first), so
-        its logits are too."""
+        and yields nothing. A prefix brought from nothing goes in PREFILL_CHUNK ids from
+        its first, whoever brings it (a prefill ahead, a STEP); one brought from a held
+        prefix goes on from there (a prefill ahead of P, then a STEP on P + [t]: P's
+        chunks, then t alone), so its logits may differ in the last float bits from a
+        prefill of the whole: every q is still built from the logits it had."""
         prefix = list(prefix)
-        self._preparing.add(key)
+        self._preparing[key] += 1
         try:
             while True:
                 chunk = self._toward(key, prefix)
@@ -86,7 +89,9 @@ class EngineProposer(Proposer):
                 if done:
                     return
         finally:  # done, failed, or closed by a step that stopped (then evictable again)
-            self._preparing.discard(key)
+            self._preparing[key] -= 1
+            if not self._preparing[key]:
+                del self._preparing[key]
 
     def _toward(self, key: tuple[int, int], prefix: list[int]) -> bool:
         """One engine call toward ``prefix``, from what the drafter holds now (read

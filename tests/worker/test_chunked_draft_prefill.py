@@ -290,3 +290,22 @@ def test_a_request_mid_prefill_is_not_evicted_by_other_slots(monkeypatch):
     assert [what for what, _ in prompt_calls(log, (SESSION, 0))].count("open") == 1
     assert (SESSION, 1) not in engine._requests.ledgers  # the one freed instead
     assert len(proposer._held) == 2  # the bound kept: slot 1 freed in its place
+
+
+def test_a_bringing_closed_after_the_next_began_keeps_the_key_unevictable(monkeypatch):
+    """A stopped STEP's prepare closed only after the next bringing of the same key began
+    (a prefill ahead, a later STEP): the key is still mid-prefill and never evicted (a
+    set of keys, as before, forgot it at the first close)."""
+    monkeypatch.setattr(engine_proposer, "MAX_OPEN_REQUESTS", 1)
+    log: list = []
+    proposer = EngineProposer(Logged(log))
+    key = (SESSION, 0)
+    first = proposer.prepare(_step(LONG), LONG)
+    next(first)
+    second = proposer.prefill(key, LONG)
+    next(second)
+    first.close()
+    step = step_of(1, DEPTH, top_k=TOP_K, prefix=[1, 5, 6])
+    assert list(proposer.prepare(step, [1, 5, 6])) == [None]  # another slot, past the bound
+    assert list(second) == [None] * (CHUNKS - 2)
+    assert [what for what, _ in prompt_calls(log, key)].count("open") == 1  # never evicted

@@ -33,8 +33,10 @@ from wire_helpers import feed_buffered
 from worker_round import SESSION, connected, step_of, until
 
 from pp1q.core.errors import Reason
+from pp1q.core.prefix import Prefix
 from pp1q.wire import Reset
 from pp1q.wire.events import ProposalReady
+from pp1q.wire.messages import context_of
 from pp1q.worker.drafting import Proposer
 from pp1q.worker.engine_proposer import EngineProposer
 
@@ -161,3 +163,46 @@ async def test_a_prefill_that_fails_leaves_the_step_to_start_over(caplog):
     calls = [what for what, _ in prompt_calls(log, KEY)]
     assert calls == ["open"] + ["open"] + ["extend"] * (CHUNKS - 1)  # started over
     _check_drafted(events)
+
+
+def _context(tokens: list[int], generation: int = 1):
+    return context_of(session=SESSION, slot=0, generation=generation, tokens=tokens,
+                      digest=Prefix(tokens).digest)
+
+
+async def test_a_context_and_its_step_in_one_read_prefill_nothing_twice():
+    log, conn, t, v, ticking = await _connected(EngineProposer)
+    try:
+        feed_buffered(conn, v.send(_context(LONG)) + v.send(
+            step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), now=0.0))
+        assert not conn.drafter.prefills  # the STEP stopped the prefill before it ran
+        await until(lambda: not conn.drafter.tasks)
+        events = v.receive_data(t.take(), 0.0)
+    finally:
+        ticking.cancel()
+    _check_drafted(events)
+    assert not conn.proposer._preparing
+    assert len(prompt_calls(log, KEY)) == CHUNKS
+
+
+async def test_a_reset_and_a_new_context_mid_prepare_keep_the_new_prefill_unevictable():
+    """A STEP mid-prepare, then a RESET and a whole new context in one read: the new
+    prefill holds its key unevictable for as long as it runs."""
+    other = [(5 * i + 1) % VOCAB for i in range(len(LONG))]
+    log, conn, t, v, ticking = await _connected(EngineProposer)
+    try:
+        feed_buffered(conn, v.send(step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), now=0.0))
+        await until(lambda: len(prompt_calls(log, KEY)) >= 2)
+        feed_buffered(conn, v.send(Reset(session=SESSION, slot=0, generation=1,
+                                         reason=Reason.STEP_TIMEOUT))
+                      + v.send(_context(other, generation=2)))
+        seen = []
+        for _ in range(30):
+            await asyncio.sleep(0)
+            if conn.drafter.prefills and not conn.drafter.prefills[0][0].done():
+                seen.append(KEY in conn.proposer._preparing)
+        assert seen and all(seen), seen
+        await until(lambda: not conn.drafter.prefills)
+    finally:
+        ticking.cancel()
+    assert not conn.proposer._preparing
