@@ -46,8 +46,8 @@ RequestKey = Hashable  # whatever the daemon uses to name a request (an int, a t
 
 # ids one prefill call takes, on both sides (``open`` then ``extend`` per chunk): ~0.3-1.4 s
 # of SmolLM2-135M on a 2-core CPU, about what the other requests then wait behind a
-# long prompt. The prefill costs more in chunks the longer the prompt: ~1.0x the whole
-# prompt's CPU at 2,048 ids, ~1.25x at 4,096 (BENCHMARKS.md, "Chunked prefill")
+# long prompt. In chunks a 4,096-id prefill costs the whole prompt's CPU with one torch
+# thread (0.98x) and 1.36x with two (BENCHMARKS.md, "Chunked prefill")
 PREFILL_CHUNK = 128
 
 

@@ -189,11 +189,10 @@ class StepDrafter:
                                   exc_info=None if isinstance(e, Pp1qError) else e)
 
     def _prefill_done(self, slot: int, task: asyncio.Task) -> None:
+        """Forget the slot's prefill once it ended (its failures ``_prefill`` logged)."""
         held = self.prefills.get(slot)
         if held is not None and held[0] is task:
             del self.prefills[slot]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("prefill task failed", exc_info=task.exception())
 
     def detach(self) -> None:
         """The connection is gone: drop its hooks (bound to it: a reference cycle)."""
