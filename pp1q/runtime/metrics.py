@@ -63,7 +63,7 @@ REFUSED_REQUESTS = (Reason.QUEUE_FULL, Reason.STOPPING, Reason.TOO_MANY_CONNECTI
                     Reason.TOO_MANY_QUEUED_FROM_ADDRESS, Reason.UNSUPPORTED_PROCESSORS,
                     Reason.CONTEXT_LENGTH_EXCEEDED)
 # Why the verifier aborted an HTTP connection it had admitted (http_connections_aborted)
-ABORTED_CONNECTIONS = (Reason.CLIENT_STALLED,)
+ABORTED_CONNECTIONS = (Reason.CLIENT_STALLED, Reason.OVER_SHARE)
 
 
 class Metrics:
@@ -151,7 +151,9 @@ class Metrics:
             "deadline: the client had not sent its whole request, or not taken its answer")
         self.http_connections_aborted = counter(
             "http_connections_aborted", "HTTP connections the verifier aborted, by reason: "
-            "client_stalled (the client read none of its response for write_stall_s)",
+            "client_stalled (the client read none of its response for write_stall_s), "
+            "over_share (every connection held: its address's place given to one holding "
+            "fewer)",
             ("reason",))
         self.requests_queued = gauge("requests_queued", "Requests waiting for a slot")
         self.slots_in_use = gauge("slots_in_use", "Request slots currently held")

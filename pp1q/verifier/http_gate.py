@@ -1,10 +1,15 @@
 """Which HTTP connections aiohttp gets, and which it loses: the server's connection gate.
 
 Every accepted connection first meets a ``Gate``, an asyncio protocol in front of
-aiohttp's request handler. Over the server's connection bound, or over one client
-address's share of it, the connection is answered one 503 and closed unparsed, so that
-one client opening connections (or holding them for the head timeout, again and again)
-cannot take every connection from the others. An admitted connection's events all go to
+aiohttp's request handler. Over one client address's share of the server's connection
+bound, the connection is answered one 503 and closed unparsed, so that one client opening
+connections (or holding them for the head timeout, again and again) cannot take every
+connection from the others. With every connection held, a client whose address holds at
+least two fewer than another takes a place of that address's whose client is not reading
+(``reclaim``), so that a few addresses holding every place and reading slowly on purpose
+(which no deadline can tell from a slow honest client) cannot lock a new address out; a
+connection whose client reads is never taken, and with none to take the new connection
+gets the 503. An admitted connection's events all go to
 aiohttp, and the gate watches the one thing aiohttp leaves unbounded: a client that
 stops reading. Its answers then wait unsent, the handler waits in ``drain`` (or the
 closing transport waits to flush) for ever, holding the connection; pipelined requests
@@ -81,7 +86,8 @@ class Gates:
 
     ``make_handler()``: aiohttp's protocol for an admitted connection;
     ``on_refused(reason)``: a connection answered 503 unparsed;
-    ``on_aborted(reason)``: an admitted connection aborted (``Reason.CLIENT_STALLED``).
+    ``on_aborted(reason)``: an admitted connection aborted (``Reason.CLIENT_STALLED``,
+    ``Reason.OVER_SHARE``).
     """
 
     def __init__(self, limits: GateLimits, make_handler: Callable[[], asyncio.Protocol],
@@ -92,17 +98,53 @@ class Gates:
         self.on_refused = on_refused or (lambda _reason: None)
         self.on_aborted = on_aborted or (lambda _reason: None)
         self.counts = AddressCounts(limits.max_connections, limits.max_connections_per_address)
+        # the admitted connections by address, oldest first (dicts as ordered sets): whom
+        # ``reclaim`` can take a place from; holds exactly what ``counts`` counts
+        self.held: dict[str, dict[Gate, None]] = {}
+        # the admitted connections whose writing is paused, by gate: their address (only
+        # these can be reclaimed; kept apart so that a refusal need not scan every place)
+        self.stalled: dict[Gate, str] = {}
 
     def __call__(self) -> Gate:
         return Gate(self)
 
-    def admit(self, address: str) -> Reason | None:
-        """Take a place for a connection from ``address``, or say why there is none."""
+    def admit(self, gate: Gate, address: str) -> Reason | None:
+        """Take a place for ``gate``, a connection from ``address``, or say why there is
+        none; with every place held, first try to ``reclaim`` one for it."""
         full = self.counts.admit(address)
-        return None if full is None else _REFUSED_FOR[full]
+        if full == "open" and self.reclaim(address):
+            full = self.counts.admit(address)
+        if full is not None:
+            return _REFUSED_FOR[full]
+        self.held.setdefault(address, {})[gate] = None
+        return None
 
-    def release(self, address: str) -> None:
+    def reclaim(self, address: str) -> bool:
+        """Abort a stalled connection (writing paused: its client is not taking its
+        answer) of an address holding at least two more than ``address`` (so that the two
+        then differ by at most what they did, and two addresses never take places back
+        and forth): of the address holding the most among those with one, the one that
+        has gone longest without a read. A connection whose client reads is never taken
+        (its answer is under way). True if one was aborted."""
+        floor = self.counts.by_address.get(address, 0) + 2
+        victim, best = None, None
+        for gate, held_by in self.stalled.items():
+            count = self.counts.by_address[held_by]
+            if count >= floor:
+                rank = (-count, gate.stalled_since)
+                if best is None or rank < best:
+                    victim, best = gate, rank
+        if victim is None:
+            return False
+        victim.abort(Reason.OVER_SHARE)
+        return True
+
+    def release(self, gate: Gate, address: str) -> None:
         self.counts.release(address)
+        gates = self.held[address]
+        del gates[gate]
+        if not gates:
+            del self.held[address]  # open addresses only, as ``counts``
 
 
 class Gate(asyncio.Protocol):
@@ -120,7 +162,7 @@ class Gate(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self._transport = transport
         address = client_address(transport.get_extra_info("peername"))
-        refused = self._gates.admit(address)
+        refused = self._gates.admit(self, address)
         if refused is not None:
             self._gates.on_refused(refused)
             transport.write(REFUSALS[refused])
@@ -165,11 +207,27 @@ class Gate(asyncio.Protocol):
 
     def _release(self) -> None:
         if self._address is not None:
-            self._gates.release(self._address)
+            self._gates.release(self, self._address)
             self._address = None
 
-    def _start_deadline(self) -> None:
+    @property
+    def stalled_since(self) -> float | None:
+        """When the client last took a byte, while writing is paused (the loop's clock);
+        None while nothing waits unsent (or before the connection was admitted)."""
+        return self._last_taken_at if self._stall is not None else None
+
+    def abort(self, reason: Reason) -> None:
+        """Drop this admitted connection now, its place free at once (the transport's
+        ``connection_lost`` comes later and releases nothing twice), and count why."""
         assert self._transport is not None
+        self._cancel_stall()
+        self._release()
+        self._transport.abort()  # connection_lost follows: aiohttp cancels the handler
+        self._gates.on_aborted(reason)
+
+    def _start_deadline(self) -> None:
+        assert self._transport is not None and self._address is not None
+        self._gates.stalled[self] = self._address
         self._taken = bytes_taken(self._transport)
         self._last_taken_at = asyncio.get_running_loop().time()
         self._check_later()
@@ -185,6 +243,7 @@ class Gate(asyncio.Protocol):
         if self._stall is not None:
             self._stall.cancel()
             self._stall = None
+        self._gates.stalled.pop(self, None)
 
     def _check(self) -> None:
         assert self._transport is not None
@@ -197,5 +256,4 @@ class Gate(asyncio.Protocol):
             self._check_later()
             return
         self._stall = None
-        self._transport.abort()  # connection_lost follows: aiohttp cancels the handler
-        self._gates.on_aborted(Reason.CLIENT_STALLED)
+        self.abort(Reason.CLIENT_STALLED)
