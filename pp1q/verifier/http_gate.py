@@ -2,24 +2,23 @@
 
 Every accepted connection first meets a ``Gate``, an asyncio protocol in front of
 aiohttp's request handler. Over one client address's share of the server's connection
-bound, the connection is answered one 503 and closed unparsed, so that one client opening
-connections (or holding them for the head timeout, again and again) cannot take every
-connection from the others. With every connection held, a client whose address holds at
-least two fewer than another takes a place of that address's whose client is not reading
-(``reclaim``), so that a few addresses holding every place and reading slowly on purpose
-(which no deadline can tell from a slow honest client) cannot lock a new address out; a
-connection whose client reads is never taken, and with none to take the new connection
-gets the 503. An admitted connection's events all go to
-aiohttp, and the gate watches the one thing aiohttp leaves unbounded: a client that
-stops reading. Its answers then wait unsent, the handler waits in ``drain`` (or the
-closing transport waits to flush) for ever, holding the connection; pipelined requests
-make the answers as large as needed. The gate sets the transport's high-water mark to 0,
-so that any byte the socket does not take at once pauses writing, and from each pause
-runs a deadline of ``write_stall_s`` that each byte the client takes restarts
-(acknowledged bytes, from the kernel's TCP_INFO, checked four times a deadline); a
-client that took nothing for that long is aborted and counted. That is nginx's
-``send_timeout``: a bound on the time between two reads of the client's, not on a
-whole answer.
+bound, the connection is answered one 503 and closed unparsed, so that one client
+opening connections (or holding them for the head timeout, again and again) cannot take
+every connection from the others. Over the server's bound, too, unless ``reclaim`` finds
+it a place: a connection of an address holding at least two more whose client has taken
+none of its waiting answer for ``reclaim_stall_s``, aborted, so that a few addresses
+holding every place and reading slowly on purpose (which no deadline can tell from a
+slow honest client) cannot lock a new address out; a client seen reading at each
+progress check is never taken. An admitted connection's events all go to aiohttp, and
+the gate watches the one thing aiohttp leaves unbounded: a client that stops reading.
+Its answers then wait unsent, the handler waits in ``drain`` (or the closing transport
+waits to flush) for ever, holding the connection; pipelined requests make the answers as
+large as needed. The gate sets the transport's high-water mark to 0, so that any byte
+the socket does not take at once pauses writing, and from each pause runs a deadline of
+``write_stall_s`` that each byte the client takes restarts (acknowledged bytes, from the
+kernel's TCP_INFO, checked four times a deadline); a client that took nothing for that
+long is aborted and counted. That is nginx's ``send_timeout``: a bound on the time
+between two reads of the client's, not on a whole answer.
 """
 
 from __future__ import annotations
@@ -38,12 +37,17 @@ from pp1q.runtime.address_counts import AddressCounts, client_address
 # aborted (a client that stopped reading holds its connection for ever otherwise)
 WRITE_STALL_S = 30.0
 CHECKS_PER_DEADLINE = 4  # progress checks a deadline: aborted 30-37.5 s after the last read
+# a connection whose client has taken none of its answer for this long (as of the last
+# progress check) can be given to an address holding fewer: past one check's interval,
+# so that a client seen reading at every check (each 7.5 s) is never taken
+RECLAIM_STALL_S = 15.0
 
 
 class GateLimits(Protocol):
     max_connections: int
     max_connections_per_address: int  # 0: no per-address bound (a proxy in front)
     write_stall_s: float
+    reclaim_stall_s: float
 
 
 def refusal(message: str) -> bytes:
@@ -120,18 +124,20 @@ class Gates:
         return None
 
     def reclaim(self, address: str) -> bool:
-        """Abort a stalled connection (writing paused: its client is not taking its
-        answer) of an address holding at least two more than ``address`` (so that the two
-        then differ by at most what they did, and two addresses never take places back
-        and forth): of the address holding the most among those with one, the one that
-        has gone longest without a read. A connection whose client reads is never taken
-        (its answer is under way). True if one was aborted."""
+        """Abort a stalled connection (its answer waits unsent and its client has taken
+        none of it for ``reclaim_stall_s``) of an address holding at least two more than
+        ``address`` (so that the two then differ by at most what they did, and two
+        addresses never take places back and forth): of the address holding the most
+        among those with one, the one that has gone longest without a read. A client
+        seen reading at each progress check is never taken (its answer is under way).
+        True if one was aborted."""
         floor = self.counts.by_address.get(address, 0) + 2
+        latest = asyncio.get_running_loop().time() - self.limits.reclaim_stall_s
         victim, best = None, None
         for gate, held_by in self.stalled.items():
-            count = self.counts.by_address[held_by]
-            if count >= floor:
-                rank = (-count, gate.stalled_since)
+            count, since = self.counts.by_address[held_by], gate.stalled_since
+            if count >= floor and since is not None and since <= latest:
+                rank = (-count, since)
                 if best is None or rank < best:
                     victim, best = gate, rank
         if victim is None:

@@ -26,7 +26,7 @@ from pp1q.core.errors import Reason, ServiceError
 from pp1q.runtime.address_counts import client_address
 from pp1q.runtime.settings import DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS, MAX_HTTP_CONNECTIONS
 from pp1q.verifier.http import HttpError, as_http, error_body
-from pp1q.verifier.http_gate import WRITE_STALL_S, Gates
+from pp1q.verifier.http_gate import RECLAIM_STALL_S, WRITE_STALL_S, Gates
 
 log = logging.getLogger("pp1q.http")
 # aiohttp logs a traceback for every malformed request it answers 400: the client's fault,
@@ -67,6 +67,7 @@ class Limits:
     head_timeout_s: float = HEAD_TIMEOUT_S
     body_timeout_s: float = BODY_TIMEOUT_S
     write_stall_s: float = WRITE_STALL_S
+    reclaim_stall_s: float = RECLAIM_STALL_S
 
 
 DEFAULT_LIMITS = Limits()

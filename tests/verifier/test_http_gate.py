@@ -241,45 +241,50 @@ def _admitted(gates: Gates, peer: str) -> tuple:
 
 async def test_a_new_address_takes_a_stalled_place_from_the_address_holding_the_most():
     """Every place held: a client holding two fewer than another address takes one of
-    its places whose client is not reading (of the address holding the most, the one
-    longest without a read); one holding one fewer does not (no places taken back and
-    forth), nor does anyone where every client reads."""
+    its places whose client has taken nothing for reclaim_stall_s (of the address holding
+    the most, the one longest without a read); one holding one fewer does not (no places
+    taken back and forth), nor does anyone where every client reads or has just paused."""
     aborted: list[Reason] = []
     refused: list[Reason] = []
-    gates = Gates(Limits(max_connections=5, max_connections_per_address=0, write_stall_s=60),
-                  _Handler, on_refused=refused.append, on_aborted=aborted.append)
+    limits = Limits(max_connections=5, max_connections_per_address=0, write_stall_s=60,
+                    reclaim_stall_s=0.3)
+    gates = Gates(limits, _Handler, on_refused=refused.append, on_aborted=aborted.append)
     a = [_admitted(gates, "10.0.0.1") for _ in range(3)]
     b = [_admitted(gates, "10.0.0.2") for _ in range(2)]
     b[0][0].pause_writing()  # b's client is not reading: but b holds fewer than a
     a[2][0].pause_writing()
-    await asyncio.sleep(0.01)
-    a[1][0].pause_writing()  # a[2] has gone longer without a read
-    a[1][0].resume_writing()  # and a[1]'s client read: it is no longer stalled
+    a[1][0].pause_writing()
+    early = _admitted(gates, "10.0.0.9")  # the stalls too fresh: refused
+    assert early[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS] and aborted == []
+    await asyncio.sleep(0.35)  # past reclaim_stall_s
+    a[1][0].resume_writing()  # a[1]'s client read: its stall starts again
     a[1][0].pause_writing()
     c1 = _admitted(gates, "10.0.0.3")
-    assert aborted == [Reason.OVER_SHARE] and refused == [] and not c1[1].closed
+    assert aborted == [Reason.OVER_SHARE] and not c1[1].closed
     assert [t.aborted for _, t in a + b] == [False, False, True, False, False]
     assert gates.counts.by_address == {"10.0.0.1": 2, "10.0.0.2": 2, "10.0.0.3": 1}
     c2 = _admitted(gates, "10.0.0.3")  # c holds 1, a and b 2: refused
-    assert c2[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS]
-    d1 = _admitted(gates, "10.0.0.4")  # d holds 0: a and b hold 2; b[0] stalled first
+    assert c2[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS] * 2
+    d1 = _admitted(gates, "10.0.0.4")  # a and b hold 2; only b[0] stalled long enough
     assert [t.aborted for _, t in a + b] == [False, False, True, True, False]
     assert not d1[1].closed and aborted == [Reason.OVER_SHARE] * 2
-    e1 = _admitted(gates, "10.0.0.5")  # a[1], stalled, of the one address holding 2
+    e1 = _admitted(gates, "10.0.0.5")  # a[1] has stalled too briefly: refused
+    assert e1[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS] * 3
+    await asyncio.sleep(0.35)
+    e2 = _admitted(gates, "10.0.0.5")  # now a[1], of the one address holding 2
     assert [t.aborted for _, t in a + b] == [False, True, True, True, False]
-    assert not e1[1].closed
+    assert not e2[1].closed
     f1 = _admitted(gates, "10.0.0.6")  # one each now, and nobody stalled: refused
-    assert f1[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS] * 2
+    assert f1[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS] * 4
     assert gates.counts.by_address == {f"10.0.0.{i}": 1 for i in range(1, 6)}
-    for gate, _ in a + b + [c1, c2, d1, e1, f1]:  # what each abort leads to: nothing
-        gate.connection_lost(None)  # released twice
+    for gate, _ in a + b + [early, c1, c2, d1, e1, e2, f1]:  # what each abort leads
+        gate.connection_lost(None)  # to: nothing released twice
     assert gates.counts.open == 0 and gates.held == {} and gates.stalled == {}
 
 
 async def _slow_reader(port: int, source: str):
     """A client from ``source`` that asks for answers larger than the buffers and reads
-    them too slowly to empty them (here: not at all; the deadline is out of reach, as for
-    a client that takes a byte within each)."""
+    them too slowly to empty them (here: not at all)."""
     reader, writer = await _connect(port, source, rcvbuf=4096)
     reader._transport.pause_reading()
     writer.write(GET * PIPELINED)
@@ -293,16 +298,17 @@ async def _slow_reader(port: int, source: str):
 async def test_slow_readers_at_two_addresses_do_not_lock_a_third_out(
         make_gates, honest, monkeypatch):
     monkeypatch.setattr("pp1q.verifier.server.Gates", make_gates)
+    # the deadline out of reach, as for clients that take a byte within each
     limits = Limits(max_connections=4, max_connections_per_address=2, head_timeout_s=0.5,
-                    write_stall_s=3600.0)
+                    write_stall_s=3600.0, reclaim_stall_s=0.5)
     async with _Served(limits) as s:
         writers = [await _slow_reader(s.port, source)
                    for source in ("127.0.0.2", "127.0.0.3") for _ in range(2)]
         try:
             gates = s.server.gates
-            await until(lambda: gates.counts.open == 4 and all(
-                g.stalled_since is not None for held in gates.held.values() for g in held),
-                "the slow readers never held every place")
+            await until(lambda: gates.counts.open == 4 and len(gates.stalled) == 4,
+                        "the slow readers never held every place")
+            await asyncio.sleep(0.6)  # past reclaim_stall_s
             assert await _status(s.port) == honest
             if make_gates is Gates:
                 assert s.aborted == [Reason.OVER_SHARE] and s.refused == []
