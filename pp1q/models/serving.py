@@ -145,7 +145,7 @@ def load_drafter(settings) -> Loaded:
         target_id = ckpt.identity
     return Loaded(drafter, ckpt.tokenizer, drafter.tokenizer_digest, drafter.vocab,
                   drafter.identity, target_id, ckpt.load_seconds,
-                  draft_adapted=adapter is not None)
+                  draft_adapted=adapter is not None, max_positions=ckpt.max_positions)
 
 
 def load_target(settings, shard: Callable[[int], tuple[int, int]] | None = None,

@@ -208,8 +208,11 @@ class WorkerLink:
         self._ready = True
         self._ready_event.set()
         self._watchdog.attach(self.endpoint)
-        log.info("session %016x with worker %s:%d: wire v%d", self.endpoint.session,
-                 self.host, self.port, self.version)
+        # the context: a round whose drafts would pass it runs target-only (the drafter's
+        # own context, when the worker offered it)
+        log.info("session %016x with worker %s:%d: wire v%d, context <= %d",
+                 self.endpoint.session, self.host, self.port, self.version,
+                 self.endpoint.limits.max_context)
 
     def _go_down(self, quiet: bool = False) -> None:
         was_ready = self._ready

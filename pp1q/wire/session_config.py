@@ -13,6 +13,7 @@ from pp1q.core.q import SEMANTIC_ID
 from pp1q.core.rng import RNG_ABI_ID
 from pp1q.models.toy import ToySpec, vocab_map_id
 from pp1q.wire import Identity, Limits, WireConfig
+from pp1q.wire.limits import DEFAULT_MAX_CONTEXT
 
 VERIFIER_ID = "pp1q-standard-v1"  # ratio test + full-vocabulary residual, docs/distribution.md
 PRECISION = "fp32-le"  # q values travel as little-endian IEEE-754 binary32
@@ -40,10 +41,15 @@ def engine_identity(vocab: int, id_map_hash: str, draft_id: str, target_id: str,
 
 
 def worker_config(spec: ToySpec | Identity, versions: tuple[int, ...],
-                  max_support: int) -> WireConfig:
+                  max_support: int, drafter_positions: int | None = None) -> WireConfig:
+    """``drafter_positions``: the drafter's own context (None: none of its own, as the
+    toy's). The worker offers it as ``max_context`` so that HELLO tells the verifier,
+    which then runs target-only the rounds whose drafts would pass it (its check for
+    the target's context), instead of asking for drafts the drafter cannot place."""
+    context = min(DEFAULT_MAX_CONTEXT, drafter_positions or DEFAULT_MAX_CONTEXT)
     limits = Limits.make(vocab=spec.vocab, max_slots=WORKER_MAX_SLOTS,
                          max_depth=WORKER_MAX_DEPTH, max_support=min(max_support, spec.vocab),
-                         max_inflight=WORKER_MAX_SLOTS)
+                         max_inflight=WORKER_MAX_SLOTS, max_context=context)
     return WireConfig(identity=identity(spec), limits=limits, versions=versions)
 
 

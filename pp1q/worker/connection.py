@@ -182,8 +182,9 @@ class WorkerConnection(asyncio.BufferedProtocol):
                 self._session = ev.session  # the table bound it to this connection
                 self.transport.set_write_buffer_limits(high=write_high_water(ev.limits))
                 log.info("session %016x started: wire v%d, %d slots, depth <= %d, "
-                         "support <= %d", ev.session, ev.version, ev.limits.max_slots,
-                         ev.limits.max_depth, ev.limits.max_support)
+                         "support <= %d, context <= %d", ev.session, ev.version,
+                         ev.limits.max_slots, ev.limits.max_depth, ev.limits.max_support,
+                         ev.limits.max_context)
             elif isinstance(ev, SessionRefused):
                 log.warning("HELLO refused (%s): %s", ev.reason.value, ev.detail)
                 self.metrics.validation_failure(ev.reason)

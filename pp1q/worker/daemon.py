@@ -47,7 +47,8 @@ def _build_engine(settings: WorkerSettings):
     loaded = load_drafter(settings)
     ident = engine_identity(loaded.vocab, loaded.tokenizer_digest, loaded.draft_id,
                             loaded.target_id, loaded.draft_adapted)
-    config = worker_config(ident, settings.versions, settings.max_support)
+    config = worker_config(ident, settings.versions, settings.max_support,
+                           loaded.max_positions)
     metrics = Metrics("worker", {"draft": loaded.draft_id, "variant": loaded.engine.variant,
                                  "target": loaded.target_id,
                                  "wire_versions": ",".join(map(str, settings.versions))})
