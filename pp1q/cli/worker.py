@@ -47,6 +47,9 @@ def add_arguments(p) -> None:
                 "a connection without HELLO after S seconds is closed")
     add_setting(p, "worker", "idle_timeout_s", "S",
                 "a session that sent no STEP yet, silent for S seconds, is closed")
+    add_setting(p, "worker", "draft_kv_budget_bytes", "BYTES",
+                "a real drafter's K/V for all its requests; past it the least recently used "
+                "are dropped (counted) and prefilled again by their next STEP")
 
 
 def add_common_arguments(p, role: str) -> None:

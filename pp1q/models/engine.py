@@ -107,6 +107,11 @@ class Drafter(Engine):
     def reset(self, request: RequestKey) -> None:
         """Drop speculative tokens and their cache; the committed prefix stays."""
 
+    def kv_bytes(self, request: RequestKey) -> int:
+        """Memory ``request``'s cache holds now (0 for an unknown request, or a drafter
+        that keeps none): what the worker's K/V budget counts."""
+        return 0
+
 
 class Target(Engine):
     """A target that scores a round's requests in one batch (see the module docstring)."""

@@ -351,6 +351,12 @@ def kv_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
 
 
+def cache_bytes(cache) -> int:
+    """The bytes of the K/V ``cache`` holds for its tokens (a cropped layer may keep its
+    longer storage alive until its next append; a stacked batch's caches share one)."""
+    return sum(t.numel() * t.element_size() for pair in kv_tensors(cache) for t in pair)
+
+
 def cache_from(lm: CausalLM, kv) -> object:
     """A new DynamicCache holding ``kv`` (per layer (keys, values); [] for none)."""
     cache = lm.new_cache()

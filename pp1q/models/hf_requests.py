@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from pp1q.models.engine import RequestKey, lookup
-from pp1q.models.hf import crop
+from pp1q.models.hf import cache_bytes, crop
 from pp1q.models.ledger import Ledger
 
 
@@ -52,6 +52,10 @@ class LedgerCaches:
         if feed:
             self.lm.forward(torch.tensor([feed]), cache, last=1)
             ledger.cached = len(ledger.committed) - 1
+
+    def kv_bytes(self, request: RequestKey) -> int:
+        entry = self._requests.get(request)
+        return 0 if entry is None else cache_bytes(entry[1])
 
     def commit(self, request: RequestKey, accepted: int, token: int) -> None:
         ledger, cache = self._get(request)

@@ -50,6 +50,7 @@ from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.models.hf import (
     CausalLM,
     Checkpoint,
+    cache_bytes,
     cache_from,
     crop,
     forward_stacked,
@@ -184,8 +185,7 @@ class HFShard:
         self.cached_tokens += keep
         self.fed_tokens += len(seq) - keep
         entry.tokens = seq
-        entry.nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size()
-                           for k, v in kv_tensors(entry.cache))
+        entry.nbytes = cache_bytes(entry.cache)
         self._slots[slot] = entry  # most recently used
         self._fit_budget()
 

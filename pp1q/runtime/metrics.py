@@ -53,7 +53,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "circuit_trips": VERIFIER, "circuit_state": VERIFIER, "requests_refused": VERIFIER,
     "requests_queued": VERIFIER, "http_connections_aborted": VERIFIER,
     "metrics_connections_refused": BOTH, "metrics_connections_aborted": BOTH,
-    "connections_closed": WORKER, "drafting_aborts": WORKER,
+    "connections_closed": WORKER, "drafting_aborts": WORKER, "draft_kv_evictions": WORKER,
 }
 # Why the verifier refused a request before it took a slot (requests_refused's labels):
 # 503 for the first five, 422 for processors a rank group cannot apply exactly and for a
@@ -186,6 +186,10 @@ class Metrics:
         self.drafting_aborts = counter(
             "drafting_aborts", "STEPs the worker aborted while drafting (COMPLETION status"
             " ABORTED), by reason", ("reason",))
+        self.draft_kv_evictions = counter(
+            "draft_kv_evictions", "Drafter requests a real model's worker dropped (their "
+            "K/V) to stay under draft_kv_budget_bytes or 256 requests: their next STEP "
+            "prefills again")
         for cause in FallbackCause:  # expose zeros: a scrape shows every cause
             self.fallbacks.labels(cause=cause.value)
         for kind in StepKind:

@@ -72,6 +72,12 @@ REAL_MODEL_WATCHDOG_MS = 20000
 DEFAULT_SHARD_KV_BUDGET = 8 << 30  # 64 slots x 2800 tokens of SmolLM2-135M at 46 KB a token
 MIN_SHARD_KV_BUDGET = 1 << 20  # under ~20 tokens of that model: every round would recompute
 MAX_SHARD_KV_BUDGET = 1 << 40  # 1 TiB, above any one rank's memory: a typo, not a plan
+# the worker's drafter K/V for all its requests (pp1q.worker.engine_proposer); past it the
+# least recently used are dropped (their next STEP prefills again), and a prefill that
+# would pass it with nothing left to drop is refused (the STEP falls back, counted)
+DEFAULT_DRAFT_KV_BUDGET = 8 << 30  # ~200,000 tokens of SmolLM2-135M's exit at 28 layers
+MIN_DRAFT_KV_BUDGET = 1 << 20  # under ~25 tokens of that drafter: no prompt would fit
+MAX_DRAFT_KV_BUDGET = 1 << 40  # 1 TiB, above any one worker's memory: a typo, not a plan
 MIN_CAPTURE_BYTES = 1 << 20  # under it a capture holds a few dense frames: a typo, not a cap
 MAX_CAPTURE_BYTES = 1 << 50  # 1 PiB, above any disk: a typo, not a plan
 MAX_RANKS = 16  # vote rows grow with ranks; a tensor-parallel group is one or two nodes' GPUs
@@ -157,6 +163,8 @@ class WorkerSettings(DaemonSettings, frozen=True, kw_only=True):
         DEFAULT_MAX_PENDING_SESSIONS)
     hello_timeout_s: Positive = DEFAULT_HELLO_TIMEOUT_S
     idle_timeout_s: Positive = DEFAULT_IDLE_TIMEOUT_S
+    draft_kv_budget_bytes: Annotated[int, Meta(ge=MIN_DRAFT_KV_BUDGET,
+                                               le=MAX_DRAFT_KV_BUDGET)] = DEFAULT_DRAFT_KV_BUDGET
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -115,7 +115,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
         self.drafter.detach()  # its write hooks are ours: no cycle outlives the connection
         if self._session is not None:  # only the owner of a session: ids are unique (table)
             for slot in range(len(self.endpoint.slots)):
-                self.proposer.discard((self._session, slot))
+                self.proposer.forget((self._session, slot))  # its K/V: never reused
         self.sessions.release(self.endpoint)
         self.metrics.slots_in_use.set(self.sessions.slots_held())
         self.resume_writing()

@@ -70,6 +70,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready=None, *,
     warm_up_checks(settings, "worker")
     config, drafter, metrics = build(settings)
     proposal = proposer(drafter)
+    proposal.limit_memory(settings.draft_kv_budget_bytes, metrics.draft_kv_evictions.inc)
     host, port = parse_hostport(settings.listen)
     sessions = SessionTable(settings.peer_bounds)  # every connection, bounded
 

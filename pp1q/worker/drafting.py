@@ -95,6 +95,14 @@ class Proposer:
     def discard(self, key) -> None:
         """``key``'s proposal was discarded (RESET): drop state past the committed prefix."""
 
+    def forget(self, key) -> None:
+        """``key``'s session ended: free what is held for it (a session id is never
+        reused). The toy keeps nothing between rows."""
+
+    def limit_memory(self, kv_budget_bytes: int, on_dropped: Callable[[], None]) -> None:
+        """The worker's bound on the drafter's K/V (``draft_kv_budget_bytes``), and what to
+        call for each request dropped to keep it. The toy keeps none."""
+
     def prepare(self, step: Step, prefix: list[int]) -> Iterator[None]:
         """Work to do before the STEP's first row, one yield after each piece (the drafter
         may stop between two pieces, and a later STEP's ``prepare`` takes over from the

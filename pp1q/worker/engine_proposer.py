@@ -23,6 +23,15 @@ RESET and every read of the connection behind it, past the verifier's STEP watch
 What the drafter holds is recorded after each call, so a prefill stopped between two
 chunks leaves it consistent and the next STEP resumes it.
 
+Memory is bounded twice: by MAX_OPEN_REQUESTS requests, and by the bytes of their K/V
+(``draft_kv_budget_bytes``, given by ``limit_memory``): past either, the least recently
+used request not being brought is dropped (its next STEP prefills it again: exact,
+slower) and counted; a request whose growth would pass the budget with nothing left to
+drop (every other one mid-prefill) is dropped itself and its STEP refused
+(``draft_kv_budget``), so that no number of sessions and slots, each prefilling a long
+prompt at once, holds more. A session's requests are freed when it ends (``forget``):
+request keys hold the session id, which is never reused.
+
 The chunked prefill's logits are not bit-identical to a whole-prompt prefill's (the
 float sums run in another order: ~1e-5 on SmolLM2), but exactness does not rest on them:
 every q is built from exactly the logits the drafter returns, whatever they are, and a
@@ -32,13 +41,15 @@ prefix chunked the same way gives the same logits again (same tokens, same q).
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
+from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.q import DyadicRow
 from pp1q.models.engine import PREFILL_CHUNK, Drafter
 from pp1q.models.proposal import HostStaging, propose
+from pp1q.runtime.settings import DEFAULT_DRAFT_KV_BUDGET
 from pp1q.wire import Form, Step
 from pp1q.wire.validate import step_form
 from pp1q.worker.drafting import Proposer
@@ -62,6 +73,21 @@ class EngineProposer(Proposer):
         # evicted, or the prefill would restart. A count, not a set: a stopped bringing
         # closed after the next one began must not unmark the key the next one holds
         self._preparing: collections.Counter[tuple[int, int]] = collections.Counter()
+        self._bytes: dict[tuple[int, int], int] = {}  # K/V held per request, at its last call
+        self._total = 0  # their sum
+        self._forgotten: set[tuple[int, int]] = set()  # session gone while being brought
+        self.kv_budget = DEFAULT_DRAFT_KV_BUDGET
+        self._on_dropped: Callable[[], None] = _nothing
+
+    def limit_memory(self, kv_budget_bytes: int, on_dropped: Callable[[], None]) -> None:
+        self.kv_budget = int(kv_budget_bytes)
+        self._on_dropped = on_dropped
+
+    def forget(self, key) -> None:
+        if key in self._preparing:  # a cancelled STEP's prepare ends at its next await
+            self._forgotten.add(key)
+        elif key in self._held:
+            self._drop(key)
 
     def prefill(self, key, prefix: list[int]) -> Iterator[None]:
         """A new context, ahead of its first STEP: brought as that STEP would bring it."""
@@ -92,6 +118,9 @@ class EngineProposer(Proposer):
             self._preparing[key] -= 1
             if not self._preparing[key]:
                 del self._preparing[key]
+                if key in self._forgotten:
+                    self._forgotten.discard(key)
+                    self.forget(key)
 
     def _toward(self, key: tuple[int, int], prefix: list[int]) -> bool:
         """One engine call toward ``prefix``, from what the drafter holds now (read
@@ -120,16 +149,37 @@ class EngineProposer(Proposer):
                 committed, chunk = prefix[:PREFILL_CHUNK], True
                 self.drafter.open(key, committed)
         except BaseException:  # failed part-way: what it holds is unknown, start it over
+            self._total -= self._bytes.pop(key, 0)
             self.drafter.close(key)
             raise
         self._held[key] = (committed, [])
-        while len(self._held) > MAX_OPEN_REQUESTS:  # the least recently used, not mid-prefill
-            old = next((k for k in self._held if k not in self._preparing), None)
-            if old is None:  # all mid-prefill: at most one per live STEP, freed as they end
-                break
-            del self._held[old]
-            self.drafter.close(old)
+        size = self.drafter.kv_bytes(key)
+        self._total += size - self._bytes.get(key, 0)
+        self._bytes[key] = size
+        self._fit(key)
         return chunk
+
+    def _fit(self, key: tuple[int, int]) -> None:
+        """Drop the least recently used requests not being brought (nor ``key``) while
+        there are too many or their K/V pass the budget; past the budget with none left
+        to drop, drop ``key`` itself and refuse its growth."""
+        while len(self._held) > MAX_OPEN_REQUESTS or self._total > self.kv_budget:
+            old = next((k for k in self._held if k not in self._preparing and k != key), None)
+            if old is None:
+                break
+            self._drop(old)
+            self._on_dropped()
+        if self._total > self.kv_budget:
+            total = self._total
+            self._drop(key)
+            raise LocalProtocolError(
+                Reason.DRAFT_KV_BUDGET, f"drafter K/V of {total} bytes past draft_kv_budget_"
+                f"bytes {self.kv_budget}, every other request mid-prefill")
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        del self._held[key]
+        self._total -= self._bytes.pop(key, 0)
+        self.drafter.close(key)
 
     def rows(self, step: Step, prefix: list[int]) -> Iterator[tuple[int, DyadicRow | None]]:
         key, prefix = (step.session, step.slot), list(prefix)
@@ -167,3 +217,7 @@ class EngineProposer(Proposer):
                             temperature=step.temperature, top_k=step.top_k or None)
         for draft in propose(self.drafter, key, spec, self.staging):
             yield draft.token, draft.row
+
+
+def _nothing() -> None:
+    pass

@@ -192,3 +192,22 @@ def test_a_chunked_prefill_stopped_and_resumed_drafts_as_one_left_alone(smol64, 
     whole.open("w", ids)
     assert max_diff(whole.next_logits("w"), a.rows[0]) <= TOL
     assert max_diff(a.rows[0], full_logits(early_exit_view(smol64.model, 8), ids)[-1]) <= TOL
+
+
+def test_kv_bytes_are_the_cached_tokens_k_and_v(smol):
+    """What the worker's K/V budget counts: per cached token, each of the exit's layers
+    holds a key and a value of kv_heads x head_dim floats; nothing for an unknown or
+    closed request."""
+    cfg = smol.model.config
+    k = 28
+    drafter = HFDrafter.early_exit(smol, k)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_token = k * 2 * cfg.num_key_value_heads * head_dim * 4  # float32
+    assert drafter.kv_bytes("r") == 0
+    drafter.open("r", list(range(1, 41)))  # every committed token but the last is cached
+    assert drafter.kv_bytes("r") == 39 * per_token
+    drafter.next_logits("r")
+    drafter.next_logits("r", 7)  # the first row feeds the last committed token, then 7
+    assert drafter.kv_bytes("r") == 41 * per_token
+    drafter.close("r")
+    assert drafter.kv_bytes("r") == 0

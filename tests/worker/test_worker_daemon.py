@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from worker_harness import TIMEOUT_S, session, set_context
 
 from pp1q.core.prefix import Prefix
-from pp1q.models.toy import ToySpec, toy_pair
+from pp1q.models.toy import toy_pair
 from pp1q.runtime.settings import WorkerSettings
 from pp1q.wire import (
     Commit,
@@ -22,38 +23,15 @@ from pp1q.wire import (
     Reply,
     Reset,
     Step,
-    VerifierEndpoint,
-    context_of,
     encode,
 )
-from pp1q.wire.events import ProposalFailed, ProposalReady, SessionStarted
-from pp1q.wire.session_config import verifier_config
+from pp1q.wire.events import ProposalFailed, ProposalReady
 from pp1q.worker.daemon import serve
 from pp1q.worker.proposer import ProposalSpec, propose
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
 
 VOCAB = 32
-TIMEOUT_S = 10.0  # every exchange below takes milliseconds
-
-
-class ScriptedVerifier:
-    def __init__(self, reader, writer, endpoint: VerifierEndpoint) -> None:
-        self.reader, self.writer, self.ep = reader, writer, endpoint
-        self.received = b""  # every byte the worker sent, in order
-
-    async def events_until(self, kind) -> list:
-        """Read until an event of ``kind`` arrives; all events so far."""
-        events = []
-        while not any(isinstance(e, kind) for e in events):
-            data = await asyncio.wait_for(self.reader.read(65536), TIMEOUT_S)
-            assert data, "worker closed the connection"
-            self.received += data
-            events += self.ep.receive_data(data, 0.0)
-        return events
-
-    def send(self, msg) -> None:
-        self.writer.write(self.ep.send(msg, 0.0))
 
 
 @pytest.fixture
@@ -70,21 +48,6 @@ async def worker():
     await asyncio.wait_for(task, TIMEOUT_S)
 
 
-async def _session(port: int) -> ScriptedVerifier:
-    config = verifier_config(ToySpec(vocab=VOCAB), (2, 1), 4, 5, 32)
-    ep = VerifierEndpoint(config, session=99, step_timeout=TIMEOUT_S)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(ep.hello())
-    v = ScriptedVerifier(reader, writer, ep)
-    assert any(isinstance(e, SessionStarted) for e in await v.events_until(SessionStarted))
-    return v
-
-
-def _set_context(v: ScriptedVerifier, slot: int, generation: int, prefix: Prefix) -> None:
-    v.send(context_of(session=99, slot=slot, generation=generation, tokens=prefix.tokens,
-                      digest=prefix.digest))
-
-
 def _step(prefix: Prefix, generation: int, round_id: int, seed: int = 5, top_k: int = 8
           ) -> Step:
     last_committed = prefix.last_position
@@ -99,9 +62,9 @@ def _step(prefix: Prefix, generation: int, round_id: int, seed: int = 5, top_k: 
 @pytest.mark.parametrize("top_k,frames", [(8, [Reply] * 5 + [Completion]), (4, [Proposal])],
                          ids=["row by row", "one PROPOSAL"])
 async def test_rows_are_the_proposers_and_a_retry_is_refused_not_redrawn(worker, top_k, frames):
-    v = await _session(worker)
+    v = await session(worker, VOCAB)
     prefix = Prefix([3, 4, 5])
-    _set_context(v, 0, 1, prefix)
+    set_context(v, 0, 1, prefix)
     step = _step(prefix, 1, 1, top_k=top_k)
     v.send(step)
     ready = [e for e in await v.events_until(ProposalReady) if isinstance(e, ProposalReady)][0]
@@ -124,9 +87,9 @@ async def test_rows_are_the_proposers_and_a_retry_is_refused_not_redrawn(worker,
 
 
 async def test_commit_advances_and_reset_drops_the_slot(worker):
-    v = await _session(worker)
+    v = await session(worker, VOCAB)
     prefix = Prefix([1, 2])
-    _set_context(v, 0, 1, prefix)
+    set_context(v, 0, 1, prefix)
     step = _step(prefix, 1, 1)
     v.send(step)
     ready = [e for e in await v.events_until(ProposalReady) if isinstance(e, ProposalReady)][0]
