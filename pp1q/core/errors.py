@@ -68,7 +68,7 @@ class Reason(enum.StrEnum):
     # step is aborted (an ABORTED COMPLETION names this), never left to the watchdog
     DRAFTER_FAILED = "drafter_failed"
     # the drafter's K/V would pass the worker's draft_kv_budget_bytes with nothing left to
-    # drop (every other request mid-prefill): this request dropped, its STEP aborted
+    # drop (every other request mid-prefill or drafting): this request dropped, its STEP aborted
     DRAFT_KV_BUDGET = "draft_kv_budget"
     CONNECTION_LOST = "connection_lost"
     NO_CONTEXT = "no_context"  # a STEP for a slot whose committed context the worker lacks

@@ -25,12 +25,12 @@ chunks leaves it consistent and the next STEP resumes it.
 
 Memory is bounded twice: by MAX_OPEN_REQUESTS requests, and by the bytes of their K/V
 (``draft_kv_budget_bytes``, given by ``limit_memory``): past either, the least recently
-used request not being brought is dropped (its next STEP prefills it again: exact,
-slower) and counted; a request whose growth would pass the budget with nothing left to
-drop (every other one mid-prefill) is dropped itself and its STEP refused
-(``draft_kv_budget``), so that no number of sessions and slots, each prefilling a long
-prompt at once, holds more. A session's requests are freed when it ends (``forget``):
-request keys hold the session id, which is never reused.
+used request not in use (mid-prefill or drafting) is dropped (its next STEP prefills it
+again: exact, slower) and counted; a request whose growth would pass the budget with
+nothing left to drop (every other one in use: mid-prefill or drafting) is dropped itself
+and its STEP refused (``draft_kv_budget``), so that no number of sessions and slots,
+each prefilling a long prompt at once, holds more. A session's requests are freed when
+it ends (``forget``): request keys hold the session id, which is never reused.
 
 The chunked prefill's logits are not bit-identical to a whole-prompt prefill's (the
 float sums run in another order: ~1e-5 on SmolLM2), but exactness does not rest on them:
@@ -68,14 +68,15 @@ class EngineProposer(Proposer):
         # (session, slot) -> (committed tokens, drafts of the last proposal), LRU order
         self._held: collections.OrderedDict[tuple[int, int], tuple[list[int], list[int]]] = (
             collections.OrderedDict())
-        # keys a prefill or a STEP's prepare is bringing to a prefix right now, with how
-        # many such bringings are open (between two chunks the loop runs other STEPs): never
-        # evicted, or the prefill would restart. A count, not a set: a stopped bringing
-        # closed after the next one began must not unmark the key the next one holds
-        self._preparing: collections.Counter[tuple[int, int]] = collections.Counter()
+        # keys in use right now, with how many users: a prefill or a STEP's prepare
+        # bringing them to a prefix, a STEP drafting rows from them (between two chunks or
+        # rows the loop runs other STEPs): never dropped, or the prefill would restart and
+        # the rows fail. A count, not a set: a stopped bringing closed after the next one
+        # began must not unmark the key the next one holds
+        self._busy: collections.Counter[tuple[int, int]] = collections.Counter()
         self._bytes: dict[tuple[int, int], int] = {}  # K/V held per request, at its last call
         self._total = 0  # their sum
-        self._forgotten: set[tuple[int, int]] = set()  # session gone while being brought
+        self._forgotten: set[tuple[int, int]] = set()  # session gone while in use
         self.kv_budget = DEFAULT_DRAFT_KV_BUDGET
         self._on_dropped: Callable[[], None] = _nothing
 
@@ -84,7 +85,7 @@ class EngineProposer(Proposer):
         self._on_dropped = on_dropped
 
     def forget(self, key) -> None:
-        if key in self._preparing:  # a cancelled STEP's prepare ends at its next await
+        if key in self._busy:  # a cancelled STEP's prepare or rows end at its next await
             self._forgotten.add(key)
         elif key in self._held:
             self._drop(key)
@@ -105,7 +106,7 @@ class EngineProposer(Proposer):
         chunks, then t alone), so its logits may differ in the last float bits from a
         prefill of the whole: every q is still built from the logits it had."""
         prefix = list(prefix)
-        self._preparing[key] += 1
+        self._busy[key] += 1
         try:
             while True:
                 chunk = self._toward(key, prefix)
@@ -115,12 +116,15 @@ class EngineProposer(Proposer):
                 if done:
                     return
         finally:  # done, failed, or closed by a step that stopped (then evictable again)
-            self._preparing[key] -= 1
-            if not self._preparing[key]:
-                del self._preparing[key]
-                if key in self._forgotten:
-                    self._forgotten.discard(key)
-                    self.forget(key)
+            self._unbusy(key)
+
+    def _unbusy(self, key: tuple[int, int]) -> None:
+        self._busy[key] -= 1
+        if not self._busy[key]:
+            del self._busy[key]
+            if key in self._forgotten:  # its session ended meanwhile
+                self._forgotten.discard(key)
+                self.forget(key)
 
     def _toward(self, key: tuple[int, int], prefix: list[int]) -> bool:
         """One engine call toward ``prefix``, from what the drafter holds now (read
@@ -160,11 +164,11 @@ class EngineProposer(Proposer):
         return chunk
 
     def _fit(self, key: tuple[int, int]) -> None:
-        """Drop the least recently used requests not being brought (nor ``key``) while
+        """Drop the least recently used requests not in use (nor ``key``) while
         there are too many or their K/V pass the budget; past the budget with none left
         to drop, drop ``key`` itself and refuse its growth."""
         while len(self._held) > MAX_OPEN_REQUESTS or self._total > self.kv_budget:
-            old = next((k for k in self._held if k not in self._preparing and k != key), None)
+            old = next((k for k in self._held if k not in self._busy and k != key), None)
             if old is None:
                 break
             self._drop(old)
@@ -174,7 +178,7 @@ class EngineProposer(Proposer):
             self._drop(key)
             raise LocalProtocolError(
                 Reason.DRAFT_KV_BUDGET, f"drafter K/V of {total} bytes past draft_kv_budget_"
-                f"bytes {self.kv_budget}, every other request mid-prefill")
+                f"bytes {self.kv_budget}, every other request in use")
 
     def _drop(self, key: tuple[int, int]) -> None:
         del self._held[key]
@@ -193,13 +197,17 @@ class EngineProposer(Proposer):
         # k-th is extended
         drafts = self._held[key][1]
         prev = None
-        for i, (token, row) in enumerate(self._chain(step, key)):
-            if prev is not None:
-                drafts.append(prev)
-            if i + 1 == step.depth:
-                drafts.append(token)
-            yield token, row
-            prev = token
+        self._busy[key] += 1  # the STEP awaits between rows: its request stays
+        try:
+            for i, (token, row) in enumerate(self._chain(step, key)):
+                if prev is not None:
+                    drafts.append(prev)
+                if i + 1 == step.depth:
+                    drafts.append(token)
+                yield token, row
+                prev = token
+        finally:
+            self._unbusy(key)
 
     def _chain(self, step: Step, key: tuple[int, int]) -> Iterator[tuple[int, DyadicRow | None]]:
         """The STEP's (x_i, q_i): argmaxes for a v1 token-only STEP, else sampled rows."""

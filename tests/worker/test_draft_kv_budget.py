@@ -167,3 +167,28 @@ async def test_the_daemon_bounds_its_proposer_and_frees_a_closed_sessions_slots(
     finally:
         stop.set()
         await asyncio.wait_for(task, TIMEOUT_S)
+
+
+def test_a_request_drafting_rows_is_not_dropped_for_another_ones_growth():
+    """A STEP awaits between its rows (the peer reads slowly): meanwhile another
+    request's prefill passes the budget; the drafting one is in use, so the grower is
+    refused and the draft goes on; its session's end frees it once the rows stop."""
+    proposer, drafter, dropped = _proposer(budget_tokens=PREFILL_CHUNK * 2)
+    a, b = (1, 0), (1, 1)
+    prompt_a = _prompt(PREFILL_CHUNK, 1)
+    rows = proposer.rows(_step(a, prompt_a), prompt_a)
+    next(rows)  # a's first row: a holds one chunk
+    pieces = proposer.prefill(b, _prompt(PREFILL_CHUNK * 2, 2))
+    next(pieces)  # b: one chunk, at the budget
+    with pytest.raises(LocalProtocolError) as e:
+        next(pieces)  # b's second chunk: a is drafting, b is refused
+    assert e.value.reason is Reason.DRAFT_KV_BUDGET and dropped == []
+    assert len(list(rows)) == 2  # a's other rows (depth 3) come from its request
+    proposer.forget(a)
+    assert drafter.held() == set()
+    rows = proposer.rows(_step(a, prompt_a, round_id=2), prompt_a)
+    next(rows)
+    proposer.forget(a)  # the session ends mid-draft
+    assert drafter.held() == {a}
+    rows.close()
+    assert drafter.held() == set() and proposer._total == 0

@@ -181,7 +181,7 @@ async def test_a_context_and_its_step_in_one_read_prefill_nothing_twice():
     finally:
         ticking.cancel()
     _check_drafted(events)
-    assert not conn.proposer._preparing
+    assert not conn.proposer._busy
     assert len(prompt_calls(log, KEY)) == CHUNKS
 
 
@@ -200,9 +200,9 @@ async def test_a_reset_and_a_new_context_mid_prepare_keep_the_new_prefill_unevic
         for _ in range(30):
             await asyncio.sleep(0)
             if conn.drafter.prefills and not conn.drafter.prefills[0][0].done():
-                seen.append(KEY in conn.proposer._preparing)
+                seen.append(KEY in conn.proposer._busy)
         assert seen and all(seen), seen
         await until(lambda: not conn.drafter.prefills)
     finally:
         ticking.cancel()
-    assert not conn.proposer._preparing
+    assert not conn.proposer._busy
