@@ -55,8 +55,8 @@ from pp1q.wire.validate import step_form
 from pp1q.worker.drafting import Proposer
 from pp1q.worker.proposer import ProposalSpec
 
-# drafter requests (KV caches) kept; beyond, the least recently used is freed, never
-# one being prefilled (between its chunks: at most one a slot of a live session)
+# drafter requests (KV caches) kept; beyond, the least recently used is freed, never one
+# in use (mid-prefill or drafting: at most one a slot of a live session)
 MAX_OPEN_REQUESTS = 256
 
 
