@@ -107,7 +107,7 @@ class Reason(enum.StrEnum):
     # HTTP: a client read none of its response for write_stall_s; its connection aborted
     CLIENT_STALLED = "client_stalled"
     # HTTP: every connection held, and a client holding at least two fewer than this
-    # one's address arrived: this one, not taking its answer, gave its place up
+    # one's address arrived: this one, taking its answer too slowly, gave its place up
     OVER_SHARE = "over_share"
     # -- the HTTP client (pp1q.tools.client) --
     UNREACHABLE = "unreachable"  # no answer from the verifier's HTTP API

@@ -6,15 +6,15 @@ bound, the connection is answered one 503 and closed unparsed, so that one clien
 opening connections (or holding them for the head timeout, again and again) cannot take
 every connection from the others. Over the server's bound, too, unless ``reclaim`` finds
 it a place: a connection of an address holding at least two more whose client has taken
-none of its waiting answer for ``reclaim_stall_s``, aborted, so that a few addresses
-holding every place and reading slowly on purpose (which no deadline can tell from a
-slow honest client) cannot lock a new address out; a client seen reading at each
-progress check is never taken. An admitted connection's events all go to aiohttp, and
-the gate watches the one thing aiohttp leaves unbounded: a client that stops reading.
-Its answers then wait unsent, the handler waits in ``drain`` (or the closing transport
-waits to flush) for ever, holding the connection; pipelined requests make the answers as
-large as needed. The gate sets the transport's high-water mark to 0, so that any byte
-the socket does not take at once pauses writing, and from each pause runs a deadline of
+its waiting answer slower than RECLAIM_MIN_BPS for ``reclaim_stall_s``, aborted, so that
+a few addresses holding every place and reading slowly on purpose (which no deadline can
+tell from a slow honest client) cannot lock a new address out; a client reading faster
+is never taken. An admitted connection's events all go to aiohttp, and the gate watches
+the one thing aiohttp leaves unbounded: a client that stops reading. Its answers then
+wait unsent, the handler waits in ``drain`` (or the closing transport waits to flush)
+for ever, holding the connection; pipelined requests make the answers as large as
+needed. The gate sets the transport's high-water mark to 0, so that any byte the socket
+does not take at once pauses writing, and from each pause runs a deadline of
 ``write_stall_s`` that each byte the client takes restarts (acknowledged bytes, from the
 kernel's TCP_INFO, checked four times a deadline); a client that took nothing for that
 long is aborted and counted. That is nginx's ``send_timeout``: a bound on the time
@@ -37,10 +37,18 @@ from pp1q.runtime.address_counts import AddressCounts, client_address
 # aborted (a client that stopped reading holds its connection for ever otherwise)
 WRITE_STALL_S = 30.0
 CHECKS_PER_DEADLINE = 4  # progress checks a deadline: aborted 30-37.5 s after the last read
-# a connection whose client has taken none of its answer for this long (as of the last
-# progress check) can be given to an address holding fewer: past one check's interval,
-# so that a client seen reading at every check (each 7.5 s) is never taken
+# a connection whose client has taken its waiting answer slower than RECLAIM_MIN_BPS for
+# this long (as of the progress checks) can be given to an address holding fewer: two
+# checks' intervals, so that one slow interval (a pause, a busy client) is not enough
 RECLAIM_STALL_S = 15.0
+# the slowest honest reading a full server protects: 16 KiB/s (128 kbit/s). A client
+# taking a few bytes before each check (the write-stall deadline's proof of life) is
+# below it, so holding every place that way costs an attacker 512 x 16 KiB/s of reading
+RECLAIM_MIN_BPS = 16 << 10
+# after a reclaim scan found no connection to take, newcomers holding as many or more
+# are refused without one for this long: a flood of refused connections costs one scan
+# of the stalled connections per interval, not one each
+RECLAIM_SCAN_GAP_S = 0.1
 
 
 class GateLimits(Protocol):
@@ -108,6 +116,7 @@ class Gates:
         # the admitted connections whose writing is paused, by gate: their address (only
         # these can be reclaimed; kept apart so that a refusal need not scan every place)
         self.stalled: dict[Gate, str] = {}
+        self._no_victim = (0.0, 0)  # (until when, for newcomers' floors from this one up)
 
     def __call__(self) -> Gate:
         return Gate(self)
@@ -124,23 +133,27 @@ class Gates:
         return None
 
     def reclaim(self, address: str) -> bool:
-        """Abort a stalled connection (its answer waits unsent and its client has taken
-        none of it for ``reclaim_stall_s``) of an address holding at least two more than
-        ``address`` (so that the two then differ by at most what they did, and two
-        addresses never take places back and forth): of the address holding the most
-        among those with one, the one that has gone longest without a read. A client
-        seen reading at each progress check is never taken (its answer is under way).
-        True if one was aborted."""
+        """Abort a slow connection (its answer waits unsent and its client has taken it
+        slower than RECLAIM_MIN_BPS for ``reclaim_stall_s``) of an address holding at
+        least two more than ``address`` (so that the two then differ by at most what they
+        did, and two addresses never take places back and forth): of the address holding
+        the most among those with one, the one slow the longest. A client reading faster
+        is never taken (its answer is under way). True if one was aborted."""
         floor = self.counts.by_address.get(address, 0) + 2
-        latest = asyncio.get_running_loop().time() - self.limits.reclaim_stall_s
+        now = asyncio.get_running_loop().time()
+        until, from_floor = self._no_victim
+        if now < until and floor >= from_floor:
+            return False  # scanned a moment ago for as wide a floor: nothing to take
+        latest = now - self.limits.reclaim_stall_s
         victim, best = None, None
         for gate, held_by in self.stalled.items():
-            count, since = self.counts.by_address[held_by], gate.stalled_since
+            count, since = self.counts.by_address[held_by], gate.slow_since
             if count >= floor and since is not None and since <= latest:
                 rank = (-count, since)
                 if best is None or rank < best:
                     victim, best = gate, rank
         if victim is None:
+            self._no_victim = (now + RECLAIM_SCAN_GAP_S, floor)
             return False
         victim.abort(Reason.OVER_SHARE)
         return True
@@ -163,7 +176,9 @@ class Gate(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._stall: asyncio.TimerHandle | None = None
         self._taken = 0  # bytes_taken at the last check
-        self._last_taken_at = 0.0  # when that was (the loop's clock)
+        self._last_taken_at = 0.0  # when it last grew (the loop's clock)
+        self._checked_at = 0.0  # when the last check (or the pause) was
+        self._slow_since: float | None = None  # since when every check found it slow
 
     def connection_made(self, transport) -> None:
         self._transport = transport
@@ -217,10 +232,11 @@ class Gate(asyncio.Protocol):
             self._address = None
 
     @property
-    def stalled_since(self) -> float | None:
-        """When the client last took a byte, while writing is paused (the loop's clock);
-        None while nothing waits unsent (or before the connection was admitted)."""
-        return self._last_taken_at if self._stall is not None else None
+    def slow_since(self) -> float | None:
+        """While writing is paused: since when the client has taken its answer slower
+        than RECLAIM_MIN_BPS at every check (from the pause on, until a check finds it
+        faster); None while nothing waits unsent (or before the connection was admitted)."""
+        return self._slow_since if self._stall is not None else None
 
     def abort(self, reason: Reason) -> None:
         """Drop this admitted connection now, its place free at once (the transport's
@@ -235,7 +251,8 @@ class Gate(asyncio.Protocol):
         assert self._transport is not None and self._address is not None
         self._gates.stalled[self] = self._address
         self._taken = bytes_taken(self._transport)
-        self._last_taken_at = asyncio.get_running_loop().time()
+        now = asyncio.get_running_loop().time()
+        self._last_taken_at = self._checked_at = self._slow_since = now
         self._check_later()
 
     def _check_later(self) -> None:
@@ -257,7 +274,12 @@ class Gate(asyncio.Protocol):
         taken = bytes_taken(self._transport)
         if taken > self._taken:  # the client took some: the clock restarts
             self._last_taken_at = now
-        self._taken = taken  # (the fallback's count also falls when more is written)
+        if taken - self._taken >= RECLAIM_MIN_BPS * (now - self._checked_at):
+            self._slow_since = None  # reading at a pace a full server protects
+        elif self._slow_since is None:
+            self._slow_since = self._checked_at
+        self._taken, self._checked_at = taken, now  # (the fallback's count also falls
+        # when more is written)
         if now - self._last_taken_at < self._gates.limits.write_stall_s:
             self._check_later()
             return

@@ -188,22 +188,24 @@ async def test_the_deadline_runs_from_a_pause_to_its_resume_only():
     unsent; a deadline in which it took nothing aborts the connection."""
     aborted: list[Reason] = []
     handlers: list[_Handler] = []
-    limits = Limits(write_stall_s=0.2)
+    # margins of 4x between the sleeps and the deadline: a loaded CI machine's sleeps
+    # overshoot (a 0.2 s deadline with 0.15 s sleeps failed once at load average 6)
+    limits = Limits(write_stall_s=0.8)
     gates = Gates(limits, lambda: handlers.append(_Handler()) or handlers[-1],
                   on_aborted=aborted.append)
     gate, transport = gates(), _Transport()
     gate.connection_made(transport)
     gate.data_received(b"GET / HTTP/1.1\r\n\r\n")
-    for _ in range(3):  # each pause resumed before its deadline, 0.3 s of pauses in all
+    for _ in range(3):  # each pause resumed before its deadline, 0.6 s of pauses in all
         gate.pause_writing()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
         gate.resume_writing()
-    await asyncio.sleep(0.3)  # past any deadline a pause could have left running
+    await asyncio.sleep(1.1)  # past any deadline a pause could have left running
     assert not transport.aborted and aborted == []
     assert transport.high == 0  # any byte unsent pauses writing
     gate.pause_writing()
-    for _ in range(3):  # paused for 0.45 s, but the client takes some within each 0.2 s
-        await asyncio.sleep(0.15)
+    for _ in range(6):  # paused for 1.2 s, but the client takes some within each 0.8 s
+        await asyncio.sleep(0.2)
         transport.buffered -= 100
     assert not transport.aborted and aborted == []
     await until(lambda: transport.aborted, "a connection that took nothing stayed")
@@ -280,6 +282,80 @@ async def test_a_new_address_takes_a_stalled_place_from_the_address_holding_the_
     for gate, _ in a + b + [early, c1, c2, d1, e1, e2, f1]:  # what each abort leads
         gate.connection_lost(None)  # to: nothing released twice
     assert gates.counts.open == 0 and gates.held == {} and gates.stalled == {}
+
+
+class _Reading(_Transport):
+    """A client that takes ``pace`` bytes of its waiting answer between two looks: a
+    progress check sees it read that much, however the loop's timers fall."""
+
+    def __init__(self, peer: str, pace: int) -> None:
+        super().__init__(peer)
+        self.pace = pace
+        self.buffered = 1 << 40
+
+    def get_write_buffer_size(self) -> int:
+        self.buffered -= self.pace
+        return self.buffered
+
+
+async def test_a_drip_feeding_reader_is_taken_and_a_fast_one_is_not():
+    """Readers that take a byte before every progress check keep their connections
+    from the write-stall deadline, but not from a newcomer: below RECLAIM_MIN_BPS they
+    are slow. A client reading its waiting answer fast is never taken."""
+    aborted: list[Reason] = []
+    refused: list[Reason] = []
+    limits = Limits(max_connections=4, max_connections_per_address=0, write_stall_s=0.4,
+                    reclaim_stall_s=0.25)  # checks every 0.1 s
+    gates = Gates(limits, _Handler, on_refused=refused.append, on_aborted=aborted.append)
+
+    def reader(peer: str, pace: int):
+        gate, transport = gates(), _Reading(peer, pace)
+        gate.connection_made(transport)
+        gate.pause_writing()
+        return gate, transport
+
+    fast = [reader("10.0.0.1", 10**6) for _ in range(2)]  # 10 MB a check
+    drip = [reader("10.0.0.2", 1) for _ in range(2)]  # a byte a check
+    await asyncio.sleep(0.7)  # past the deadline: none stalled, each took bytes
+    assert aborted == [] and all(g.slow_since is not None for g, _ in drip)
+    assert all(g.slow_since is None for g, _ in fast)
+    newcomer = _admitted(gates, "10.0.0.3")
+    assert aborted == [Reason.OVER_SHARE] and not newcomer[1].closed
+    assert [t.aborted for _, t in fast + drip] == [False, False, True, False]
+    other = _admitted(gates, "10.0.0.4")  # only the fast readers hold two now
+    assert other[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS]
+    for gate, _ in fast + drip + [newcomer, other]:
+        gate.connection_lost(None)
+    assert gates.counts.open == 0 and gates.stalled == {}
+
+
+class _CountedScans(dict):
+    """The stalled table, counting the scans reclaim makes of it."""
+
+    scans = 0
+
+    def items(self):
+        self.scans += 1
+        return super().items()
+
+
+async def test_a_flood_of_refused_newcomers_costs_one_scan_an_interval():
+    refused: list[Reason] = []
+    gates = Gates(Limits(max_connections=8, max_connections_per_address=0),
+                  _Handler, on_refused=refused.append)
+    gates.stalled = _CountedScans()
+    held = [_admitted(gates, "10.0.0.1") for _ in range(8)]
+    for gate, _ in held:  # every place stalled, none for long enough to be taken
+        gate.pause_writing()
+    for i in range(200):
+        _admitted(gates, f"10.1.{i // 250}.{i % 250}")
+    assert refused == [Reason.TOO_MANY_CONNECTIONS] * 200
+    assert gates.stalled.scans == 1  # the first newcomer's; the rest within the gap
+    await asyncio.sleep(0.15)  # past RECLAIM_SCAN_GAP_S
+    _admitted(gates, "10.2.0.1")
+    assert gates.stalled.scans == 2
+    for gate, _ in held:
+        gate.connection_lost(None)
 
 
 async def _slow_reader(port: int, source: str):
