@@ -157,16 +157,17 @@ class EngineProposer(Proposer):
             self.drafter.close(key)
             raise
         self._held[key] = (committed, [])
-        size = self.drafter.kv_bytes(key)
-        self._total += size - self._bytes.get(key, 0)
-        self._bytes[key] = size
+        self._recount(key)
         self._fit(key)
         return chunk
 
     def _fit(self, key: tuple[int, int]) -> None:
         """Drop the least recently used requests not in use (nor ``key``) while
         there are too many or their K/V pass the budget; past the budget with none left
-        to drop, drop ``key`` itself and refuse its growth."""
+        to drop, or with ``key`` alone past it (dropping the others would not make it
+        fit), drop ``key`` itself and refuse its growth."""
+        if self._bytes[key] > self.kv_budget:
+            self._refuse(key)
         while len(self._held) > MAX_OPEN_REQUESTS or self._total > self.kv_budget:
             old = next((k for k in self._held if k not in self._busy and k != key), None)
             if old is None:
@@ -174,11 +175,14 @@ class EngineProposer(Proposer):
             self._drop(old)
             self._on_dropped()
         if self._total > self.kv_budget:
-            total = self._total
-            self._drop(key)
-            raise LocalProtocolError(
-                Reason.DRAFT_KV_BUDGET, f"drafter K/V of {total} bytes past draft_kv_budget_"
-                f"bytes {self.kv_budget}, every other request in use")
+            self._refuse(key)
+
+    def _refuse(self, key: tuple[int, int]) -> None:
+        mine, total = self._bytes[key], self._total
+        self._drop(key)
+        raise LocalProtocolError(
+            Reason.DRAFT_KV_BUDGET, f"drafter K/V of {total} bytes ({mine} this request's) "
+            f"past draft_kv_budget_bytes {self.kv_budget}")
 
     def _drop(self, key: tuple[int, int]) -> None:
         del self._held[key]
@@ -207,7 +211,14 @@ class EngineProposer(Proposer):
                 yield token, row
                 prev = token
         finally:
+            self._recount(key)  # the drafts' K/V, counted (the next call fits the budget)
             self._unbusy(key)
+
+    def _recount(self, key: tuple[int, int]) -> None:
+        if key in self._held:
+            size = self.drafter.kv_bytes(key)
+            self._total += size - self._bytes.get(key, 0)
+            self._bytes[key] = size
 
     def _chain(self, step: Step, key: tuple[int, int]) -> Iterator[tuple[int, DyadicRow | None]]:
         """The STEP's (x_i, q_i): argmaxes for a v1 token-only STEP, else sampled rows."""
