@@ -16,6 +16,7 @@ from aiohttp import web
 from daemon_harness import Pair
 from fake_decider import FakeDecider
 from fake_worker import FakeWorker
+from http_gate_harness import GET, FedTransport, RecordingHandler, Served, admitted, connect, status
 from link_harness import PROMPT, WAIT_S, linked, until
 from wire_helpers import config
 
@@ -27,12 +28,9 @@ from pp1q.tools.chaos.rig import value
 from pp1q.verifier.daemon import routes
 from pp1q.verifier.http_gate import Gates
 from pp1q.verifier.scheduler import Scheduler
-from pp1q.verifier.server import HttpServer, Limits
+from pp1q.verifier.server import Limits
 
 pytestmark = pytest.mark.daemons  # binds servers on 127.0.0.1
-
-GET = b"GET /small HTTP/1.1\r\nHost: a\r\n\r\n"
-
 
 def _send_buffer_max() -> int:
     """The most a socket's send buffer grows to here (Linux's tcp_wmem; 4 MiB default)."""
@@ -48,55 +46,9 @@ def _send_buffer_max() -> int:
 PIPELINED = 2 * _send_buffer_max() // 280
 
 
-class _Served:
-    """An HttpServer on 127.0.0.1 with one small route, recording what the gate counts."""
-
-    def __init__(self, limits: Limits, routes_: dict | None = None) -> None:
-        self.refused: list[Reason] = []
-        self.aborted: list[Reason] = []
-
-        async def small(_request):
-            return 200, {"pad": "x" * 200}
-
-        self.server = HttpServer(routes_ or {("GET", "/small"): small}, limits,
-                                 on_refused=self.refused.append, on_aborted=self.aborted.append)
-
-    async def __aenter__(self):
-        self.port = await self.server.start("127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.server.close()
-
-
-async def _connect(port: int, source: str = "127.0.0.1", rcvbuf: int | None = None):
-    """A client connection from ``source`` (any 127/8 address is this machine's)."""
-    sock = socket.socket()
-    if rcvbuf is not None:  # before connecting: the window it offers stays this small
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.bind((source, 0))
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    return await asyncio.open_connection(sock=sock, limit=1024)
-
-
-async def _status(port: int, source: str = "127.0.0.1") -> tuple[int, str]:
-    """One GET /small from ``source``: the status and, for an error, its code."""
-    reader, writer = await _connect(port, source)
-    try:
-        writer.write(GET)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length"))
-        body = json.loads(await asyncio.wait_for(reader.readexactly(length), WAIT_S))
-        return int(head.split(b" ")[1]), body.get("error", {}).get("code", "")
-    finally:
-        writer.close()
-
-
 async def _stalling_client(port: int):
     """Pipelines PIPELINED requests and never reads an answer."""
-    reader, writer = await _connect(port, rcvbuf=4096)
+    reader, writer = await connect(port, rcvbuf=4096)
     reader._transport.pause_reading()  # the client reads nothing, not even into its buffer
     writer.write(GET * PIPELINED)
     return writer
@@ -110,7 +62,7 @@ async def test_clients_that_stop_reading_lose_their_connections(stall_s, honest)
     # an idle connection closes after head_timeout_s: one still open past it is stuck
     limits = Limits(max_connections=3, max_connections_per_address=0, head_timeout_s=0.5,
                     write_stall_s=stall_s)
-    async with _Served(limits) as s:
+    async with Served(limits) as s:
         writers = [await _stalling_client(s.port) for _ in range(3)]
         try:
             gates = s.server.gates
@@ -124,62 +76,10 @@ async def test_clients_that_stop_reading_lose_their_connections(stall_s, honest)
             else:
                 await asyncio.sleep(1.5)  # past the head timeout: nothing left them
                 assert s.aborted == [] and gates.counts.open == 3
-            assert await _status(s.port) == honest
+            assert await status(s.port) == honest
         finally:
             for w in writers:
                 w.close()
-
-
-class _Transport:
-    """What a Gate uses of a transport: its peer, its buffer, its marks, abort. With no
-    socket the gate's proof that the client reads is the buffer going down."""
-
-    def __init__(self, peer: str = "127.0.0.1") -> None:
-        self.peer = (peer, 40000)
-        self.aborted = self.closed = False
-        self.sent = b""
-        self.buffered = 1000  # bytes the "client" has not taken
-        self.high: int | None = None
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self.high = high
-
-    def get_write_buffer_size(self) -> int:
-        return self.buffered
-
-    def get_extra_info(self, name: str):
-        return self.peer if name == "peername" else None
-
-    def write(self, data: bytes) -> None:
-        self.sent += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.aborted = True
-
-
-class _Handler(asyncio.Protocol):
-    """aiohttp's handler's place: records the events the gate hands on."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def connection_made(self, transport) -> None:
-        self.events.append("made")
-
-    def data_received(self, data: bytes) -> None:
-        self.events.append("data")
-
-    def pause_writing(self) -> None:
-        self.events.append("pause")
-
-    def resume_writing(self) -> None:
-        self.events.append("resume")
-
-    def connection_lost(self, exc) -> None:
-        self.events.append("lost")
 
 
 async def test_the_deadline_runs_from_a_pause_to_its_resume_only():
@@ -187,13 +87,13 @@ async def test_the_deadline_runs_from_a_pause_to_its_resume_only():
     the deadline starts again, and runs again while the client takes some of what is
     unsent; a deadline in which it took nothing aborts the connection."""
     aborted: list[Reason] = []
-    handlers: list[_Handler] = []
+    handlers: list[RecordingHandler] = []
     # margins of 4x between the sleeps and the deadline: a loaded CI machine's sleeps
     # overshoot (a 0.2 s deadline with 0.15 s sleeps failed once at load average 6)
     limits = Limits(write_stall_s=0.8)
-    gates = Gates(limits, lambda: handlers.append(_Handler()) or handlers[-1],
+    gates = Gates(limits, lambda: handlers.append(RecordingHandler()) or handlers[-1],
                   on_aborted=aborted.append)
-    gate, transport = gates(), _Transport()
+    gate, transport = gates(), FedTransport()
     gate.connection_made(transport)
     gate.data_received(b"GET / HTTP/1.1\r\n\r\n")
     for _ in range(3):  # each pause resumed before its deadline, 0.6 s of pauses in all
@@ -220,7 +120,7 @@ async def test_a_handler_that_fails_to_start_gives_its_place_back():
         raise RuntimeError("no handler")
 
     gates = Gates(Limits(), broken)
-    gate, transport = gates(), _Transport()
+    gate, transport = gates(), FedTransport()
     with pytest.raises(RuntimeError):
         gate.connection_made(transport)
     assert transport.aborted and gates.counts.open == 0 and gates.counts.by_address == {}
@@ -235,12 +135,6 @@ class _NoReclaim(Gates):
         return False
 
 
-def _admitted(gates: Gates, peer: str) -> tuple:
-    gate, transport = gates(), _Transport(peer)
-    gate.connection_made(transport)
-    return gate, transport
-
-
 async def test_a_new_address_takes_a_stalled_place_from_the_address_holding_the_most():
     """Every place held: a client holding two fewer than another address takes one of
     its places whose client has taken nothing for reclaim_stall_s (of the address holding
@@ -250,33 +144,33 @@ async def test_a_new_address_takes_a_stalled_place_from_the_address_holding_the_
     refused: list[Reason] = []
     limits = Limits(max_connections=5, max_connections_per_address=0, write_stall_s=60,
                     reclaim_stall_s=0.3)
-    gates = Gates(limits, _Handler, on_refused=refused.append, on_aborted=aborted.append)
-    a = [_admitted(gates, "10.0.0.1") for _ in range(3)]
-    b = [_admitted(gates, "10.0.0.2") for _ in range(2)]
+    gates = Gates(limits, RecordingHandler, on_refused=refused.append, on_aborted=aborted.append)
+    a = [admitted(gates, "10.0.0.1") for _ in range(3)]
+    b = [admitted(gates, "10.0.0.2") for _ in range(2)]
     b[0][0].pause_writing()  # b's client is not reading: but b holds fewer than a
     a[2][0].pause_writing()
     a[1][0].pause_writing()
-    early = _admitted(gates, "10.0.0.9")  # the stalls too fresh: refused
+    early = admitted(gates, "10.0.0.9")  # the stalls too fresh: refused
     assert early[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS] and aborted == []
     await asyncio.sleep(0.35)  # past reclaim_stall_s
     a[1][0].resume_writing()  # a[1]'s client read: its stall starts again
     a[1][0].pause_writing()
-    c1 = _admitted(gates, "10.0.0.3")
+    c1 = admitted(gates, "10.0.0.3")
     assert aborted == [Reason.OVER_SHARE] and not c1[1].closed
     assert [t.aborted for _, t in a + b] == [False, False, True, False, False]
     assert gates.counts.by_address == {"10.0.0.1": 2, "10.0.0.2": 2, "10.0.0.3": 1}
-    c2 = _admitted(gates, "10.0.0.3")  # c holds 1, a and b 2: refused
+    c2 = admitted(gates, "10.0.0.3")  # c holds 1, a and b 2: refused
     assert c2[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS] * 2
-    d1 = _admitted(gates, "10.0.0.4")  # a and b hold 2; only b[0] stalled long enough
+    d1 = admitted(gates, "10.0.0.4")  # a and b hold 2; only b[0] stalled long enough
     assert [t.aborted for _, t in a + b] == [False, False, True, True, False]
     assert not d1[1].closed and aborted == [Reason.OVER_SHARE] * 2
-    e1 = _admitted(gates, "10.0.0.5")  # a[1] has stalled too briefly: refused
+    e1 = admitted(gates, "10.0.0.5")  # a[1] has stalled too briefly: refused
     assert e1[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS] * 3
     await asyncio.sleep(0.35)
-    e2 = _admitted(gates, "10.0.0.5")  # now a[1], of the one address holding 2
+    e2 = admitted(gates, "10.0.0.5")  # now a[1], of the one address holding 2
     assert [t.aborted for _, t in a + b] == [False, True, True, True, False]
     assert not e2[1].closed
-    f1 = _admitted(gates, "10.0.0.6")  # one each now, and nobody stalled: refused
+    f1 = admitted(gates, "10.0.0.6")  # one each now, and nobody stalled: refused
     assert f1[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS] * 4
     assert gates.counts.by_address == {f"10.0.0.{i}": 1 for i in range(1, 6)}
     for gate, _ in a + b + [early, c1, c2, d1, e1, e2, f1]:  # what each abort leads
@@ -284,7 +178,7 @@ async def test_a_new_address_takes_a_stalled_place_from_the_address_holding_the_
     assert gates.counts.open == 0 and gates.held == {} and gates.stalled == {}
 
 
-class _Reading(_Transport):
+class _Reading(FedTransport):
     """A client that takes ``pace`` bytes of its waiting answer between two looks: a
     progress check sees it read that much, however the loop's timers fall."""
 
@@ -306,7 +200,7 @@ async def test_a_drip_feeding_reader_is_taken_and_a_fast_one_is_not():
     refused: list[Reason] = []
     limits = Limits(max_connections=4, max_connections_per_address=0, write_stall_s=0.4,
                     reclaim_stall_s=0.25)  # checks every 0.1 s
-    gates = Gates(limits, _Handler, on_refused=refused.append, on_aborted=aborted.append)
+    gates = Gates(limits, RecordingHandler, on_refused=refused.append, on_aborted=aborted.append)
 
     def reader(peer: str, pace: int):
         gate, transport = gates(), _Reading(peer, pace)
@@ -319,10 +213,10 @@ async def test_a_drip_feeding_reader_is_taken_and_a_fast_one_is_not():
     await asyncio.sleep(0.7)  # past the deadline: none stalled, each took bytes
     assert aborted == [] and all(g.slow_since is not None for g, _ in drip)
     assert all(g.slow_since is None for g, _ in fast)
-    newcomer = _admitted(gates, "10.0.0.3")
+    newcomer = admitted(gates, "10.0.0.3")
     assert aborted == [Reason.OVER_SHARE] and not newcomer[1].closed
     assert [t.aborted for _, t in fast + drip] == [False, False, True, False]
-    other = _admitted(gates, "10.0.0.4")  # only the fast readers hold two now
+    other = admitted(gates, "10.0.0.4")  # only the fast readers hold two now
     assert other[1].closed and refused == [Reason.TOO_MANY_CONNECTIONS]
     for gate, _ in fast + drip + [newcomer, other]:
         gate.connection_lost(None)
@@ -342,17 +236,17 @@ class _CountedScans(dict):
 async def test_a_flood_of_refused_newcomers_costs_one_scan_an_interval():
     refused: list[Reason] = []
     gates = Gates(Limits(max_connections=8, max_connections_per_address=0),
-                  _Handler, on_refused=refused.append)
+                  RecordingHandler, on_refused=refused.append)
     gates.stalled = _CountedScans()
-    held = [_admitted(gates, "10.0.0.1") for _ in range(8)]
+    held = [admitted(gates, "10.0.0.1") for _ in range(8)]
     for gate, _ in held:  # every place stalled, none for long enough to be taken
         gate.pause_writing()
     for i in range(200):
-        _admitted(gates, f"10.1.{i // 250}.{i % 250}")
+        admitted(gates, f"10.1.{i // 250}.{i % 250}")
     assert refused == [Reason.TOO_MANY_CONNECTIONS] * 200
     assert gates.stalled.scans == 1  # the first newcomer's; the rest within the gap
     await asyncio.sleep(0.15)  # past RECLAIM_SCAN_GAP_S
-    _admitted(gates, "10.2.0.1")
+    admitted(gates, "10.2.0.1")
     assert gates.stalled.scans == 2
     for gate, _ in held:
         gate.connection_lost(None)
@@ -361,7 +255,7 @@ async def test_a_flood_of_refused_newcomers_costs_one_scan_an_interval():
 async def _slow_reader(port: int, source: str):
     """A client from ``source`` that asks for answers larger than the buffers and reads
     them too slowly to empty them (here: not at all)."""
-    reader, writer = await _connect(port, source, rcvbuf=4096)
+    reader, writer = await connect(port, source, rcvbuf=4096)
     reader._transport.pause_reading()
     writer.write(GET * PIPELINED)
     return writer
@@ -377,7 +271,7 @@ async def test_slow_readers_at_two_addresses_do_not_lock_a_third_out(
     # the deadline out of reach, as for clients that take a byte within each
     limits = Limits(max_connections=4, max_connections_per_address=2, head_timeout_s=0.5,
                     write_stall_s=3600.0, reclaim_stall_s=0.5)
-    async with _Served(limits) as s:
+    async with Served(limits) as s:
         writers = [await _slow_reader(s.port, source)
                    for source in ("127.0.0.2", "127.0.0.3") for _ in range(2)]
         try:
@@ -385,7 +279,7 @@ async def test_slow_readers_at_two_addresses_do_not_lock_a_third_out(
             await until(lambda: gates.counts.open == 4 and len(gates.stalled) == 4,
                         "the slow readers never held every place")
             await asyncio.sleep(0.6)  # past reclaim_stall_s
-            assert await _status(s.port) == honest
+            assert await status(s.port) == honest
             if make_gates is Gates:
                 assert s.aborted == [Reason.OVER_SHARE] and s.refused == []
             else:
@@ -409,12 +303,12 @@ def test_the_address_a_connection_counts_against(peer, counted_as):
 
 async def test_a_refused_connection_is_answered_and_never_reaches_the_handler():
     refused: list[Reason] = []
-    made: list[_Handler] = []
-    gates = Gates(Limits(max_connections=1), lambda: made.append(_Handler()) or made[-1],
+    made: list[RecordingHandler] = []
+    gates = Gates(Limits(max_connections=1), lambda: made.append(RecordingHandler()) or made[-1],
                   on_refused=refused.append)
     first, second = gates(), gates()
-    first.connection_made(_Transport())
-    transport = _Transport("10.0.0.9")
+    first.connection_made(FedTransport())
+    transport = FedTransport("10.0.0.9")
     second.connection_made(transport)
     second.data_received(b"GET / HTTP/1.1\r\n\r\n")
     second.pause_writing()  # no deadline for a connection never admitted
@@ -436,8 +330,8 @@ async def test_a_client_that_reads_slowly_keeps_its_connection():
     async def big(_request):
         return web.Response(body=b"x" * size)
 
-    async with _Served(Limits(write_stall_s=1.0), {("GET", "/big"): big}) as s:
-        reader, writer = await _connect(s.port, rcvbuf=4096)
+    async with Served(Limits(write_stall_s=1.0), {("GET", "/big"): big}) as s:
+        reader, writer = await connect(s.port, rcvbuf=4096)
         writer.write(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
         got = 0  # bytes of the body
         try:
@@ -457,15 +351,15 @@ async def test_a_client_that_reads_slowly_keeps_its_connection():
 
 async def test_one_address_gets_its_share_of_the_connections():
     limits = Limits(max_connections=8, max_connections_per_address=2, head_timeout_s=10)
-    async with _Served(limits) as s:
-        held = [await _connect(s.port) for _ in range(2)]
+    async with Served(limits) as s:
+        held = [await connect(s.port) for _ in range(2)]
         await until(lambda: s.server.gates.counts.open == 2, "never admitted")
-        assert await _status(s.port) == (503, "busy")
+        assert await status(s.port) == (503, "busy")
         assert s.refused == [Reason.TOO_MANY_CONNECTIONS_FROM_ADDRESS]
-        assert await _status(s.port, "127.0.0.2") == (200, "")  # another client is served
+        assert await status(s.port, "127.0.0.2") == (200, "")  # another client is served
         held[0][1].close()
         await until(lambda: s.server.gates.counts.by_address == {"127.0.0.1": 1}, "never released")
-        assert await _status(s.port) == (200, "")  # a place of its own again
+        assert await status(s.port) == (200, "")  # a place of its own again
         held[1][1].close()
         await until(lambda: s.server.gates.counts.by_address == {},
                     "the table kept a closed address")
@@ -473,13 +367,13 @@ async def test_one_address_gets_its_share_of_the_connections():
 
 async def test_no_per_address_bound_when_it_is_zero():
     limits = Limits(max_connections=4, max_connections_per_address=0, head_timeout_s=10)
-    async with _Served(limits) as s:
-        held = [await _connect(s.port) for _ in range(3)]
-        assert await _status(s.port) == (200, "")
+    async with Served(limits) as s:
+        held = [await connect(s.port) for _ in range(3)]
+        assert await status(s.port) == (200, "")
         await until(lambda: s.server.gates.counts.open == 3, "a closed connection kept its place")
-        held.append(await _connect(s.port))
+        held.append(await connect(s.port))
         await until(lambda: s.server.gates.counts.open == 4, "never admitted")
-        assert await _status(s.port) == (503, "busy")  # the server's bound still holds
+        assert await status(s.port) == (503, "busy")  # the server's bound still holds
         assert s.refused == [Reason.TOO_MANY_CONNECTIONS]
         for _, w in held:
             w.close()
@@ -504,13 +398,13 @@ async def test_a_streamed_client_that_stops_reading_frees_its_slot_then_its_conn
     metrics = Metrics("verifier")
     async with linked(worker, metrics) as link:
         scheduler = Scheduler(link, FakeDecider(), metrics, slots=1, depth=3, text=_WideText())
-        served = _Served(Limits(write_stall_s=2.0),
+        served = Served(Limits(write_stall_s=2.0),
                          routes(VerifierSettings(), link, scheduler, config(versions=(2,))))
         async with served as s:
             assert await link.wait_ready(WAIT_S)
             body = json.dumps({"prompt": PROMPT, "max_tokens": 64, "temperature": 0,
                                "stream": True}).encode()
-            reader, writer = await _connect(s.port, rcvbuf=4096)
+            reader, writer = await connect(s.port, rcvbuf=4096)
             reader._transport.pause_reading()
             writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                          b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
