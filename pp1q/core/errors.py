@@ -109,6 +109,9 @@ class Reason(enum.StrEnum):
     # HTTP: every connection held, and a client holding at least two fewer than this
     # one's address arrived: this one, taking its answer too slowly, gave its place up
     OVER_SHARE = "over_share"
+    # HTTP: the same, but this one was idle, waiting for its client's next request:
+    # closed with no answer lost
+    IDLE_OVER_SHARE = "idle_over_share"
     # -- the HTTP client (pp1q.tools.client) --
     UNREACHABLE = "unreachable"  # no answer from the verifier's HTTP API
     BAD_RESPONSE = "bad_response"  # an answer that is not the API's JSON

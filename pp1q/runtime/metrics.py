@@ -63,7 +63,7 @@ REFUSED_REQUESTS = (Reason.QUEUE_FULL, Reason.STOPPING, Reason.TOO_MANY_CONNECTI
                     Reason.TOO_MANY_QUEUED_FROM_ADDRESS, Reason.UNSUPPORTED_PROCESSORS,
                     Reason.CONTEXT_LENGTH_EXCEEDED)
 # Why the verifier aborted an HTTP connection it had admitted (http_connections_aborted)
-ABORTED_CONNECTIONS = (Reason.CLIENT_STALLED, Reason.OVER_SHARE)
+ABORTED_CONNECTIONS = (Reason.CLIENT_STALLED, Reason.OVER_SHARE, Reason.IDLE_OVER_SHARE)
 
 
 class Metrics:

@@ -5,12 +5,15 @@ aiohttp's request handler. Over one client address's share of the server's conne
 bound, the connection is answered one 503 and closed unparsed, so that one client
 opening connections (or holding them for the head timeout, again and again) cannot take
 every connection from the others. Over the server's bound, too, unless ``reclaim`` finds
-it a place: a connection of an address holding at least two more whose client has taken
-its waiting answer slower than RECLAIM_MIN_BPS for ``reclaim_stall_s``, aborted, so that
-a few addresses holding every place and reading slowly on purpose (which no deadline can
-tell from a slow honest client) cannot lock a new address out; a client reading faster
-is never taken. An admitted connection's events all go to aiohttp, and the gate watches
-the one thing aiohttp leaves unbounded: a client that stops reading. Its answers then
+it a place: a connection of an address holding at least two more that is idle (waiting
+for its next request: closing it loses nothing, as nginx drains its idle keep-alive
+connections when full) or whose client has taken its waiting answer slower than
+RECLAIM_MIN_BPS for ``reclaim_stall_s``, aborted, so that a few addresses holding every
+place, cycling cheap requests or reading slowly on purpose (which no deadline can tell
+from a slow honest client), cannot lock a new address out; a connection whose request
+is being answered, to a client reading at a fair pace, is never taken. An admitted
+connection's events all go to aiohttp, and the gate watches the one thing aiohttp
+leaves unbounded: a client that stops reading. Its answers then
 wait unsent, the handler waits in ``drain`` (or the closing transport waits to flush)
 for ever, holding the connection; pipelined requests make the answers as large as
 needed. The gate sets the transport's high-water mark to 0, so that any byte the socket
@@ -99,14 +102,19 @@ class Gates:
     ``make_handler()``: aiohttp's protocol for an admitted connection;
     ``on_refused(reason)``: a connection answered 503 unparsed;
     ``on_aborted(reason)``: an admitted connection aborted (``Reason.CLIENT_STALLED``,
-    ``Reason.OVER_SHARE``).
+    ``Reason.OVER_SHARE``, ``Reason.IDLE_OVER_SHARE``);
+    ``waiting_for_request(handler)``: whether the handler ``make_handler`` made is idle,
+    waiting for its connection's next request with nothing in progress (the gate sees
+    bytes, not requests; without it no idle connection is taken).
     """
 
     def __init__(self, limits: GateLimits, make_handler: Callable[[], asyncio.Protocol],
                  on_refused: Callable[[Reason], None] | None = None,
-                 on_aborted: Callable[[Reason], None] | None = None) -> None:
+                 on_aborted: Callable[[Reason], None] | None = None,
+                 waiting_for_request: Callable[[asyncio.Protocol], bool] | None = None) -> None:
         self.limits = limits
         self.make_handler = make_handler
+        self.waiting_for_request = waiting_for_request or (lambda _handler: False)
         self.on_refused = on_refused or (lambda _reason: None)
         self.on_aborted = on_aborted or (lambda _reason: None)
         self.counts = AddressCounts(limits.max_connections, limits.max_connections_per_address)
@@ -133,18 +141,33 @@ class Gates:
         return None
 
     def reclaim(self, address: str) -> bool:
-        """Abort a slow connection (its answer waits unsent and its client has taken it
-        slower than RECLAIM_MIN_BPS for ``reclaim_stall_s``) of an address holding at
-        least two more than ``address`` (so that the two then differ by at most what they
-        did, and two addresses never take places back and forth): of the address holding
-        the most among those with one, the one slow the longest. A client reading faster
-        is never taken (its answer is under way). True if one was aborted."""
+        """Abort a connection of an address holding at least two more than ``address``
+        (so that the two then differ by at most what they did, and two addresses never
+        take places back and forth): of the address holding the most among those with
+        one to take, an idle one (waiting for its next request) or else the one slow the
+        longest (its answer waits unsent and its client has taken it slower than
+        RECLAIM_MIN_BPS for ``reclaim_stall_s``). A connection whose request is being
+        answered, to a client reading faster, is never taken. True if one was aborted."""
         floor = self.counts.by_address.get(address, 0) + 2
         now = asyncio.get_running_loop().time()
         until, from_floor = self._no_victim
         if now < until and floor >= from_floor:
             return False  # scanned a moment ago for as wide a floor: nothing to take
-        latest = now - self.limits.reclaim_stall_s
+        slow, slow_count = self._slowest(floor, now - self.limits.reclaim_stall_s)
+        idle, idle_count = self._idle(max(floor, slow_count))
+        if idle is not None:  # from an address holding as many as the slow one's, or more
+            idle.abort(Reason.IDLE_OVER_SHARE)
+            return True
+        if slow is not None:
+            slow.abort(Reason.OVER_SHARE)
+            return True
+        self._no_victim = (now + RECLAIM_SCAN_GAP_S, floor)
+        return False
+
+    def _slowest(self, floor: int, latest: float) -> tuple[Gate | None, int]:
+        """The slow connection to take of addresses holding ``floor`` or more: of the
+        address holding the most, the one slow since the earliest (no later than
+        ``latest``); and how many its address holds (0: none)."""
         victim, best = None, None
         for gate, held_by in self.stalled.items():
             count, since = self.counts.by_address[held_by], gate.slow_since
@@ -152,11 +175,18 @@ class Gates:
                 rank = (-count, since)
                 if best is None or rank < best:
                     victim, best = gate, rank
-        if victim is None:
-            self._no_victim = (now + RECLAIM_SCAN_GAP_S, floor)
-            return False
-        victim.abort(Reason.OVER_SHARE)
-        return True
+        return victim, (-best[0] if best is not None else 0)
+
+    def _idle(self, floor: int) -> tuple[Gate | None, int]:
+        """An idle connection of the address holding the most among those holding
+        ``floor`` or more with one (its oldest), and how many that address holds."""
+        by_count = sorted(((count, address) for address, count in self.counts.by_address.items()
+                           if count >= floor), reverse=True)
+        for count, address in by_count:
+            for gate in self.held[address]:
+                if gate.idle:
+                    return gate, count
+        return None, 0
 
     def release(self, gate: Gate, address: str) -> None:
         self.counts.release(address)
@@ -230,6 +260,14 @@ class Gate(asyncio.Protocol):
         if self._address is not None:
             self._gates.release(self, self._address)
             self._address = None
+
+    @property
+    def idle(self) -> bool:
+        """Admitted, nothing waiting unsent, and aiohttp waiting for the next request:
+        aborting it loses no answer (a client mid-way through a request head loses that
+        head, as at aiohttp's head timeout)."""
+        return (self._inner is not None and self._address is not None and self._stall is None
+                and self._gates.waiting_for_request(self._inner))
 
     @property
     def slow_since(self) -> float | None:

@@ -50,6 +50,16 @@ CONNECTIONS_CLOSE_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable["tuple[int, object] | web.StreamResponse"]]
 
+
+def waiting_for_request(handler: asyncio.Protocol) -> bool:
+    """Whether aiohttp's handler for a connection is idle: no request queued or being
+    answered, waiting for the next (its keep-alive close's own test, on its private
+    ``_waiter``; tests/verifier/test_http_idle.py pins it to the aiohttp installed). On an
+    aiohttp without it no connection is ever idle: none is taken for a newcomer as idle."""
+    waiter = getattr(handler, "_waiter", None)
+    return waiter is not None and not waiter.done()
+
+
 # aiohttp's own refusals (router, body size), as the API's error codes
 _CODE_OF = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
             400: "bad_request", 408: "body_timeout"}
@@ -160,7 +170,8 @@ class HttpServer:
             max_line_size=lim.max_line_bytes, max_field_size=lim.max_line_bytes,
             max_headers=lim.max_headers, lingering_time=1.0, shutdown_timeout=HANDLER_GRACE_S)
         await self._runner.setup()
-        self.gates = Gates(lim, self._runner.server, self.on_refused, self.on_aborted)
+        self.gates = Gates(lim, self._runner.server, self.on_refused, self.on_aborted,
+                           waiting_for_request)
         self._server = await asyncio.get_running_loop().create_server(
             self.gates, host, port, backlog=min(lim.max_connections, 1024))
         return self._server.sockets[0].getsockname()[1]
