@@ -5,6 +5,9 @@
 - ``verifier.replay_verifier(path, target=...)``: the worker's frames through a fresh
   in-memory ``VerifierEndpoint`` driven by the verifier's own frames; events, commits
   and divergences; with a target, every validated round is decided again.
+- ``answers``, ``step_match``, ``answer_matcher``, ``live_script``, ``live_report``: the
+  sans-IO core of
+  the replay against a live worker (worker frames compared per STEP).
 """
 
 from pp1q.tools.replay.reverify import Reverifier, target_from_identity
