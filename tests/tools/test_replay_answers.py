@@ -200,15 +200,20 @@ def test_a_capture_against_itself_matches_every_step(name):
     from pp1q.tools.replay.live_script import Captured, Send, script
 
     header, recs = read_capture(DATA / f"{name}.pp1qcap")
-    m = AnswerMatcher()
+    m, slots, most = AnswerMatcher(), set(), 0
     for act in script(header.role, recs):
         if isinstance(act, Send):
             if act.opens:
                 m.open(act.conn)
             m.sent(act.conn, act.message)
+            if isinstance(act.message, Step):
+                slots.add(act.message.slot)
         elif isinstance(act, Captured):
             m.captured(act.conn, act.answer)
             m.live(act.conn, act.answer)
+        most = max([most, *map(len, m._steps.values())])
     m.close_all()
     assert m.report.ok, m.report.lines()
     assert m.report.outcomes[Outcome.MATCHED] > 0
+    steps = sum(m.report.outcomes.values())
+    assert steps > len(slots) and most <= len(slots) + 1  # open steps and the handshake

@@ -23,6 +23,10 @@ class AnswerMatcher:
         self._stray: dict[int, StepDivergence] = {}  # conn -> a divergence outside a step
         self._refusals: dict[int, Answer] = {}  # conn -> the live worker's session REFUSAL
         self._captured_refusals: set[int] = set()  # conns whose capture shows one too
+        # (conn, slot) -> (generation, round) of its newest step already settled and let
+        # go: what a connection holds is its slots' open steps, not its whole history
+        self._floor: dict[tuple[int, int], tuple[int, int]] = {}
+        self._diverged: set[int] = set()  # conns with a step let go diverged
 
     def open(self, conn: int) -> None:
         self._steps[conn] = {HANDSHAKE: StepMatch(conn, HANDSHAKE)}
@@ -35,6 +39,7 @@ class AnswerMatcher:
         """A captured verifier frame went to the live worker."""
         steps = self._steps[conn]
         if isinstance(msg, Step):
+            self._settle(conn, msg.slot)
             key = (msg.slot, msg.generation, msg.round_id)
             steps.setdefault(key, StepMatch(conn, key)).sent = True
         elif isinstance(msg, Reset):  # every generation up to it is dead on that slot:
@@ -49,7 +54,10 @@ class AnswerMatcher:
         steps = self._steps[conn]
         if a.refused_session:
             self._captured_refusals.add(conn)
-        if a.key not in steps:  # answering a STEP the capture does not show (it began later)
+        if a.key not in steps:
+            if self._settled(conn, a.key):
+                return  # a late frame of a step its verifier had given up on
+            # answering a STEP the capture does not show (it began later)
             steps[a.key] = StepMatch(conn, a.key)
         steps[a.key].add_captured(a)
 
@@ -57,6 +65,8 @@ class AnswerMatcher:
         """A frame the live worker sent; False once it sent what no replay can keep (a
         frame for a step never sent, or too many for one step): stop reading."""
         s = self._steps[conn].get(a.key)
+        if s is None and self._settled(conn, a.key):
+            return True  # a late frame of a step settled (reset) already: not compared
         if s is None:
             self.stray(conn, f"live {a.label()} for s{a.key[0]} g{a.key[1]} r{a.key[2]}, "
                              "a step the replay never sent")
@@ -76,7 +86,7 @@ class AnswerMatcher:
 
     def diverged(self, conn: int) -> bool:
         """Some answer on ``conn`` already differs (what follows may differ for that)."""
-        return conn in self._stray or any(
+        return conn in self._stray or conn in self._diverged or any(
             s.divergence is not None for s in self._steps.get(conn, {}).values())
 
     def refused(self, conn: int) -> str | None:
@@ -86,6 +96,30 @@ class AnswerMatcher:
             return None
         return f"{a.field('reason')}: {a.field('detail')}"
 
+    def _settle(self, conn: int, slot: int) -> None:
+        """A new STEP on ``slot``: its earlier steps whose answers are over (they are, but
+        for a worker still sending a reset one) get their outcomes and are let go."""
+        steps = self._steps[conn]
+        for key, s in list(steps.items()):
+            if key is not HANDSHAKE and key[0] == slot and s.settled:
+                self._record(s)
+                del steps[key]
+                self._floor[(conn, slot)] = max(self._floor.get((conn, slot), key[1:]),
+                                                key[1:])
+
+    def _settled(self, conn: int, key) -> bool:
+        floor = self._floor.get((conn, key[0])) if key is not HANDSHAKE else None
+        return floor is not None and key[1:] <= floor
+
+    def _record(self, s: StepMatch) -> None:
+        outcome = s.finish()
+        if s.key is HANDSHAKE and outcome is Outcome.MATCHED:
+            return  # a session, not a step: counted only when it differs
+        self.report.outcomes[outcome] += 1
+        if s.divergence is not None:
+            self.report.divergences.append(s.divergence)
+            self._diverged.add(s.conn)
+
     def close(self, conn: int) -> None:
         """No more frames on ``conn``, captured or live: every step gets its outcome."""
         steps = self._steps.pop(conn, None)
@@ -93,13 +127,11 @@ class AnswerMatcher:
             return
         self._refusals.pop(conn, None)
         self._captured_refusals.discard(conn)
+        for where in [w for w in self._floor if w[0] == conn]:
+            del self._floor[where]
         for s in steps.values():
-            outcome = s.finish()
-            if s.key is HANDSHAKE and outcome is Outcome.MATCHED:
-                continue  # a session, not a step: counted only when it differs
-            self.report.outcomes[outcome] += 1
-            if s.divergence is not None:
-                self.report.divergences.append(s.divergence)
+            self._record(s)
+        self._diverged.discard(conn)
         stray = self._stray.pop(conn, None)
         if stray is not None:  # after the steps: often their consequence
             self.report.divergences.append(stray)

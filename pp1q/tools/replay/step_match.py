@@ -99,6 +99,14 @@ class StepMatch:
         state tables take the next frame (a COMMIT) only once it has finished."""
         return self.n_captured > self.n_live and not self.live_ended and not self.reset
 
+    @property
+    def settled(self) -> bool:
+        """Nothing more of it is expected on either side that could change its outcome."""
+        if self.divergence is not None:
+            return self.live_ended or self.reset
+        return ((self.captured_ended or self.reset) and (self.live_ended or self.reset)
+                and not self.held)
+
     def _compare(self) -> None:
         if self.divergence is not None:
             self.captured.clear()
