@@ -9,6 +9,7 @@ HELP = "decode a capture file (--capture) like a protocol analyser, or replay it
 
 EXIT_DIVERGED = 1  # the replay endpoint refused or re-encoded a captured frame differently
 EXIT_BAD_CAPTURE = 2  # corrupt, truncated or unknown capture file
+EXIT_NO_WORKER = 3  # --worker: unreachable, refused the session, closed, or silent
 FOLLOW_POLL_S = 0.2  # --follow: how often to look for appended records
 
 
@@ -35,6 +36,14 @@ def add_arguments(p) -> None:
                    help="keep reading as the daemon appends (Ctrl-C ends; not with --verify)")
     p.add_argument("--allow-truncated", action="store_true",
                    help="read a capture cut inside its last record (daemon killed mid-write)")
+    p.add_argument("--worker", metavar="HOST:PORT",
+                   help="send the capture's verifier frames to a live worker daemon (plain "
+                        "TCP) and compare its answers with the captured ones: tokens, q "
+                        "rows, positions, frame kinds; exit 1 on a divergence, 3 when the "
+                        "worker is unreachable, refuses the session, or is silent")
+    p.add_argument("--wait-s", type=float, default=None, metavar="S",
+                   help="with --worker: how long to wait for each answer the capture shows "
+                        "before the next frame is sent (default 5)")
 
 
 def run(args) -> int:
@@ -43,10 +52,12 @@ def run(args) -> int:
     try:
         reader = CaptureReader(args.file, allow_truncated=args.allow_truncated,
                                follow_s=FOLLOW_POLL_S if args.follow else 0.0)
-        if args.follow and (args.verify or args.reverify):
-            print("pp1q replay: --follow reads as it goes; --verify needs the whole capture",
-                  file=sys.stderr)
+        if args.follow and (args.verify or args.reverify or args.worker):
+            print("pp1q replay: --follow reads as it goes; --verify and --worker need the "
+                  "whole capture", file=sys.stderr)
             return 2
+        if args.worker is not None:
+            return _live(args, reader)
         code = _verify(args, reader) if args.verify or args.reverify else _analyse(args, reader)
     except KeyboardInterrupt:  # --follow ends here
         return 0
@@ -158,6 +169,43 @@ def _verify(args, reader) -> int:
         if report.not_rechecked:
             summary += f" ({report.not_rechecked} rounds without captured context)"
     print(summary)
+    return 0 if report.ok else EXIT_DIVERGED
+
+
+def _live(args, reader) -> int:
+    import asyncio
+
+    from pp1q.core.errors import ConfigError
+    from pp1q.runtime.settings import parse_hostport
+    from pp1q.tools.replay.live import DEFAULT_WAIT_S, LiveError, replay_live
+
+    wait_s = DEFAULT_WAIT_S if args.wait_s is None else args.wait_s
+    if args.verify or args.reverify:
+        print("pp1q replay: --worker replays against a live worker; --verify and "
+              "--reverify against an in-memory one: one at a time", file=sys.stderr)
+        return 2
+    if not 0 < wait_s <= 3600:
+        print(f"pp1q replay: --wait-s {wait_s:g}: not within (0, 3600] seconds",
+              file=sys.stderr)
+        return 2
+    try:
+        host, port = parse_hostport(args.worker, "--worker")
+    except ConfigError as e:
+        print(f"pp1q replay: {e}", file=sys.stderr)
+        return 2
+    try:
+        report = asyncio.run(replay_live(reader.header.role, reader, host, port,
+                                         wait_s=wait_s))
+    except LiveError as e:
+        sys.stdout.flush()
+        print(f"pp1q replay: {e}", file=sys.stderr)
+        return EXIT_NO_WORKER
+    if reader.truncated is not None:
+        print(f"pp1q replay: warning: {reader.truncated}; read up to there", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=1))
+    else:
+        print("\n".join(report.lines()))
     return 0 if report.ok else EXIT_DIVERGED
 
 

@@ -248,3 +248,17 @@ def test_connections_open_at_once_are_bounded_and_closed_ones_let_go(capsys, tmp
     many = [(Kind.OPEN, Direction.NONE, c, opened) for c in range(1, MAX_OPEN_CONNECTIONS + 2)]
     code, out, err = _run(capsys, _crafted(tmp_path, *many))
     assert code == 2 and f"more than {MAX_OPEN_CONNECTIONS} connections open" in err
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--worker", "nohost"], "--worker 'nohost' is not HOST:PORT"),
+    (["--worker", "127.0.0.1:1", "--verify"], "one at a time"),
+    (["--worker", "127.0.0.1:1", "--wait-s", "0"], "--wait-s 0: not within"),
+    (["--worker", "127.0.0.1:1", "--wait-s", "nan"], "--wait-s nan: not within"),
+    (["--worker", "127.0.0.1:1", "--follow"], "--worker need the whole capture"),
+], ids=["address", "verify", "zero-wait", "nan-wait", "follow"])
+def test_worker_option_refusals_are_one_line_and_exit_two(capsys, argv, why):
+    """``--worker`` (the live replay, tests/tools/test_replay_live.py) refuses what it
+    cannot do before connecting anywhere."""
+    code, _, err = _run(capsys, DATA / "clean_v2.pp1qcap", *argv)
+    assert code == 2 and why in err and len(err.strip().splitlines()) == 1, err

@@ -1,0 +1,202 @@
+"""``pp1q replay FILE --worker HOST:PORT``: the verifier's side of a capture against a
+live worker over TCP, its answers compared with the captured ones.
+
+The thin asyncio part: one TCP connection per captured connection, opened at its HELLO
+(the captured frame itself, session id included: the worker answers a session, not a
+verifier), the captured verifier frames written in order, the worker's frames read
+with a ``FrameDecoder`` by one task per connection and handed to the ``AnswerMatcher``
+(sans-IO: ``answer_matcher.py``, ``step_match.py``, ``answers.py``). Before each frame
+it writes, the replay waits for the answers the capture shows before it
+(``AnswerMatcher.owed``), at most ``wait_s`` each time.
+
+A worker that cannot be reached, refuses the session the capture shows accepted,
+closes the connection or leaves an answer unsent for ``wait_s`` raises ``LiveError``
+(``pp1q replay`` exit status 3): nothing after it can be compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+
+from pp1q.core.errors import RemoteProtocolError
+from pp1q.runtime.capture import Record, Role
+from pp1q.tools.replay.answer_matcher import AnswerMatcher
+from pp1q.tools.replay.answers import answer_of
+from pp1q.tools.replay.live_report import LiveReport
+from pp1q.tools.replay.live_script import Broken, Captured, Close, Send, script
+from pp1q.wire import FrameDecoder, Hello, HelloAnswer, Limits
+
+DEFAULT_WAIT_S = 5.0  # per wait for owed answers: a toy round takes milliseconds
+READ_BYTES = 1 << 20  # one read's most (a dense row at vocabulary 129280 is 517 KB)
+CLOSE_WAIT_S = 1.0  # for our end of a connection to close
+
+
+class LiveError(Exception):
+    """The live worker cannot be replayed against: one line for the operator."""
+
+
+def _step(key) -> str:
+    return "the HELLO" if key is None else f"STEP s{key[0]} g{key[1]} r{key[2]}"
+
+
+class LiveLink:
+    """One live connection, standing for one captured connection."""
+
+    def __init__(self, conn: int, worker: str, matcher: AnswerMatcher, limits: Limits,
+                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.conn, self.worker, self.matcher = conn, worker, matcher
+        self.reader, self.writer = reader, writer
+        self.decoder = FrameDecoder(limits)  # the captured HELLO's, as the verifier's
+        self.arrived = asyncio.Event()  # a frame came, or the stream ended
+        self.ended = False  # the worker closed the connection
+        self.given_up = False  # we stopped reading: what it sent cannot be compared
+        self._task = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def connect(cls, conn: int, host: str, port: int, matcher: AnswerMatcher,
+                      hello: Hello, wait_s: float) -> LiveLink:
+        worker = f"{host}:{port}"
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=READ_BYTES), wait_s)
+        except TimeoutError:
+            raise LiveError(f"worker {worker} unreachable: no connection within "
+                            f"{wait_s:g} s") from None
+        except OSError as e:
+            raise LiveError(f"worker {worker} unreachable: {e.strerror or e}") from None
+        return cls(conn, worker, matcher, hello.limits, reader, writer)
+
+    async def _read(self) -> None:
+        try:
+            while not self.given_up:
+                data = await self.reader.read(READ_BYTES)
+                if not data:
+                    break
+                self._frames(data)
+                self.arrived.set()
+        except OSError:
+            pass  # reset by the worker: the same as its close here
+        finally:
+            self.ended = True
+            self.arrived.set()
+
+    def _frames(self, data: bytes) -> None:
+        try:
+            for frame in self.decoder.iter_frames(data):
+                msg = frame.message
+                if isinstance(msg, HelloAnswer) and msg.limits.max_context:
+                    self.decoder.limits = msg.limits  # the session's, as on the endpoints
+                if not self.matcher.live(self.conn, answer_of(frame)):
+                    self.given_up = True
+                    return
+        except RemoteProtocolError as e:
+            self.matcher.stray(self.conn, f"the live worker's stream does not decode: {e}")
+            self.given_up = True
+
+    def write(self, raw: bytes) -> None:
+        self.writer.write(raw)
+
+    async def catch_up(self, wait_s: float) -> None:
+        """Wait until the worker has sent every answer the capture showed so far."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not self.given_up:
+            refused = self.matcher.refused(self.conn)
+            if refused is not None:
+                raise LiveError(f"worker {self.worker} refused the session: {refused}")
+            owed = self.matcher.owed(self.conn)
+            if not owed:
+                return
+            if self.ended:
+                self._closed(f"answering {_step(owed[0])}")
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                raise LiveError(f"worker {self.worker} silent: no answer to "
+                                f"{_step(owed[0])} within {wait_s:g} s (--wait-s)")
+            self.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), left)
+
+    def usable(self, msg) -> bool:
+        """Whether ``msg`` can go to the worker now (call after ``catch_up``). In the
+        capture the worker kept the connection open until now."""
+        if self.ended and not self.given_up:
+            self._closed(f"the replay sent its {type(msg).__name__.upper()}")
+        return not self.given_up
+
+    def _closed(self, before: str) -> None:
+        if not self.matcher.diverged(self.conn):
+            raise LiveError(f"worker {self.worker} closed the connection before {before}")
+        # its state followed its own answers, not the captured ones: a worker refusing
+        # what came next is the divergence's doing, reported with it
+        self.matcher.stray(self.conn, f"the worker closed the connection before {before}")
+        self.given_up = True
+
+    async def close(self) -> None:
+        self._task.cancel()
+        self.writer.close()
+        with contextlib.suppress(OSError, TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(self.writer.wait_closed(), CLOSE_WAIT_S)
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def replay_live(role: Role, records: Iterable[Record], host: str, port: int, *,
+                      wait_s: float = DEFAULT_WAIT_S) -> LiveReport:
+    """Replay every captured connection against the worker at ``host:port``."""
+    matcher = AnswerMatcher(LiveReport(worker=f"{host}:{port}"))
+    links: dict[int, LiveLink] = {}
+    done: set[int] = set()  # connections replayed (or given up on); nothing more is sent
+    skipped: set[int] = set()
+
+    async def end(conn: int, wait: bool) -> None:
+        link = links.pop(conn, None)
+        if link is None:
+            return
+        done.add(conn)
+        try:
+            if wait:
+                await link.catch_up(wait_s)
+        finally:
+            await link.close()
+        matcher.close(conn)
+
+    try:
+        for act in script(role, records):
+            if isinstance(act, Captured):
+                if matcher.is_open(act.conn):
+                    matcher.captured(act.conn, act.answer)
+            elif isinstance(act, Send):
+                if act.opens and act.conn not in links and act.conn not in done:
+                    matcher.open(act.conn)
+                    links[act.conn] = await LiveLink.connect(act.conn, host, port, matcher,
+                                                             act.message, wait_s)
+                link = links.get(act.conn)
+                if link is None:
+                    if act.conn not in done:  # the capture began after its HELLO
+                        skipped.add(act.conn)
+                    continue
+                await link.catch_up(wait_s)
+                if not link.usable(act.message):
+                    continue  # it never reaches the worker: its step is "not sent"
+                link.write(act.raw)
+                matcher.sent(act.conn, act.message)
+            elif isinstance(act, Broken):
+                if act.conn in links:
+                    matcher.stray(act.conn, act.what)
+                    await end(act.conn, wait=False)
+            elif isinstance(act, Close):
+                await end(act.conn, wait=True)
+        for conn in list(links):  # a capture that ends with connections open
+            await end(conn, wait=True)
+    finally:
+        for link in links.values():
+            await link.close()
+    matcher.report.skipped = len(skipped)
+    return matcher.report
+
+
+__all__ = ["DEFAULT_WAIT_S", "LiveError", "LiveLink", "replay_live"]

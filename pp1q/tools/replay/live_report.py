@@ -1,0 +1,72 @@
+"""What ``pp1q replay FILE --worker HOST:PORT`` found: steps matched, diverged or cut
+short, and each diverged step's first difference."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from pp1q.tools.replay.step_match import Outcome, StepDivergence
+
+
+@dataclass
+class LiveReport:
+    worker: str = ""
+    connections: int = 0  # captured connections replayed (each a live one)
+    skipped: int = 0  # captured connections without their HELLO: nothing to replay
+    outcomes: collections.Counter = field(default_factory=collections.Counter)  # Outcome ->
+    divergences: list[StepDivergence] = field(default_factory=list)  # in step order
+
+    @property
+    def ok(self) -> bool:
+        return not self.divergences
+
+    @property
+    def steps(self) -> int:
+        return sum(self.outcomes.values())
+
+    def first_per_slot(self) -> list[StepDivergence]:
+        """The first diverged step of each (connection, slot): later steps of a slot
+        whose answer already differed say little more (their prefixes differ too)."""
+        seen, out = set(), []
+        for d in self.divergences:
+            where = (d.conn, d.where)
+            if where not in seen:
+                seen.add(where)
+                out.append(d)
+        return out
+
+    def lines(self) -> list[str]:
+        firsts = self.first_per_slot()
+        out = []
+        for d in firsts:
+            out.append(f"!! DIVERGENCE   {d.where}: {d.describe()}")
+        out.append(self.summary())
+        return out
+
+    def summary(self) -> str:
+        o = self.outcomes
+        text = (f"# live worker {self.worker}: {self.connections} connections, "
+                f"{self.steps} steps: {o[Outcome.MATCHED]} matched, "
+                f"{o[Outcome.DIVERGED]} diverged, {o[Outcome.PARTIAL]} cut short")
+        if o[Outcome.NOT_SENT]:
+            text += f", {o[Outcome.NOT_SENT]} not sent (connection given up)"
+        if self.skipped:
+            text += f"; {self.skipped} connections without their HELLO not replayed"
+        return text
+
+    def as_json(self) -> dict:
+        def one(d: StepDivergence) -> dict:
+            slot, generation, round_id = d.key if d.key is not None else (None,) * 3
+            return {"conn": d.conn, "slot": slot, "generation": generation,
+                    "round_id": round_id, "frame": d.frame, "position": d.position,
+                    "what": d.what}
+
+        return {"ok": self.ok, "worker": self.worker, "connections": self.connections,
+                "skipped": self.skipped,
+                "steps": {o.value: self.outcomes[o] for o in Outcome},
+                "first_per_slot": [one(d) for d in self.first_per_slot()],
+                "divergences": [one(d) for d in self.divergences]}
+
+
+__all__ = ["LiveReport"]

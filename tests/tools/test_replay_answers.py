@@ -1,0 +1,219 @@
+"""The live replay's sans-IO core: worker frames summarised (``answers``), one step's
+captured and live answers compared (``step_match``), a connection's steps and what the
+replay still waits for (``answer_matcher``). Frames come from the checked-in captures."""
+
+import capture_vectors
+import msgspec
+import numpy as np
+import pytest
+
+from pp1q.core.errors import Reason
+from pp1q.runtime.capture import read_capture
+from pp1q.tools.replay import decode
+from pp1q.tools.replay.answer_matcher import AnswerMatcher
+from pp1q.tools.replay.answers import HANDSHAKE, answer_of, difference
+from pp1q.tools.replay.step_match import MAX_AHEAD, Outcome, StepMatch
+from pp1q.tools.replay.streams import Flow
+from pp1q.wire import FrameDecoder, HelloAnswer, Reply, Reset, Step, encode
+
+DATA = capture_vectors.DATA_DIR
+
+
+def _worker_frames(name="clean_v2"):
+    header, recs = read_capture(DATA / f"{name}.pp1qcap")
+    return [i.frame for i in decode(header.role, recs)
+            if i.what == "frame" and i.flow is Flow.TO_VERIFIER]
+
+
+def _step_answer(name="clean_v2", slot=0):
+    """The frames of the first answered STEP of ``slot``: (key, [Answer])."""
+    answers = [answer_of(f) for f in _worker_frames(name)]
+    key = next(a.key for a in answers if a.key is not HANDSHAKE and a.key[0] == slot)
+    return key, [a for a in answers if a.key == key]
+
+
+def _decoder(name="clean_v2"):
+    """A decoder with the capture's session limits (a dense row is its vocabulary long)."""
+    header, recs = read_capture(DATA / f"{name}.pp1qcap")
+    answer = next(i.message for i in decode(header.role, recs)
+                  if isinstance(i.message, HelloAnswer))
+    return FrameDecoder(answer.limits)
+
+
+def _reframed(frame, **changes):
+    """The frame's message with ``changes``, encoded and decoded again (a valid frame)."""
+    msg = msgspec.structs.replace(frame.message, **changes)
+    [out] = _decoder().feed_frames(encode(msg))
+    assert out.error is None
+    return out
+
+
+def _first_reply(name="clean_v2"):
+    return next(f for f in _worker_frames(name)
+                if isinstance(f.message, Reply) and f.message.q is not None)
+
+
+def test_the_same_frame_summarises_equal_and_small():
+    frames = _worker_frames()
+    again = _worker_frames()
+    assert frames and all(answer_of(a) == answer_of(b) for a, b in zip(frames, again, strict=True))
+    a = answer_of(_first_reply())
+    assert a.kind == "REPLY" and a.rows[0].digest is not None and a.rows[0].q_count > 0
+    assert not any(isinstance(v, np.ndarray) for _, v in a.fields)  # no rows kept
+
+
+def test_a_different_token_is_named_with_its_position():
+    f = _first_reply()
+    live = _reframed(f, token=(f.message.token + 1) % 64)
+    position, what = difference(answer_of(f), answer_of(live))
+    assert position == f.message.position
+    assert what == f"token: captured {f.message.token}, live {(f.message.token + 1) % 64}"
+
+
+def test_a_different_q_row_is_named_with_both_qs():
+    f = _first_reply()
+    q = np.array(f.message.q, dtype=np.float32)
+    t = f.message.token
+    other = (t + 1) % len(q) if f.message.ids is None else 0
+    at = t if f.message.ids is None else int(np.searchsorted(f.message.ids, t))
+    moved = q[at] / 2  # half the token's mass to another entry: still a valid row
+    q[at] -= moved
+    q[other if f.message.ids is None else (at + 1) % len(q)] += moved
+    position, what = difference(answer_of(f), answer_of(_reframed(f, q=q)))
+    assert position == f.message.position and what.startswith(f"q row (token {t}): captured q=")
+    assert "/2^24, live q=" in what
+
+
+def test_a_corrupt_captured_payload_is_named():
+    f = _first_reply()
+    raw = bytearray(encode(f.message))
+    raw[-1] ^= 0x40  # the last q byte; the header's checksum now disagrees
+    [bad] = _decoder().feed_frames(bytes(raw))
+    assert bad.error is not None
+    _, what = difference(answer_of(bad), answer_of(f))
+    assert what == f"the captured REPLY #{f.message.index}'s payload fails its check " \
+                   "(checksum_mismatch)"
+
+
+def test_a_step_matches_frame_by_frame_and_lets_compared_frames_go():
+    key, answer = _step_answer()
+    s = StepMatch(1, key)
+    s.sent = True
+    for a in answer:
+        s.add_captured(a)
+        assert s.owed
+        assert s.add_live(a)
+        assert s.held == 0  # compared and let go
+    assert not s.owed and s.finish() is Outcome.MATCHED
+
+
+def test_a_live_frame_after_the_end_diverges():
+    key, answer = _step_answer()
+    s = StepMatch(1, key)
+    s.sent = True
+    for a in answer:
+        s.add_captured(a)
+        s.add_live(a)
+    s.add_live(answer[0])
+    assert s.finish() is Outcome.DIVERGED and "after the captured answer's end" in s.divergence.what
+
+
+def test_a_reset_answer_is_compared_as_far_as_both_went():
+    key, answer = _step_answer()
+    s = StepMatch(1, key)
+    s.sent = True
+    for a in answer[:3]:
+        s.add_captured(a)
+    s.add_live(answer[0])
+    s.reset = True  # the verifier gave up on it: the worker stops wherever it read that
+    assert not s.owed and s.finish() is Outcome.PARTIAL
+
+
+def test_a_short_live_answer_diverges_without_a_reset():
+    key, answer = _step_answer()
+    s = StepMatch(1, key)
+    s.sent = True
+    for a in answer:
+        s.add_captured(a)
+    s.add_live(answer[0])
+    assert s.finish() is Outcome.DIVERGED
+    assert s.divergence.what == f"live sent 1 of the {len(answer)} frames captured"
+
+
+def test_a_worker_far_ahead_of_the_capture_stops_being_read():
+    key, answer = _step_answer()
+    s = StepMatch(1, key)
+    s.sent = True
+    kept = [s.add_live(answer[0]) for _ in range(MAX_AHEAD)]
+    assert all(kept[:-1]) and not kept[-1]
+    assert s.finish() is Outcome.DIVERGED and s.held == 0
+
+
+def _step_msg(key, **kw):
+    slot, generation, round_id = key
+    fields = dict(session=1, slot=slot, generation=generation, round_id=round_id,
+                  last_committed=2, first_position=3, prefix_digest=0, depth=5,
+                  temperature=1.0, top_k=0, context_version=0, seed=7)
+    return Step(**{**fields, **kw})
+
+
+def test_the_matcher_owes_what_the_capture_showed_and_reports_per_slot():
+    key, answer = _step_answer()
+    m = AnswerMatcher()
+    m.open(1)
+    m.sent(1, _step_msg(key))
+    for a in answer:
+        m.captured(1, a)
+    assert m.owed(1) == [key]
+    f = _first_reply()
+    wrong = answer_of(_reframed(f, token=(f.message.token + 1) % 64))
+    assert m.live(1, wrong) and m.diverged(1)
+    assert m.owed(1) == [key]  # a diverged answer is still waited for: COMMIT comes after it
+    for a in answer[1:]:
+        m.live(1, a)
+    assert m.owed(1) == []
+    m.sent(1, Reset(session=1, slot=key[0], generation=key[1], reason=Reason.CANCELLED))
+    m.close(1)
+    r = m.report
+    assert not r.ok and r.outcomes[Outcome.DIVERGED] == 1 and r.steps == 1
+    [first] = r.first_per_slot()
+    assert first.key == key and first.frame == 1 and "token: captured" in first.what
+    assert r.lines()[0].startswith(f"!! DIVERGENCE   slot {key[0]}: c1 s{key[0]} g{key[1]} "
+                                   f"r{key[2]} frame 1 position ")
+
+
+def test_a_frame_for_a_step_never_sent_is_not_kept():
+    key, answer = _step_answer()
+    m = AnswerMatcher()
+    m.open(1)
+    assert not m.live(1, answer[0])  # stop reading: nothing to compare it with
+    m.close(1)
+    assert [d.where for d in m.report.divergences] == ["connection"]
+    assert "a step the replay never sent" in m.report.divergences[0].what
+
+
+@pytest.mark.parametrize("name", capture_vectors.NAMES)
+def test_a_capture_against_itself_matches_every_step(name):
+    """Every checked-in capture fed as both sides: all its whole answers match; the ones
+    its verifier gave up on (fallback_v2's lost and corrupt replies) come out cut short or
+    diverged only where the capture itself holds a corrupt frame."""
+    from pp1q.tools.replay.live_script import Captured, Send, script
+
+    header, recs = read_capture(DATA / f"{name}.pp1qcap")
+    m, slots, most = AnswerMatcher(), set(), 0
+    for act in script(header.role, recs):
+        if isinstance(act, Send):
+            if act.opens:
+                m.open(act.conn)
+            m.sent(act.conn, act.message)
+            if isinstance(act.message, Step):
+                slots.add(act.message.slot)
+        elif isinstance(act, Captured):
+            m.captured(act.conn, act.answer)
+            m.live(act.conn, act.answer)
+        most = max([most, *map(len, m._steps.values())])
+    m.close_all()
+    assert m.report.ok, m.report.lines()
+    assert m.report.outcomes[Outcome.MATCHED] > 0
+    steps = sum(m.report.outcomes.values())
+    assert steps > len(slots) and most <= len(slots) + 1  # open steps and the handshake

@@ -1,0 +1,182 @@
+"""``pp1q replay FILE --worker HOST:PORT`` against real worker daemons: a capture of a toy
+session replays with every step matched on a worker like the one recorded; a worker
+drafting wrong q, another preset, another model, a silent socket, nothing listening and
+a capture with a corrupted REPLY are each rejected with their exit status and line."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import socket
+
+import pytest
+from daemon_harness import Pair, planted_worker_command
+
+from pp1q.cli import main
+from pp1q.runtime.capture import Direction, Kind, read_capture, write_records
+from pp1q.runtime.launcher import DaemonProcess, pp1q_command
+from pp1q.tools.chaos.faults import Drop, Rule
+from pp1q.wire import MsgType, read_header
+
+pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
+
+VOCAB = 64
+# the Pair's worker settings; a later option wins (another preset or seed)
+WORKER_ARGS = ["--vocab", str(VOCAB), "--model-seed", "0", "--draft-preset", "far",
+               "--metrics-port", "0", "--speculation", "sampled"]
+REQUESTS = [  # (prompt, max_tokens, options): every form of answer a worker sends
+    ([1, 2, 3], 12, {"seed": 7}),  # sparse top-k 32: a REPLY per position
+    ([4, 5], 10, {"seed": 8, "top_k": None, "draft_temperature": 0.8}),  # dense REPLYs
+    ([9, 4], 8, {"seed": 10, "top_k": 4}),  # sparse top-k 4: one PROPOSAL a step
+    ([6, 7, 8], 8, {"seed": 9, "temperature": 0.0}),  # greedy: token-only REPLYs
+]
+
+
+def _record(tmp, rules=None) -> None:
+    """A toy session through both daemons, each capturing its side."""
+    pair = Pair(tmp, vocab=VOCAB, rules=rules,
+                worker_args=["--capture", str(tmp / "worker.pp1qcap")],
+                verifier_args=["--capture", str(tmp / "verifier.pp1qcap")])
+    try:
+        client = pair.client()
+        for prompt, n, options in REQUESTS:
+            assert len(client.generate(prompt, n, **options)["token_ids"]) == n
+        client.close()
+    finally:
+        pair.close()  # SIGTERM: each daemon closes its capture
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("live_replay")
+    _record(tmp)
+    return tmp
+
+
+@contextlib.contextmanager
+def _worker(tmp, *args, cmd=None):
+    """A worker daemon on an ephemeral port: its HOST:PORT."""
+    n = len(list(tmp.glob("live*.log")))
+    d = DaemonProcess("worker", [*(cmd or pp1q_command("worker")), "--listen", "127.0.0.1:0",
+                                 *WORKER_ARGS, *args], str(tmp / f"live{n}.log"))
+    try:
+        yield f"127.0.0.1:{d.port}"
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def live(capsys):
+    """``pp1q replay PATH --worker WORKER EXTRA...`` in process: (status, stdout, stderr)."""
+    def run(path, worker, *extra):
+        code = main(["replay", str(path), "--worker", worker, *extra])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
+
+
+def test_the_same_worker_answers_every_step_alike(session, live):
+    with _worker(session) as worker:
+        for side in ("verifier", "worker"):  # either side's capture holds both directions
+            rc, out, err = live(session / f"{side}.pp1qcap", worker, "--json")
+            assert rc == 0, (side, out, err)
+            report = json.loads(out)
+            steps = report["steps"]
+            assert report["ok"] and not report["divergences"], side
+            assert steps["matched"] >= len(REQUESTS) and steps["diverged"] == 0, side
+            assert steps["partial"] == 0 and steps["not sent"] == 0, side
+        rc, out, _ = live(session / "verifier.pp1qcap", worker)
+    assert rc == 0 and out.splitlines()[-1].startswith(f"# live worker {worker}: 1 connections")
+
+
+def test_a_worker_drafting_wrong_q_diverges_on_the_q_row(session, live):
+    """The planted worker (tests/support/planted_worker.py) samples each token at the
+    STEP's temperature but ships q built at temperature 1: same tokens, other q."""
+    with _worker(session, cmd=planted_worker_command()) as worker:
+        rc, out, err = live(session / "verifier.pp1qcap", worker)
+    assert rc == 1, (out, err)
+    firsts = [ln for ln in out.splitlines() if ln.startswith("!! DIVERGENCE")]
+    assert any("q row (token " in ln and ": captured q=" in ln for ln in firsts), out
+    assert not any("token: captured" in ln for ln in firsts), out  # the tokens are right
+
+
+def test_a_worker_with_another_preset_diverges_on_a_token(session, live):
+    with _worker(session, "--draft-preset", "close") as worker:
+        rc, out, err = live(session / "verifier.pp1qcap", worker)
+    assert rc == 1, (out, err)
+    first = next(ln for ln in out.splitlines() if ln.startswith("!! DIVERGENCE   slot 0:"))
+    assert " s0 g1 r1 frame " in first and "token: captured " in first, out
+
+
+def test_a_worker_of_another_model_refuses_the_session(session, live):
+    with _worker(session, "--model-seed", "1") as worker:
+        rc, out, err = live(session / "verifier.pp1qcap", worker)
+    assert rc == 3 and err.strip().splitlines() == [
+        f"pp1q replay: worker {worker} refused the session: wrong_identity: "
+        "mismatched draft_id, target_id"], (out, err)
+
+
+def test_a_silent_worker_is_named_after_the_wait(live):
+    """A socket that listens (the kernel completes the connection) and never answers."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        worker = f"127.0.0.1:{silent.getsockname()[1]}"
+        rc, out, err = live(_capture_of_session(), worker, "--wait-s", "0.5")
+    assert rc == 3 and err.strip() == (f"pp1q replay: worker {worker} silent: no answer to "
+                                       "the HELLO within 0.5 s (--wait-s)"), (out, err)
+
+
+def test_nothing_listening_is_unreachable(live):
+    with socket.socket() as s:  # a port just free
+        s.bind(("127.0.0.1", 0))
+        worker = f"127.0.0.1:{s.getsockname()[1]}"
+    rc, out, err = live(_capture_of_session(), worker)
+    assert rc == 3 and err.startswith(f"pp1q replay: worker {worker} unreachable: "), err
+    assert len(err.strip().splitlines()) == 1
+
+
+def _capture_of_session():
+    """A capture with a HELLO (the checked-in vector: its target is no daemon's, which
+    does not matter to a worker that never answers)."""
+    import capture_vectors
+    return capture_vectors.DATA_DIR / "clean_v2.pp1qcap"
+
+
+def test_a_capture_with_a_corrupted_reply_diverges_there(session, tmp_path, live):
+    header, recs = read_capture(session / "verifier.pp1qcap")
+    inbound = [i for i, r in enumerate(recs)
+               if r.kind is Kind.DATA and r.direction is Direction.IN]
+    stream = b"".join(recs[i].body for i in inbound)  # one connection: the worker's frames
+    at = 0
+    while (h := read_header(stream, at)).mtype != MsgType.REPLY or not h.payload_len:
+        at += h.frame_bytes
+    flip = at + h.frame_bytes - 1  # the first REPLY's last q byte
+    for i in inbound:
+        body = recs[i].body
+        if flip < len(body):
+            flipped = body[:flip] + bytes([body[flip] ^ 0x40]) + body[flip + 1:]
+            recs[i] = dataclasses.replace(recs[i], body=flipped)
+            break
+        flip -= len(body)
+    write_records(tmp_path / "bad.pp1qcap", header, recs)
+    with _worker(session) as worker:
+        rc, out, err = live(tmp_path / "bad.pp1qcap", worker)
+    assert rc == 1, (out, err)
+    [first] = [ln for ln in out.splitlines() if ln.startswith("!! DIVERGENCE")]
+    assert first.startswith("!! DIVERGENCE   slot 0: c1 s0 g1 r1 frame 1: ")
+    assert first.endswith("the captured REPLY #1's payload fails its check (checksum_mismatch)")
+    assert ", 1 diverged, " in out.splitlines()[-1]
+
+
+def test_a_fallback_replays_cut_short_not_diverged(tmp_path, live):
+    """The first COMPLETION dropped on the way: the verifier's capture has the step's
+    REPLYs, its watchdog's RESET and a target-only token; the live worker sends the
+    whole answer, compared as far as the capture shows it."""
+    _record(tmp_path, rules=[Rule(Drop(), msg_type=MsgType.COMPLETION)])
+    with _worker(tmp_path) as worker:
+        rc, out, err = live(tmp_path / "verifier.pp1qcap", worker, "--json")
+    assert rc == 0, (out, err)
+    steps = json.loads(out)["steps"]
+    assert steps["partial"] == 1 and steps["diverged"] == 0 and steps["matched"] > 0, steps
