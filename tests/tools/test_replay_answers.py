@@ -95,10 +95,16 @@ def test_a_corrupt_captured_payload_is_named():
                    "(checksum_mismatch)"
 
 
-def test_a_step_matches_frame_by_frame_and_lets_compared_frames_go():
+def _sent_step():
+    """A STEP sent to the worker, its captured answer not yet added."""
     key, answer = _step_answer()
     s = StepMatch(1, key)
     s.sent = True
+    return s, answer
+
+
+def test_a_step_matches_frame_by_frame_and_lets_compared_frames_go():
+    s, answer = _sent_step()
     for a in answer:
         s.add_captured(a)
         assert s.owed
@@ -108,9 +114,7 @@ def test_a_step_matches_frame_by_frame_and_lets_compared_frames_go():
 
 
 def test_a_live_frame_after_the_end_diverges():
-    key, answer = _step_answer()
-    s = StepMatch(1, key)
-    s.sent = True
+    s, answer = _sent_step()
     for a in answer:
         s.add_captured(a)
         s.add_live(a)
@@ -119,9 +123,7 @@ def test_a_live_frame_after_the_end_diverges():
 
 
 def test_a_reset_answer_is_compared_as_far_as_both_went():
-    key, answer = _step_answer()
-    s = StepMatch(1, key)
-    s.sent = True
+    s, answer = _sent_step()
     for a in answer[:3]:
         s.add_captured(a)
     s.add_live(answer[0])
@@ -130,9 +132,7 @@ def test_a_reset_answer_is_compared_as_far_as_both_went():
 
 
 def test_a_short_live_answer_diverges_without_a_reset():
-    key, answer = _step_answer()
-    s = StepMatch(1, key)
-    s.sent = True
+    s, answer = _sent_step()
     for a in answer:
         s.add_captured(a)
     s.add_live(answer[0])
@@ -141,9 +141,7 @@ def test_a_short_live_answer_diverges_without_a_reset():
 
 
 def test_a_worker_far_ahead_of_the_capture_stops_being_read():
-    key, answer = _step_answer()
-    s = StepMatch(1, key)
-    s.sent = True
+    s, answer = _sent_step()
     kept = [s.add_live(answer[0]) for _ in range(MAX_AHEAD)]
     assert all(kept[:-1]) and not kept[-1]
     assert s.finish() is Outcome.DIVERGED and s.held == 0
