@@ -107,7 +107,8 @@ class Reason(enum.StrEnum):
     # HTTP: a client read none of its response for write_stall_s; its connection aborted
     CLIENT_STALLED = "client_stalled"
     # HTTP: every connection held, and a client holding at least two fewer than this
-    # one's address arrived: this one, taking its answer too slowly, gave its place up
+    # one's address arrived: this one, taking its answer (or sending its request's body)
+    # too slowly, gave its place up
     OVER_SHARE = "over_share"
     # HTTP: the same, but this one was idle, waiting for its client's next request:
     # closed with no answer lost

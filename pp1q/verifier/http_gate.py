@@ -6,12 +6,13 @@ bound, the connection is answered one 503 and closed unparsed, so that one clien
 opening connections (or holding them for the head timeout, again and again) cannot take
 every connection from the others. Over the server's bound, too, unless ``reclaim`` finds
 it a place: a connection of an address holding at least two more that is idle (waiting
-for its next request: closing it loses nothing, as nginx drains its idle keep-alive
-connections when full) or whose client has taken its waiting answer slower than
-RECLAIM_MIN_BPS for ``reclaim_stall_s``, aborted, so that a few addresses holding every
-place, cycling cheap requests or reading slowly on purpose (which no deadline can tell
-from a slow honest client), cannot lock a new address out; a connection whose request
-is being answered, to a client reading at a fair pace, is never taken. An admitted
+for its next request, nothing in its kernel queues: closing it loses nothing, as nginx
+drains its idle keep-alive connections when full), or whose client has taken its
+waiting answer slower than RECLAIM_MIN_BPS, or has not sent its request's body, for
+``reclaim_stall_s``, aborted, so that a few addresses holding every place, cycling cheap
+requests, trickling bodies or reading slowly on purpose (which no deadline can tell from
+a slow honest client), cannot lock a new address out; a connection whose request is
+being answered, to a client reading at a fair pace, is never taken. An admitted
 connection's events all go to aiohttp, and the gate watches the one thing aiohttp
 leaves unbounded: a client that stops reading. Its answers then
 wait unsent, the handler waits in ``drain`` (or the closing transport waits to flush)
@@ -26,10 +27,13 @@ between two reads of the client's, not on a whole answer.
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import socket
 import struct
 import sys
+import termios
 from collections.abc import Callable
 from typing import Protocol
 
@@ -96,6 +100,33 @@ def bytes_taken(transport: asyncio.Transport) -> int:
     return -transport.get_write_buffer_size()
 
 
+# the socket's kernel queues (Linux): bytes written but not yet acknowledged by the client
+# (SIOCOUTQ, which is TIOCOUTQ), and bytes arrived but not yet read (FIONREAD)
+_KERNEL_QUEUES = tuple(getattr(termios, name, None) for name in ("TIOCOUTQ", "FIONREAD"))
+
+
+def kernel_queues_empty(transport: asyncio.Transport) -> bool:
+    """Whether nothing waits in the connection's kernel queues: the client acknowledged
+    every byte written, and sent nothing the loop has not read yet. An idle connection
+    with either is not idle: closing it with a request unread sends an RST, which also
+    drops the answer still queued for the client. A transport without a socket (a test's)
+    has no queues; one whose queues cannot be read (another OS) is never idle."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return True
+    if None in _KERNEL_QUEUES:
+        return False
+    for request in _KERNEL_QUEUES:
+        count = array.array("i", [0])
+        try:
+            fcntl.ioctl(sock.fileno(), request, count)
+        except (OSError, ValueError):
+            return False
+        if count[0]:
+            return False
+    return True
+
+
 class Gates:
     """The open connections, by client address, and what makes a new one's protocol.
 
@@ -124,6 +155,9 @@ class Gates:
         # the admitted connections whose writing is paused, by gate: their address (only
         # these can be reclaimed; kept apart so that a refusal need not scan every place)
         self.stalled: dict[Gate, str] = {}
+        # the admitted connections whose handler waits for its request's body, by gate:
+        # their address (a body that trickles in is as slow as an answer that does)
+        self.receiving: dict[Gate, str] = {}
         self._no_victim = (0.0, 0)  # (until when, for newcomers' floors from this one up)
 
     def __call__(self) -> Gate:
@@ -165,16 +199,18 @@ class Gates:
         return False
 
     def _slowest(self, floor: int, latest: float) -> tuple[Gate | None, int]:
-        """The slow connection to take of addresses holding ``floor`` or more: of the
+        """The slow connection to take of addresses holding ``floor`` or more (its answer
+        waits, taken too slowly, or its handler waits for the request's body): of the
         address holding the most, the one slow since the earliest (no later than
         ``latest``); and how many its address holds (0: none)."""
         victim, best = None, None
-        for gate, held_by in self.stalled.items():
-            count, since = self.counts.by_address[held_by], gate.slow_since
-            if count >= floor and since is not None and since <= latest:
-                rank = (-count, since)
-                if best is None or rank < best:
-                    victim, best = gate, rank
+        for table in (self.stalled, self.receiving):
+            for gate, held_by in table.items():
+                count, since = self.counts.by_address[held_by], gate.slow_since
+                if count >= floor and since is not None and since <= latest:
+                    rank = (-count, since)
+                    if best is None or rank < best:
+                        victim, best = gate, rank
         return victim, (-best[0] if best is not None else 0)
 
     def _idle(self, floor: int) -> tuple[Gate | None, int]:
@@ -209,6 +245,7 @@ class Gate(asyncio.Protocol):
         self._last_taken_at = 0.0  # when it last grew (the loop's clock)
         self._checked_at = 0.0  # when the last check (or the pause) was
         self._slow_since: float | None = None  # since when every check found it slow
+        self._body_since: float | None = None  # since when its handler waits for a body
 
     def connection_made(self, transport) -> None:
         self._transport = transport
@@ -257,9 +294,21 @@ class Gate(asyncio.Protocol):
             self._inner.connection_lost(exc)
 
     def _release(self) -> None:
+        self._gates.receiving.pop(self, None)
         if self._address is not None:
             self._gates.release(self, self._address)
             self._address = None
+
+    def awaiting_body(self, waiting: bool) -> None:
+        """The handler starts (True) or stops (False) waiting for its request's body
+        (pp1q.verifier.server.read_body): while it waits, the connection is as slow as
+        its client's body, from the start of the wait."""
+        if waiting and self._address is not None:
+            self._body_since = asyncio.get_running_loop().time()
+            self._gates.receiving[self] = self._address
+        else:
+            self._body_since = None
+            self._gates.receiving.pop(self, None)
 
     @property
     def idle(self) -> bool:
@@ -267,14 +316,18 @@ class Gate(asyncio.Protocol):
         aborting it loses no answer (a client mid-way through a request head loses that
         head, as at aiohttp's head timeout)."""
         return (self._inner is not None and self._address is not None and self._stall is None
-                and self._gates.waiting_for_request(self._inner))
+                and self._gates.waiting_for_request(self._inner)
+                and kernel_queues_empty(self._transport))
 
     @property
     def slow_since(self) -> float | None:
         """While writing is paused: since when the client has taken its answer slower
         than RECLAIM_MIN_BPS at every check (from the pause on, until a check finds it
-        faster); None while nothing waits unsent (or before the connection was admitted)."""
-        return self._slow_since if self._stall is not None else None
+        faster); while the handler waits for its request's body, since the wait began;
+        None otherwise (or before the connection was admitted)."""
+        if self._stall is not None:
+            return self._slow_since
+        return self._body_since
 
     def abort(self, reason: Reason) -> None:
         """Drop this admitted connection now, its place free at once (the transport's

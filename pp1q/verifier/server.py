@@ -26,7 +26,7 @@ from pp1q.core.errors import Reason, ServiceError
 from pp1q.runtime.address_counts import client_address
 from pp1q.runtime.settings import DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS, MAX_HTTP_CONNECTIONS
 from pp1q.verifier.http import HttpError, as_http, error_body
-from pp1q.verifier.http_gate import RECLAIM_STALL_S, WRITE_STALL_S, Gates
+from pp1q.verifier.http_gate import RECLAIM_STALL_S, WRITE_STALL_S, Gate, Gates
 
 log = logging.getLogger("pp1q.http")
 # aiohttp logs a traceback for every malformed request it answers 400: the client's fault,
@@ -105,6 +105,12 @@ async def read_body(request: web.Request) -> bytes:
     if (request.content_length or 0) > lim.max_body_bytes:  # refused from the header alone
         raise HttpError(413, "body_too_large",
                         f"declared body of {request.content_length} bytes > {lim.max_body_bytes}")
+    # the connection's gate (every connection this server serves has one): while the body
+    # trickles in, a full server may give the place to a new address (http_gate.reclaim)
+    gate = request.transport.get_protocol() if request.transport is not None else None
+    watched = isinstance(gate, Gate)
+    if watched:
+        gate.awaiting_body(True)
     try:
         return await asyncio.wait_for(request.read(), timeout)
     except TimeoutError:
@@ -112,6 +118,9 @@ async def read_body(request: web.Request) -> bytes:
     except web.HTTPRequestEntityTooLarge:
         raise HttpError(413, "body_too_large",
                         f"body over {lim.max_body_bytes} bytes") from None
+    finally:
+        if watched:
+            gate.awaiting_body(False)
 
 
 @web.middleware
