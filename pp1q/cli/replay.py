@@ -44,6 +44,17 @@ def add_arguments(p) -> None:
     p.add_argument("--wait-s", type=float, default=None, metavar="S",
                    help="with --worker: how long to wait for each answer the capture shows "
                         "before the next frame is sent (default 5)")
+    # --worker over mutual TLS, as the verifier daemon connects (pp1q.runtime.tls)
+    p.add_argument("--tls-cert", dest="tls_cert", metavar="FILE.pem",
+                   help="with --worker: a client certificate the worker's --tls-ca signed "
+                        "(PEM); with --tls-key and --tls-ca the replay speaks mutual TLS")
+    p.add_argument("--tls-key", dest="tls_key", metavar="FILE.pem",
+                   help="private key of --tls-cert (PEM)")
+    p.add_argument("--tls-ca", dest="tls_ca", metavar="FILE.pem",
+                   help="the only CA whose certificate is accepted from the worker (PEM)")
+    p.add_argument("--tls-server-name", dest="tls_server_name", metavar="NAME",
+                   help="name the worker's certificate must carry (unset: the host of "
+                        "--worker)")
 
 
 def run(args) -> int:
@@ -176,7 +187,8 @@ def _live(args, reader) -> int:
     import asyncio
 
     from pp1q.core.errors import ConfigError
-    from pp1q.runtime.settings import parse_hostport
+    from pp1q.runtime import tls
+    from pp1q.runtime.settings import TLS_FILES, VerifierSettings, parse_hostport
     from pp1q.tools.replay.live import DEFAULT_WAIT_S, LiveError, replay_live
 
     wait_s = DEFAULT_WAIT_S if args.wait_s is None else args.wait_s
@@ -190,12 +202,17 @@ def _live(args, reader) -> int:
         return 2
     try:
         host, port = parse_hostport(args.worker, "--worker")
+        given = {k: getattr(args, k) for k in (*TLS_FILES, "tls_server_name")}
+        client = tls.client_tls(VerifierSettings(**{k: v for k, v in given.items() if v}),
+                                host)
+        if client is None and given["tls_server_name"]:
+            raise ConfigError("--tls-server-name needs --tls-cert, --tls-key and --tls-ca")
     except ConfigError as e:
         print(f"pp1q replay: {e}", file=sys.stderr)
         return 2
     try:
         report = asyncio.run(replay_live(reader.header.role, reader, host, port,
-                                         wait_s=wait_s))
+                                         wait_s=wait_s, tls=client))
     except LiveError as e:
         sys.stdout.flush()
         print(f"pp1q replay: {e}", file=sys.stderr)

@@ -12,6 +12,7 @@ import socket
 
 import pytest
 from daemon_harness import Pair, planted_worker_command
+from tls_certs import Ca
 
 from pp1q.cli import main
 from pp1q.runtime.capture import Direction, Kind, read_capture, write_records
@@ -180,3 +181,23 @@ def test_a_fallback_replays_cut_short_not_diverged(tmp_path, live):
     assert rc == 0, (out, err)
     steps = json.loads(out)["steps"]
     assert steps["partial"] == 1 and steps["diverged"] == 0 and steps["matched"] > 0, steps
+
+
+def test_a_worker_behind_mutual_tls_replays_with_a_client_certificate(session, tmp_path, live):
+    """A worker that requires mutual TLS: the replay with a certificate of its CA matches
+    every step; without one the worker drops the plain connection (3); a worker whose
+    certificate another CA signed is refused by the replay's handshake (3)."""
+    ca, other = Ca(tmp_path / "ca"), Ca(tmp_path / "other", "other-ca")
+    client = ca.issue("replay", server=False)
+    with _worker(session, *ca.issue("worker", server=True).args()) as worker:
+        rc, out, err = live(session / "verifier.pp1qcap", worker, *client.args())
+        assert rc == 0 and ", 0 diverged, " in out.splitlines()[-1], (out, err)
+        rc, out, err = live(session / "verifier.pp1qcap", worker, "--wait-s", "2")
+        assert rc == 3 and err.startswith(f"pp1q replay: worker {worker} "), (out, err)
+    with _worker(session, *other.issue("worker", server=True).args()) as worker:
+        rc, out, err = live(session / "verifier.pp1qcap", worker, *client.args())
+    assert rc == 3 and err.startswith(f"pp1q replay: worker {worker}: TLS handshake "
+                                      "failed: "), (out, err)
+    rc, out, err = live(session / "verifier.pp1qcap", "127.0.0.1:1", "--tls-cert",
+                        str(client.cert))
+    assert rc == 2 and "mutual TLS needs tls_cert, tls_key and tls_ca" in err, err

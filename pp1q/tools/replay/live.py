@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Iterable
 
 from pp1q.core.errors import RemoteProtocolError
 from pp1q.runtime.capture import Record, Role
+from pp1q.runtime.tls import ClientTls, connect_kwargs
 from pp1q.tools.replay.answer_matcher import AnswerMatcher
 from pp1q.tools.replay.answers import answer_of
 from pp1q.tools.replay.live_report import LiveReport
@@ -56,14 +58,18 @@ class LiveLink:
 
     @classmethod
     async def connect(cls, conn: int, host: str, port: int, matcher: AnswerMatcher,
-                      hello: Hello, wait_s: float) -> LiveLink:
+                      hello: Hello, wait_s: float, tls: ClientTls | None = None) -> LiveLink:
         worker = f"{host}:{port}"
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, limit=READ_BYTES), wait_s)
+                asyncio.open_connection(host, port, limit=READ_BYTES, **connect_kwargs(tls)),
+                wait_s)
         except TimeoutError:
             raise LiveError(f"worker {worker} unreachable: no connection within "
                             f"{wait_s:g} s") from None
+        except ssl.SSLError as e:  # (an OSError too) the worker's certificate refused
+            raise LiveError(f"worker {worker}: TLS handshake failed: "
+                            f"{e.reason or e}") from None
         except OSError as e:
             raise LiveError(f"worker {worker} unreachable: {e.strerror or e}") from None
         return cls(conn, worker, matcher, hello.limits, reader, writer)
@@ -145,8 +151,10 @@ class LiveLink:
 
 
 async def replay_live(role: Role, records: Iterable[Record], host: str, port: int, *,
-                      wait_s: float = DEFAULT_WAIT_S) -> LiveReport:
-    """Replay every captured connection against the worker at ``host:port``."""
+                      wait_s: float = DEFAULT_WAIT_S, tls: ClientTls | None = None
+                      ) -> LiveReport:
+    """Replay every captured connection against the worker at ``host:port`` (over mutual
+    TLS with ``tls``, as the verifier daemon connects: pp1q.runtime.tls)."""
     matcher = AnswerMatcher(LiveReport(worker=f"{host}:{port}"))
     links: dict[int, LiveLink] = {}
     done: set[int] = set()  # connections replayed (or given up on); nothing more is sent
@@ -173,7 +181,7 @@ async def replay_live(role: Role, records: Iterable[Record], host: str, port: in
                 if act.opens and act.conn not in links and act.conn not in done:
                     matcher.open(act.conn)
                     links[act.conn] = await LiveLink.connect(act.conn, host, port, matcher,
-                                                             act.message, wait_s)
+                                                             act.message, wait_s, tls)
                 link = links.get(act.conn)
                 if link is None:
                     if act.conn not in done:  # the capture began after its HELLO
