@@ -229,12 +229,17 @@ def train(ckpt, exits: Sequence[int], out_dir, recipe: Recipe = Recipe(), *,
 
     from pp1q.models.exit_adapter import ExitAdapter
     from pp1q.models.hf_drafter import num_layers
+    from pp1q.runtime.files import check_output
 
     model, tokenizer = ckpt.model, ckpt.tokenizer
     total = num_layers(model)
     bad = [k for k in exits if not 1 <= k < total]
     if bad:
         raise ValueError(f"exits {bad}: an adapter maps layer k < {total} to the last layer")
+    paths = {k: Path(out_dir) / adapter_name(ckpt, k) for k in exits}
+    for path in paths.values():  # a folder or FIFO in the way fails now, not after training
+        path.parent.mkdir(parents=True, exist_ok=True)
+        check_output(path)
     torch.manual_seed(recipe.seed)
     say(f"generating training text: {recipe.prompts} prompts x {recipe.tokens} tokens")
     texts = generate(model, tokenizer, training_prompts()[: recipe.prompts], recipe.tokens,
@@ -260,7 +265,7 @@ def train(ckpt, exits: Sequence[int], out_dir, recipe: Recipe = Recipe(), *,
                     "torch": torch.__version__, "threads": torch.get_num_threads(),
                     "held_out_acceptance": {str(t): [round(plain[t], 4), round(adapted[t], 4)]
                                             for t in TEMPERATURES}}
-        path = Path(out_dir) / adapter_name(ckpt, k)
+        path = paths[k]
         ExitAdapter(weight, bias, ckpt.identity, k, total, training).save(path)
         say(f"exit {k}: held-out acceptance " + ", ".join(
             f"T={t}: {plain[t]:.1%} -> {adapted[t]:.1%}" for t in TEMPERATURES) + f"; {path}")

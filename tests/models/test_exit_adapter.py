@@ -191,6 +191,21 @@ def test_train_writes_a_map_fitted_for_its_checkpoint_and_exit(smol, tmp_path):
         train(smol, [30], tmp_path, Recipe(prompts=1, tokens=2, refine_steps=0))
 
 
+@pytest.mark.model
+def test_train_refuses_an_output_in_the_way_before_it_trains(smol, tmp_path):
+    """A FIFO (or a folder) where an adapter file goes is refused at once, not after the
+    minutes of generating and fitting (it was found only at the save)."""
+    from pp1q.runtime.files import NotRegularFileError
+    from pp1q.tools.train_adapter import Recipe, adapter_name, train
+
+    os.mkfifo(tmp_path / adapter_name(smol, 4))
+    lines = []
+    with pytest.raises(NotRegularFileError):
+        train(smol, [2, 4], tmp_path, Recipe(prompts=1, tokens=2, refine_steps=0),
+              say=lines.append)
+    assert lines == []  # nothing generated
+
+
 def test_the_longest_drafter_identity_fits_hello():
     from pathlib import Path
     from types import SimpleNamespace
