@@ -47,7 +47,8 @@ RequestKey = Hashable  # whatever the daemon uses to name a request (an int, a t
 # ids one prefill call takes, on both sides (``open`` then ``extend`` per chunk): ~0.3-1.4 s
 # of SmolLM2-135M on a 2-core CPU, about what the other requests then wait behind a
 # long prompt. In chunks a 4,096-id prefill costs the whole prompt's CPU with one torch
-# thread (0.98x) and 1.36x with two (BENCHMARKS.md, "Chunked prefill")
+# thread (0.98-1.08x) and 1.16-1.45x with two; 256-id chunks 0.96-1.25x there, for longer
+# waits beside them (BENCHMARKS.md, "Chunked prefill": kept at 128, a trade to choose)
 PREFILL_CHUNK = 128
 
 

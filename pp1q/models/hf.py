@@ -286,6 +286,9 @@ class CausalLM:
         self._cache_cls = transformers.DynamicCache
 
     def new_cache(self):
+        """A DynamicCache whose layers append in place (pp1q.models.hf_cache)."""
+        from pp1q.models.hf_cache import make_growing
+
         try:
             cache = self._cache_cls(config=self.model.config)
         except TypeError:  # older DynamicCache without config
@@ -293,7 +296,7 @@ class CausalLM:
         if any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ())):
             raise LocalProtocolError(Reason.UNSUPPORTED_FEATURE,
                                      "sliding-window attention layers are not supported")
-        return cache
+        return make_growing(cache)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache, *, attention_mask=None, position_ids=None,
@@ -352,8 +355,12 @@ def kv_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def cache_bytes(cache) -> int:
-    """The bytes of the K/V ``cache`` holds for its tokens (a cropped layer may keep its
-    longer storage alive until its next append; a stacked batch's caches share one)."""
+    """The bytes the K/V ``cache`` holds: its layers' buffers where they append in place
+    (spare room included, pp1q.models.hf_cache), else its tokens' K/V (a cropped plain
+    layer may keep its longer storage alive until its next append)."""
+    layers = getattr(cache, "layers", None)
+    if layers and all(hasattr(layer, "held_bytes") for layer in layers):
+        return sum(layer.held_bytes() for layer in layers)
     return sum(t.numel() * t.element_size() for pair in kv_tensors(cache) for t in pair)
 
 

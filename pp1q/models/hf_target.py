@@ -19,7 +19,9 @@ Each request keeps a live DynamicCache: a rollback is a crop (views, no copy), a
 round of one request forwards on it directly. Rebuilding a cache from per-layer
 tensors every round copied the whole cache once more (DynamicCache.update
 concatenates), about 1 ms a round at 100 tokens on one core and growing with the
-prefix. A forward that fails part-way may leave its layers at different lengths, so
+prefix. Its layers append in place (pp1q.models.hf_cache: a round on a 4,096-id cache
+no longer copies the whole cache, 9-17% of a round's CPU with one thread). A forward
+that fails part-way may leave its layers at different lengths, so
 its request's cache is dropped (the next round re-feeds the committed tokens).
 
 Requests are opened with an eager prefill of prompt[:-1], so a round feeds only one

@@ -20,6 +20,7 @@ from pp1q.core.q import build_row, sample  # noqa: E402
 from pp1q.core.rng import proposal_u24  # noqa: E402
 from pp1q.core.verify import RoundKeys, verify_round  # noqa: E402
 from pp1q.models.engine import check_pair  # noqa: E402
+from pp1q.models.hf_cache import GROWTH, MIN_SPARE  # noqa: E402
 from pp1q.models.hf_drafter import HFDrafter, early_exit_view, num_layers  # noqa: E402
 from pp1q.models.hf_target import HFTarget  # noqa: E402
 from pp1q.models.processors import processed_probs  # noqa: E402
@@ -195,19 +196,21 @@ def test_a_chunked_prefill_stopped_and_resumed_drafts_as_one_left_alone(smol64, 
 
 
 def test_kv_bytes_are_the_cached_tokens_k_and_v(smol):
-    """What the worker's K/V budget counts: per cached token, each of the exit's layers
-    holds a key and a value of kv_heads x head_dim floats; nothing for an unknown or
-    closed request."""
+    """What the worker's K/V budget counts: per position of its buffers, each of the
+    exit's layers holds a key and a value of kv_heads x head_dim floats; the buffers
+    hold the cached tokens and room to append in place (pp1q.models.hf_cache: at most
+    GROWTH times the tokens, plus MIN_SPARE); nothing for an unknown or closed request."""
     cfg = smol.model.config
     k = 28
     drafter = HFDrafter.early_exit(smol, k)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     per_token = k * 2 * cfg.num_key_value_heads * head_dim * 4  # float32
+    room = max(int(39 * GROWTH), 39 + MIN_SPARE)  # the first append's buffer
     assert drafter.kv_bytes("r") == 0
     drafter.open("r", list(range(1, 41)))  # every committed token but the last is cached
-    assert drafter.kv_bytes("r") == 39 * per_token
+    assert drafter.kv_bytes("r") == room * per_token
     drafter.next_logits("r")
-    drafter.next_logits("r", 7)  # the first row feeds the last committed token, then 7
-    assert drafter.kv_bytes("r") == 41 * per_token
+    drafter.next_logits("r", 7)  # the first row feeds the last committed token, then 7:
+    assert drafter.kv_bytes("r") == room * per_token  # 41 positions, in the same room
     drafter.close("r")
     assert drafter.kv_bytes("r") == 0
