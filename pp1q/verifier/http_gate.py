@@ -152,8 +152,9 @@ class Gates:
         # the admitted connections by address, oldest first (dicts as ordered sets): whom
         # ``reclaim`` can take a place from; holds exactly what ``counts`` counts
         self.held: dict[str, dict[Gate, None]] = {}
-        # the admitted connections whose writing is paused, by gate: their address (only
-        # these can be reclaimed; kept apart so that a refusal need not scan every place)
+        # the admitted connections whose writing is paused, by gate: their address (the
+        # slow readers among them can be reclaimed; kept apart so that a refusal need not
+        # look at every place for them)
         self.stalled: dict[Gate, str] = {}
         # the admitted connections whose handler waits for its request's body, by gate:
         # their address (a body that trickles in is as slow as an answer that does)
