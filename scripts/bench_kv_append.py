@@ -24,7 +24,8 @@ import torch
 
 from pp1q.models import hf_cache
 from pp1q.models.embedded import smollm2_gguf
-from pp1q.models.hf import kv_tensors, load_checkpoint
+from pp1q.models.hf import load_checkpoint
+from pp1q.models.hf_cache import kv_tensors
 from pp1q.models.hf_target import HFTarget
 
 MODES = "1:0:grow,1:128:grow,1:128:dyn,2:0:grow,2:128:grow,2:128:dyn,2:256:grow"

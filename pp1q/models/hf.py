@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
+from pp1q.models.hf_cache import kv_tensors, make_growing
 from pp1q.runtime.files import check_regular, open_regular
 
 HF_INSTALL_HINT = "pip install 'pp1q[hf]'  (transformers, gguf, accelerate)"
@@ -287,8 +288,6 @@ class CausalLM:
 
     def new_cache(self):
         """A DynamicCache whose layers append in place (pp1q.models.hf_cache)."""
-        from pp1q.models.hf_cache import make_growing
-
         try:
             cache = self._cache_cls(config=self.model.config)
         except TypeError:  # older DynamicCache without config
@@ -330,38 +329,6 @@ class CausalLM:
             kwargs["position_ids"] = position_ids
         out = self.model(input_ids=ids.to(self.device), **kwargs).last_hidden_state
         return out if last is None else out[:, -last:]
-
-
-def cache_length(cache) -> int:
-    return int(cache.get_seq_length())
-
-
-def crop(cache, keep: int) -> None:
-    """Roll ``cache`` back to its first ``keep`` tokens (crop(-n) removes n in 4.x and 5.x)."""
-    drop = cache_length(cache) - keep
-    if drop < 0:
-        raise LocalProtocolError(Reason.BAD_POSITION, f"cannot keep {keep} of {keep + drop}")
-    if drop:
-        cache.crop(-drop)
-
-
-def kv_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (keys, values), each [B, kv_heads, length, head_dim]; [] when empty."""
-    if cache_length(cache) == 0:
-        return []
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
-
-
-def cache_bytes(cache) -> int:
-    """The bytes the K/V ``cache`` holds: its layers' buffers where they append in place
-    (spare room included, pp1q.models.hf_cache), else its tokens' K/V (a cropped plain
-    layer may keep its longer storage alive until its next append)."""
-    layers = getattr(cache, "layers", None)
-    if layers and all(hasattr(layer, "held_bytes") for layer in layers):
-        return sum(layer.held_bytes() for layer in layers)
-    return sum(t.numel() * t.element_size() for pair in kv_tensors(cache) for t in pair)
 
 
 def cache_from(lm: CausalLM, kv) -> object:

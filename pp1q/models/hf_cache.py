@@ -1,4 +1,5 @@
-"""A K/V cache layer that appends in place: transformers' DynamicLayer with room to grow.
+"""K/V caches: a layer that appends in place (transformers' DynamicLayer with room to
+grow), and what pp1q does with any cache (its length, a crop, its tensors, its bytes).
 
 transformers' DynamicLayer appends a forward's keys and values with ``torch.cat`` of the
 whole cache: a prompt prefilled in chunks copies its cache once per chunk (quadratic in
@@ -17,6 +18,8 @@ given before anything else appends; a stacked round copies the K/V it takes).
 from __future__ import annotations
 
 import torch
+
+from pp1q.core.errors import LocalProtocolError, Reason
 
 # the buffer's room after a grow: GROWTH times what is needed (amortised: each position
 # is copied ~1 / (GROWTH - 1) = 2 times more over a prompt, where DynamicLayer copies it
@@ -117,3 +120,35 @@ def make_growing(cache) -> object:
         if type(layer) is DynamicLayer and not layer.is_initialized:
             layers[i] = growing_layer()()
     return cache
+
+
+def cache_length(cache) -> int:
+    return int(cache.get_seq_length())
+
+
+def crop(cache, keep: int) -> None:
+    """Roll ``cache`` back to its first ``keep`` tokens (crop(-n) removes n in 4.x and 5.x)."""
+    drop = cache_length(cache) - keep
+    if drop < 0:
+        raise LocalProtocolError(Reason.BAD_POSITION, f"cannot keep {keep} of {keep + drop}")
+    if drop:
+        cache.crop(-drop)
+
+
+def kv_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (keys, values), each [B, kv_heads, length, head_dim]; [] when empty."""
+    if cache_length(cache) == 0:
+        return []
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+
+
+def cache_bytes(cache) -> int:
+    """The bytes the K/V ``cache`` holds: its layers' buffers where they append in place
+    (spare room included, pp1q.models.hf_cache), else its tokens' K/V (a cropped plain
+    layer may keep its longer storage alive until its next append)."""
+    layers = getattr(cache, "layers", None)
+    if layers and all(hasattr(layer, "held_bytes") for layer in layers):
+        return sum(layer.held_bytes() for layer in layers)
+    return sum(t.numel() * t.element_size() for pair in kv_tensors(cache) for t in pair)

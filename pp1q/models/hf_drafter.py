@@ -25,7 +25,8 @@ import torch
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.models.engine import Drafter, RequestKey
 from pp1q.models.exit_adapter import AdaptedNorm, ExitAdapter, check_fits
-from pp1q.models.hf import Checkpoint, HFRole, crop, load_checkpoint
+from pp1q.models.hf import Checkpoint, HFRole, load_checkpoint
+from pp1q.models.hf_cache import crop
 from pp1q.models.hf_requests import LedgerCaches
 
 

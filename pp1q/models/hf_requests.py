@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from pp1q.models.engine import RequestKey, lookup
-from pp1q.models.hf import cache_bytes, crop
+from pp1q.models.hf_cache import cache_bytes, crop
 from pp1q.models.ledger import Ledger
 
 

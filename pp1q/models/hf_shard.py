@@ -47,16 +47,8 @@ from dataclasses import dataclass
 import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
-from pp1q.models.hf import (
-    CausalLM,
-    Checkpoint,
-    cache_bytes,
-    cache_from,
-    crop,
-    forward_stacked,
-    kv_tensors,
-    logits_width,
-)
+from pp1q.models.hf import CausalLM, Checkpoint, cache_from, forward_stacked, logits_width
+from pp1q.models.hf_cache import cache_bytes, crop, kv_tensors
 
 PROBE_TOKENS = 8  # ids run through the whole model once to prove logits = head(decoder)
 

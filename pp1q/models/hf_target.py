@@ -38,7 +38,8 @@ import torch
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.models.engine import RequestKey, Target
-from pp1q.models.hf import HFRole, crop, forward_stacked, kv_tensors
+from pp1q.models.hf import HFRole, forward_stacked
+from pp1q.models.hf_cache import crop, kv_tensors
 from pp1q.models.hf_requests import LedgerCaches
 from pp1q.models.ledger import Ledger
 

@@ -20,7 +20,7 @@ pytest.importorskip("transformers", reason="real-model tests need: pip install '
 from transformers.cache_utils import DynamicLayer  # noqa: E402
 
 from pp1q.models import hf_cache  # noqa: E402
-from pp1q.models.hf import cache_bytes  # noqa: E402
+from pp1q.models.hf_cache import cache_bytes  # noqa: E402
 from pp1q.models.hf_target import HFTarget  # noqa: E402
 
 TOL = 1e-4  # float64, as tests/models/test_hf_target.py
@@ -163,7 +163,7 @@ def test_float32_growing_cache_gives_dynamic_caches_logits(smol, monkeypatch):
     # growing layers) give the same rows (measured: equal; bound 1e-5)
     prompt = _prompt(smol.vocab)
     grown = _chunked_rows(HFTarget.from_checkpoint(smol), prompt, 128, DRAFTS)
-    monkeypatch.setattr(hf_cache, "make_growing", lambda cache: cache)
+    monkeypatch.setattr("pp1q.models.hf.make_growing", lambda cache: cache)  # new_cache's
     target = HFTarget.from_checkpoint(smol)
     assert type(target.lm.new_cache().layers[0]) is DynamicLayer
     plain = _chunked_rows(target, prompt, 128, DRAFTS)
