@@ -136,22 +136,27 @@ def _chunked_rows(target: HFTarget, prompt: list[int], chunk: int, drafts: list[
 DRAFTS = [1030, 314, 253]
 
 
+@pytest.fixture(scope="module")
+def whole(smol64):
+    """The prompt and the rows a whole prefill gives (one float64 forward per module)."""
+    prompt = _prompt(smol64.vocab)
+    return prompt, full_logits(smol64.model, prompt + DRAFTS)[len(prompt) - 1:]
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("chunk", [40, 128])
-def test_chunks_on_growing_caches_score_a_whole_prefills_rows(smol64, chunk):
-    prompt = _prompt(smol64.vocab)
+def test_chunks_on_growing_caches_score_a_whole_prefills_rows(smol64, whole, chunk):
+    prompt, want = whole
     target = HFTarget.from_checkpoint(smol64)
     assert all(isinstance(layer, hf_cache.growing_layer())
                for layer in target.lm.new_cache().layers)
-    want = full_logits(smol64.model, prompt + DRAFTS)[len(prompt) - 1:]
     assert max_diff(_chunked_rows(target, prompt, chunk, DRAFTS), want) <= TOL
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("planted", sorted(PLANTED))
-def test_the_chunked_comparison_rejects_a_planted_cache(smol64, monkeypatch, planted):
-    prompt = _prompt(smol64.vocab)
-    want = full_logits(smol64.model, prompt + DRAFTS)[len(prompt) - 1:]
+def test_the_chunked_comparison_rejects_a_planted_cache(smol64, whole, monkeypatch, planted):
+    prompt, want = whole
     monkeypatch.setattr(hf_cache, "_GROWING", PLANTED[planted]())  # what new_cache makes
     rows = _chunked_rows(HFTarget.from_checkpoint(smol64), prompt, 40, DRAFTS)
     assert max_diff(rows, want) > 100 * TOL
