@@ -37,10 +37,11 @@ def add_arguments(p) -> None:
     p.add_argument("--allow-truncated", action="store_true",
                    help="read a capture cut inside its last record (daemon killed mid-write)")
     p.add_argument("--worker", metavar="HOST:PORT",
-                   help="send the capture's verifier frames to a live worker daemon (plain "
-                        "TCP) and compare its answers with the captured ones: tokens, q "
-                        "rows, positions, frame kinds; exit 1 on a divergence, 3 when the "
-                        "worker is unreachable, refuses the session, or is silent")
+                   help="send the capture's verifier frames to a live worker daemon (TCP; "
+                        "mutual TLS with --tls-*) and compare its answers with the captured "
+                        "ones: tokens, q rows, positions, frame kinds; exit 1 on a "
+                        "divergence, 3 when the worker is unreachable, refuses the session, "
+                        "or is silent")
     p.add_argument("--wait-s", type=float, default=None, metavar="S",
                    help="with --worker: how long to wait for each answer the capture shows "
                         "before the next frame is sent (default 5)")
