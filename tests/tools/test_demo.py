@@ -17,10 +17,14 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.daemons  # starts real daemon processes or servers
-def test_demo_shows_speed_acceptance_and_exactness():
+def test_demo_shows_speed_acceptance_and_exactness_and_writes_its_plot(tmp_path):
+    # one run checks the report and --plot's file (a second demo run for the plot alone
+    # cost the default suite ~25 s); matplotlib is in the test extra
+    pytest.importorskip("matplotlib", reason="--plot needs: pip install 'pp1q[plot]'")
+    png = tmp_path / "demo.png"
     proc = subprocess.run(pp1q_command("demo", "--model", "toy", "--vocab", "64", "--requests", "4",
                                        "--max-tokens", "8", "--target-delay-ms", "0",
-                                       "--exactness-samples", "200"),
+                                       "--exactness-samples", "200", "--plot", str(png)),
                           capture_output=True, text=True, timeout=300, env=daemon_env())
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -29,19 +33,8 @@ def test_demo_shows_speed_acceptance_and_exactness():
     m = re.search(r"chi-square ([\d.]+) on (\d+) degrees of freedom, p = ([\d.]+)", out)
     assert m and int(m.group(2)) >= 1 and 0.0 <= float(m.group(3)) <= 1.0
     assert re.search(r"^\s+\d+\s+#+\s+[\d.]+%\s+#*\s+[\d.]+%$", out, re.M)  # a bar row
-
-
-@pytest.mark.daemons
-def test_demo_plot_writes_a_png(tmp_path):
-    pytest.importorskip("matplotlib", reason="--plot needs: pip install 'pp1q[plot]'")
-    out = tmp_path / "demo.png"
-    proc = subprocess.run(pp1q_command("demo", "--model", "toy", "--vocab", "64", "--requests",
-                                       "2", "--max-tokens", "8", "--target-delay-ms", "0",
-                                       "--exactness-samples", "60", "--plot", str(out)),
-                          capture_output=True, text=True, timeout=300, env=daemon_env())
-    assert proc.returncode == 0, proc.stderr
-    assert f"plot written to {out}" in proc.stdout
-    assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
+    assert f"plot written to {png}" in out
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
 
 
 def test_demo_plot_naming_a_fifo_is_one_line_and_exit_2_before_it_starts(tmp_path):
