@@ -22,6 +22,7 @@ import os
 import pickle
 import select
 import signal
+import threading
 import time
 import traceback
 import warnings
@@ -40,6 +41,13 @@ def forked(test):
         return in_forked_child(test, *args, **kwargs)
 
     return run
+
+
+def assert_alone() -> None:
+    """Fails unless the calling thread is the process's only one (in a forked child, it
+    is): a measure that counts every thread is then the caller's own."""
+    others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+    assert not others, f"measured beside other threads {others}: run the test @forked"
 
 
 def in_forked_child(fn, *args, **kwargs):

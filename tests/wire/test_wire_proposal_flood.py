@@ -10,7 +10,7 @@ import collections
 import tracemalloc
 
 import pytest
-from forked import forked
+from forked import assert_alone, forked
 from wire_helpers import SESSION, feed_buffered, step, stepped, worker_proposal
 
 from pp1q.core.errors import Reason
@@ -49,6 +49,7 @@ def _flood(v: VerifierEndpoint, feed, batches: list[bytes]) -> tuple[collections
             seen[e.reason] += 1
 
     take(batches[0])
+    assert_alone()
     tracemalloc.start()
     try:
         base, _ = tracemalloc.get_traced_memory()
