@@ -20,6 +20,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 SCRAPE_ERRORS = (OSError, http.client.HTTPException)  # urllib's errors are OSErrors
+RSS_ERRORS = (OSError, RuntimeError)  # /proc/PID gone (reaped), or no VmRSS (a zombie)
 
 
 class CrashWindow:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pp1q.core.outcomes import FallbackCause
-from pp1q.tools.chaos.crash_window import CrashWindow
+from pp1q.tools.chaos.crash_window import RSS_ERRORS, CrashWindow
 from pp1q.tools.chaos.faults import Direction, Rule, random_frame_rules
 from pp1q.tools.chaos.rig import Rig, delta, value
 from pp1q.tools.client import ApiError
@@ -83,7 +83,7 @@ class SoakReport:
     injections: dict[str, int] = field(default_factory=dict)
     fired_on: dict[str, int] = field(default_factory=dict)  # frame faults by message type
     worker_restarts: int = 0
-    worker_scrapes_cut: int = 0  # slot samples of the worker a crash cut (crash_window)
+    worker_reads_cut: int = 0  # slot samples or RSS reads of the worker a crash cut
     reconnects: int = 0
     late_discarded: dict[str, int] = field(default_factory=dict)  # by reason
     verified_rounds: int = 0
@@ -126,7 +126,7 @@ class SoakReport:
             f"  fallbacks by cause: {kv(self.fallbacks)}",
             f"  validation failures by reason: {kv(self.validation)}",
             f"  injected: {kv(self.injections)}; worker restarts {self.worker_restarts}"
-            f" ({self.worker_scrapes_cut} slot samples of the worker cut by them)",
+            f" ({self.worker_reads_cut} reads of the worker cut by them)",
             f"  frame faults fired by frame type: {kv(self.fired_on)}",
             f"  reconnects {self.reconnects}, late frames discarded by reason: "
             f"{kv(self.late_discarded)}",
@@ -234,8 +234,11 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         while (now := time.monotonic()) < t0 + cfg.seconds:
             time.sleep(SAMPLE_S)
             _sample_slots(rig, hwm, crashes)
-            if not warm_rss and load.requests >= WARMUP_REQUESTS and not restarts[0]:
-                warm_rss = {r: rig.rss_kib(r) for r in roles}
+            if not warm_rss and load.requests >= WARMUP_REQUESTS and not crashes.begun:
+                # None: the first crash came meanwhile (no warm figure after one)
+                worker_rss = crashes.read(lambda: rig.rss_kib("worker"), RSS_ERRORS)
+                if worker_rss is not None:
+                    warm_rss = {"verifier": rig.rss_kib("verifier"), "worker": worker_rss}
             if now >= next_progress:
                 next_progress += cfg.progress_s
                 progress(_progress_line(rig, load, now - t0, restarts[0]))
@@ -260,7 +263,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
             fired[r.msg_type.name] += r.fired
         report.fired_on = dict(fired)
         report.worker_restarts = restarts[0]
-        report.worker_scrapes_cut = crashes.raced
+        report.worker_reads_cut = crashes.raced
         report.reconnects = int(delta(after, before, "pp1q_reconnects_total"))
         report.late_discarded = {r.value: int(delta(after, before,
                                                     "pp1q_late_replies_discarded_total",
