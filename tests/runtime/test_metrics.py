@@ -1,7 +1,7 @@
-import threading
 import urllib.request
 
 import pytest
+from new_threads import NewThreads
 
 from pp1q import __version__
 from pp1q.core.errors import Reason
@@ -47,14 +47,13 @@ def test_served_until_shutdown_then_its_thread_ends():
     metrics_http polls at POLL_S, not socketserver's 0.5 s); the port is then closed."""
 
     m = Metrics("verifier")
+    threads = NewThreads()  # this server's thread, not another test's of the same name
     server = m.serve("127.0.0.1", 0)
     port = server.server_port
-    assert [t for t in threading.enumerate() if t.name == "metrics-http" and t.is_alive()]
+    [serving] = threads.alive("metrics-http")
     server.shutdown()
     server.server_close()
-    for t in threading.enumerate():
-        if t.name == "metrics-http":
-            t.join(5.0)
-            assert not t.is_alive()
+    serving.join(5.0)
+    assert not serving.is_alive()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)

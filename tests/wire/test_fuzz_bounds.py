@@ -2,7 +2,8 @@
 the header alone, before anything is allocated for it, on every path a peer's bytes take
 (frame decoder, both endpoints, the BufferedProtocol hooks, REPLY, PROPOSAL and CONTEXT
 frames, and live daemons; the HTTP head's: tests/verifier/test_http_api.py). tracemalloc
-bounds what each refusal allocated."""
+bounds what each refusal allocated, in a forked child as its only thread (it counts every
+thread's allocations: tests/support/forked.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import tracemalloc
 import pytest
 import wire_vectors
 from daemon_harness import scrape, value
+from forked import assert_alone, forked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_helpers import config, control_of, forge, pair, proposal_frames, step
@@ -100,6 +102,7 @@ class _Adapter:
 
 
 def _refused_without_allocating(receive, data: bytes) -> RemoteProtocolError:
+    assert_alone()
     tracemalloc.start()
     try:
         with pytest.raises(RemoteProtocolError) as e:
@@ -122,6 +125,7 @@ PATH_TYPES = [(path, t) for path in sorted(PATHS) for t in RECEIVED[path.split("
 @pytest.mark.parametrize("n", DECLARED)
 @pytest.mark.parametrize("field", ["payload_len", "control_len"])
 @pytest.mark.parametrize("path,mtype", PATH_TYPES, ids=[f"{p}-{t.name}" for p, t in PATH_TYPES])
+@forked
 def test_declared_length_refused_from_the_header_before_allocation(path, mtype, field, n):
     make, feed = PATHS[path]
     receiver = make()
@@ -138,6 +142,7 @@ class _BuffersFirst(FrameDecoder):
         return super()._check_header(buf, at)
 
 
+@forked
 def test_planted_allocate_before_check_is_caught():
     # the measure above, shown to fail: the same refusal, with a payload buffer taken first
     data = _header("payload_len", 1 << 31)
@@ -148,6 +153,7 @@ def test_planted_allocate_before_check_is_caught():
 
 
 @pytest.mark.parametrize("mtype", [MsgType.REPLY, MsgType.PROPOSAL])
+@forked
 def test_one_byte_over_the_negotiated_row_is_refused_too(mtype):
     # the cap is the negotiated row size (a PROPOSAL's: its rows' bound, never more than a
     # row's), not some large constant
@@ -191,6 +197,7 @@ def test_any_declared_lengths_are_judged_at_the_header_alone(mtype, control_len,
 
 
 @pytest.mark.parametrize("n", [*DECLARED, LIM.max_context_bytes + 1])
+@forked
 def test_a_context_frame_declaring_more_than_max_context_is_refused_from_its_header(n):
     header = forge(MsgType.CONTEXT, control_of(V["context"]), payload_len=n)[:HEADER_BYTES]
     e = _refused_without_allocating(FrameDecoder(LIM).feed, header)

@@ -12,6 +12,7 @@ import tracemalloc
 import msgspec
 import pytest
 import wire_vectors
+from forked import assert_alone, forked
 from wire_helpers import (
     PREFIX,
     SESSION,
@@ -228,9 +229,11 @@ def test_the_verifier_never_sends_a_bad_context(tokens, start, reason):
     assert e.value.reason is reason
 
 
+@forked
 def test_sizes_are_refused_before_the_payload_is_buffered():
     """A CONTEXT declaring 128 KiB (under the 256 KiB header cap) but too long for max_context:
-    refused from its control part; its payload is skipped, never allocated."""
+    refused from its control part; its payload is skipped, never allocated (measured in a
+    forked child, its only thread: tracemalloc counts every thread's allocations)."""
     lim = Limits.make(vocab=16, max_slots=4, max_support=4, dense_len=20,
                       max_context=1 << 16)
     cfg = WireConfig(identity=wire_vectors.IDENTITY, limits=lim, versions=(1, 2))
@@ -240,6 +243,7 @@ def test_sizes_are_refused_before_the_payload_is_buffered():
     tokens = [1] * (1 << 15)
     frame = _raw_context(start=(1 << 16) - 10, tokens=tokens)
     chunks = [frame[i:i + 4096] for i in range(0, len(frame), 4096)]
+    assert_alone()
     tracemalloc.start()
     try:
         evs = [e for c in chunks for e in w.receive_data(c, 0.0)]

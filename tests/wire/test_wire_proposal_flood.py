@@ -10,6 +10,7 @@ import collections
 import tracemalloc
 
 import pytest
+from forked import assert_alone, forked
 from wire_helpers import SESSION, feed_buffered, step, stepped, worker_proposal
 
 from pp1q.core.errors import Reason
@@ -37,7 +38,9 @@ FEEDS = {
 
 def _flood(v: VerifierEndpoint, feed, batches: list[bytes]) -> tuple[collections.Counter, int, int]:
     """(reasons of the Discarded events, bytes retained, peak bytes) of feeding ``batches``,
-    measured from after the first batch (warm: a first copy-out, the events' type)."""
+    measured from after the first batch (warm: a first copy-out, the events' type).
+    tracemalloc counts every thread's allocations: the tests run this in a forked child
+    (tests/support/forked.py), as its only thread."""
     seen = collections.Counter()
 
     def take(data: bytes) -> None:
@@ -46,6 +49,7 @@ def _flood(v: VerifierEndpoint, feed, batches: list[bytes]) -> tuple[collections
             seen[e.reason] += 1
 
     take(batches[0])
+    assert_alone()
     tracemalloc.start()
     try:
         base, _ = tracemalloc.get_traced_memory()
@@ -94,6 +98,7 @@ def _flooded(feed, cls=VerifierEndpoint):
 
 
 @pytest.mark.parametrize("feed", FEEDS, ids=list(FEEDS))
+@forked
 def test_a_proposal_flood_is_counted_and_leaves_nothing_behind(feed):
     duplicate, stale, last, v = _flooded(FEEDS[feed])
     for (seen, retained, peak), reason in ((duplicate, Reason.DUPLICATE_ROUND),
@@ -107,6 +112,7 @@ def test_a_proposal_flood_is_counted_and_leaves_nothing_behind(feed):
     assert isinstance(ready, ProposalReady) and ready.generation == 2
 
 
+@forked  # measured as the flood test measures
 def test_the_flood_test_sees_a_verifier_that_keeps_what_it_discards():
     duplicate, stale, _, v = _flooded(FEEDS["whole"], _Hoarder)
     assert len(v.kept) == 2 * COPIES

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pp1q.core.outcomes import FallbackCause
+from pp1q.tools.chaos.crash_window import RSS_ERRORS, CrashWindow
 from pp1q.tools.chaos.faults import Direction, Rule, random_frame_rules
 from pp1q.tools.chaos.rig import Rig, delta, value
 from pp1q.tools.client import ApiError
@@ -82,6 +83,7 @@ class SoakReport:
     injections: dict[str, int] = field(default_factory=dict)
     fired_on: dict[str, int] = field(default_factory=dict)  # frame faults by message type
     worker_restarts: int = 0
+    worker_reads_cut: int = 0  # slot samples or RSS reads of the worker a crash cut
     reconnects: int = 0
     late_discarded: dict[str, int] = field(default_factory=dict)  # by reason
     verified_rounds: int = 0
@@ -123,7 +125,8 @@ class SoakReport:
             f" rows checked for q, {len(self.audit_violations)} violations",
             f"  fallbacks by cause: {kv(self.fallbacks)}",
             f"  validation failures by reason: {kv(self.validation)}",
-            f"  injected: {kv(self.injections)}; worker restarts {self.worker_restarts}",
+            f"  injected: {kv(self.injections)}; worker restarts {self.worker_restarts}"
+            f" ({self.worker_reads_cut} reads of the worker cut by them)",
             f"  frame faults fired by frame type: {kv(self.fired_on)}",
             f"  reconnects {self.reconnects}, late frames discarded by reason: "
             f"{kv(self.late_discarded)}",
@@ -179,7 +182,7 @@ class _Load:
 
 
 def _chaos(rig: Rig, cfg: SoakConfig, rng: random.Random, stop: threading.Event,
-           restarts: list[int]) -> None:
+           restarts: list[int], crashes: CrashWindow) -> None:
     hold = 2 * cfg.watchdog_ms / 1000.0
     next_crash = time.monotonic() + cfg.crash_every_s if cfg.crash_every_s else float("inf")
     while True:
@@ -187,9 +190,10 @@ def _chaos(rig: Rig, cfg: SoakConfig, rng: random.Random, stop: threading.Event,
         if stop.wait(max(0.0, gap)):
             return
         if time.monotonic() >= next_crash:
-            rig.crash_worker()
-            stop.wait(0.5)
-            rig.restart_worker()
+            with crashes.crash():
+                rig.crash_worker()
+                stop.wait(0.5)
+                rig.restart_worker()
             restarts[0] += 1
             next_crash += cfg.crash_every_s
             continue
@@ -217,9 +221,9 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         rig.proxy.set_rules(rules)
         stop, chaos_stop = threading.Event(), threading.Event()
         load = _Load(rig, cfg, stop)
-        restarts = [0]
-        chaos = threading.Thread(target=_chaos, args=(rig, cfg, rng, chaos_stop, restarts),
-                                 daemon=True)
+        restarts, crashes = [0], CrashWindow()
+        chaos = threading.Thread(target=_chaos,
+                                 args=(rig, cfg, rng, chaos_stop, restarts, crashes), daemon=True)
         t0 = time.monotonic()
         for t in load.threads:
             t.start()
@@ -229,9 +233,12 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         next_progress = t0 + cfg.progress_s
         while (now := time.monotonic()) < t0 + cfg.seconds:
             time.sleep(SAMPLE_S)
-            _sample_slots(rig, hwm)
-            if not warm_rss and load.requests >= WARMUP_REQUESTS and not restarts[0]:
-                warm_rss = {r: rig.rss_kib(r) for r in roles}
+            _sample_slots(rig, hwm, crashes)
+            if not warm_rss and load.requests >= WARMUP_REQUESTS and not crashes.begun:
+                # None: the first crash came meanwhile (no warm figure after one)
+                worker_rss = crashes.read(lambda: rig.rss_kib("worker"), RSS_ERRORS)
+                if worker_rss is not None:
+                    warm_rss = {"verifier": rig.rss_kib("verifier"), "worker": worker_rss}
             if now >= next_progress:
                 next_progress += cfg.progress_s
                 progress(_progress_line(rig, load, now - t0, restarts[0]))
@@ -256,6 +263,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
             fired[r.msg_type.name] += r.fired
         report.fired_on = dict(fired)
         report.worker_restarts = restarts[0]
+        report.worker_reads_cut = crashes.raced
         report.reconnects = int(delta(after, before, "pp1q_reconnects_total"))
         report.late_discarded = {r.value: int(delta(after, before,
                                                     "pp1q_late_replies_discarded_total",
@@ -276,13 +284,14 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
     return report
 
 
-def _sample_slots(rig: Rig, hwm: Counter) -> None:
-    for role in ("verifier", "worker"):
-        try:
-            n = int(value(rig.metrics(role), "pp1q_slots_in_use"))
-        except OSError:  # the worker is being restarted
-            continue
-        hwm[role] = max(hwm[role], n)
+def _sample_slots(rig: Rig, hwm: Counter, crashes: CrashWindow) -> None:
+    """The slot gauges into ``hwm``. The verifier is never crashed: a failed scrape of
+    it fails the soak; one of the worker is skipped only where a crash cut it."""
+    samples = {"verifier": rig.metrics("verifier"),
+               "worker": crashes.read(lambda: rig.metrics("worker"))}
+    for role, sample in samples.items():
+        if sample is not None:
+            hwm[role] = max(hwm[role], int(value(sample, "pp1q_slots_in_use")))
 
 
 def _wait_slots_free(rig: Rig) -> dict[str, int]:

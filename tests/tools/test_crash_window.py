@@ -1,0 +1,75 @@
+"""The soak's reads of a worker it crashes on purpose (pp1q.tools.chaos.crash_window): a
+scrape cut by the crash is counted and skipped, never a failure of the soak; a failed
+scrape outside every crash, or of the verifier (never crashed), still fails it."""
+
+from __future__ import annotations
+
+import http.client
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from pp1q.tools.chaos.crash_window import CrashWindow
+from pp1q.tools.chaos.soak import _sample_slots
+
+
+def _cut():
+    raise http.client.IncompleteRead(b"# HELP pp1q_", 1200)  # a body cut by SIGKILL
+
+
+def _refused():
+    raise ConnectionRefusedError  # no worker listening
+
+
+def test_a_read_cut_while_a_crash_is_under_way_is_counted_not_raised():
+    w = CrashWindow()
+    with w.crash():
+        assert w.read(_cut) is None
+        assert w.read(lambda: 7) == 7  # a read that succeeds is just read
+    assert w.raced == 1
+
+
+def test_a_read_a_crash_began_under_is_counted_not_raised():
+    w = CrashWindow()
+
+    def killed_meanwhile():
+        with w.crash():
+            pass
+        _cut()
+
+    assert w.read(killed_meanwhile) is None and w.raced == 1
+
+
+def test_a_failed_read_outside_every_crash_is_raised():
+    w = CrashWindow()
+    with pytest.raises(http.client.IncompleteRead):
+        w.read(_cut)
+    with w.crash():
+        pass
+    with pytest.raises(ConnectionRefusedError):  # after the restart: the new worker's failure
+        w.read(_refused)
+    with w.crash(), pytest.raises(ValueError):  # not a scrape's error: raised, crash or not
+        w.read(lambda: int("x"))
+    assert w.raced == 0
+
+
+def _rig(fail: set[str]):
+    def metrics(role):
+        if role in fail:
+            _cut()
+        return {("pp1q_slots_in_use", ()): 3.0}
+    return SimpleNamespace(metrics=metrics)
+
+
+def test_the_slot_sample_skips_only_a_worker_scrape_a_crash_cut():
+    w, hwm = CrashWindow(), Counter()
+    _sample_slots(_rig(set()), hwm, w)
+    assert hwm == {"verifier": 3, "worker": 3}
+    with w.crash():
+        _sample_slots(_rig({"worker"}), Counter(), w)
+        with pytest.raises(http.client.IncompleteRead):  # the verifier is never crashed
+            _sample_slots(_rig({"verifier"}), Counter(), w)
+    assert w.raced == 1
+    with pytest.raises(http.client.IncompleteRead):
+        _sample_slots(_rig({"worker"}), Counter(), w)
