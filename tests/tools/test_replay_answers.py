@@ -95,6 +95,17 @@ def test_a_corrupt_captured_payload_is_named():
                    "(checksum_mismatch)"
 
 
+def test_other_session_limits_are_named_limit_by_limit():
+    """Limits travel by position (array-like): a divergence names each member that
+    differs, not two unnamed tuples."""
+    hello = next(f for f in _worker_frames() if isinstance(f.message, HelloAnswer))
+    narrower = msgspec.structs.replace(hello.message.limits, max_support=8,
+                                       sparse_row_bytes=64)
+    _, what = difference(answer_of(hello), answer_of(_reframed(hello, limits=narrower)))
+    assert what == ("HELLO_ANSWER limits: max_support captured 16, live 8; "
+                    "sparse_row_bytes captured 128, live 64")
+
+
 def _sent_step():
     """A STEP sent to the worker, its captured answer not yet added."""
     key, answer = _step_answer()
