@@ -151,6 +151,31 @@ def test_a_short_live_answer_diverges_without_a_reset():
     assert s.divergence.what == f"live sent 1 of the {len(answer)} frames captured"
 
 
+def test_a_network_copy_in_the_capture_is_counted_not_compared():
+    """Every captured frame twice, as a chaos proxy's duplicates reach the verifier: the
+    copies are counted, the answer matches. The live worker sending one twice is its own
+    doing (it is read directly): a divergence."""
+    key, answer = _step_answer()
+    m = AnswerMatcher()
+    m.open(1)
+    m.sent(1, _step_msg(key))
+    for a in answer:
+        m.captured(1, a)
+        m.captured(1, a)
+        m.live(1, a)
+    m.close(1)
+    assert m.report.ok and m.report.outcomes[Outcome.MATCHED] == 1
+    assert m.report.copies == len(answer)
+    assert m.report.summary().endswith(f"; {len(answer)} captured frames were network "
+                                       "copies, not compared")
+    s, answer = _sent_step()
+    for a in answer:
+        s.add_captured(a)
+    s.add_live(answer[0])
+    s.add_live(answer[0])
+    assert s.finish() is Outcome.DIVERGED and s.copies == 0
+
+
 def test_a_worker_far_ahead_of_the_capture_stops_being_read():
     s, answer = _sent_step()
     kept = [s.add_live(answer[0]) for _ in range(MAX_AHEAD)]

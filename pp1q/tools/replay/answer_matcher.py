@@ -112,6 +112,7 @@ class AnswerMatcher:
         return floor is not None and key[1:] <= floor
 
     def _record(self, s: StepMatch) -> None:
+        self.report.copies += s.copies
         outcome = s.finish()
         if s.key is HANDSHAKE and outcome is Outcome.MATCHED:
             return  # a session, not a step: counted only when it differs

@@ -16,6 +16,7 @@ class LiveReport:
     skipped: int = 0  # captured connections without their HELLO: nothing to replay
     outcomes: collections.Counter = field(default_factory=collections.Counter)  # Outcome ->
     divergences: list[StepDivergence] = field(default_factory=list)  # in step order
+    copies: int = 0  # captured frames the network delivered twice, not compared
 
     @property
     def ok(self) -> bool:
@@ -53,6 +54,8 @@ class LiveReport:
             text += f", {o[Outcome.NOT_SENT]} not sent (connection given up)"
         if self.skipped:
             text += f"; {self.skipped} connections without their HELLO not replayed"
+        if self.copies:
+            text += f"; {self.copies} captured frames were network copies, not compared"
         return text
 
     def as_json(self) -> dict:
@@ -63,7 +66,7 @@ class LiveReport:
                     "what": d.what}
 
         return {"ok": self.ok, "worker": self.worker, "connections": self.connections,
-                "skipped": self.skipped,
+                "skipped": self.skipped, "copies": self.copies,
                 "steps": {o.value: self.outcomes[o] for o in Outcome},
                 "first_per_slot": [one(d) for d in self.first_per_slot()],
                 "divergences": [one(d) for d in self.divergences]}
