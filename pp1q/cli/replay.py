@@ -9,7 +9,7 @@ HELP = "decode a capture file (--capture) like a protocol analyser, or replay it
 
 EXIT_DIVERGED = 1  # the replay endpoint refused or re-encoded a captured frame differently
 EXIT_BAD_CAPTURE = 2  # corrupt, truncated or unknown capture file
-EXIT_NO_WORKER = 3  # --worker: unreachable, refused the session, closed, or silent
+EXIT_NO_WORKER = 3  # --worker: unreachable, not the wire, refused the session, closed, silent
 FOLLOW_POLL_S = 0.2  # --follow: how often to look for appended records
 
 
@@ -39,9 +39,9 @@ def add_arguments(p) -> None:
     p.add_argument("--worker", metavar="HOST:PORT",
                    help="send the capture's verifier frames to a live worker daemon (TCP; "
                         "mutual TLS with --tls-*) and compare its answers with the captured "
-                        "ones: tokens, q rows, positions, frame kinds; exit 1 on a "
-                        "divergence, 3 when the worker is unreachable, refuses the session, "
-                        "or is silent")
+                        "ones: tokens, q rows, positions, frame kinds, session limits; exit 1 "
+                        "on a divergence, 3 when the worker is unreachable, does not speak "
+                        "the wire, refuses the session, closes it early, or is silent")
     p.add_argument("--wait-s", type=float, default=None, metavar="S",
                    help="with --worker: how long to wait for each answer the capture shows "
                         "before the next frame is sent (default 5)")

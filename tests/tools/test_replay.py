@@ -9,6 +9,7 @@ import msgspec
 import numpy as np
 import pytest
 import xxhash
+from capture_edits import rechunk
 
 from pp1q.core.errors import Reason
 from pp1q.runtime.capture import Direction, Kind, read_capture, write_records
@@ -118,21 +119,10 @@ def test_a_forged_commit_is_caught_by_redeciding(tmp_path):
 # -- chunking does not matter ------------------------------------------------------------
 
 
-def _rechunk(records, size):
-    out = []
-    for r in records:
-        if r.kind is not Kind.DATA:
-            out.append(r)
-            continue
-        for k in range(0, len(r.body), size):
-            out.append(dataclasses.replace(r, body=r.body[k:k + size]))
-    return out
-
-
 @pytest.mark.parametrize("size", [1, 7, 4096])
 def test_replay_is_independent_of_record_boundaries(tmp_path, size):
     header, recs = read_capture(_cap("fallback_v2"))
-    write_records(tmp_path / "r", header, _rechunk(recs, size))
+    write_records(tmp_path / "r", header, rechunk(recs, size))
     report = replay_verifier(tmp_path / "r")
     assert report.ok
     assert [c.as_json() for c in report.commits] == _expected("fallback_v2")["commits"]
@@ -336,7 +326,7 @@ def test_frames_before_a_break_in_their_record_still_decode():
 
     whole = to_worker(recs)
     assert whole[-3:] == [("frame", "Step"), ("frame", "Step"), ("error", "NoneType")]
-    assert to_worker(_rechunk(recs, 1)) == whole
+    assert to_worker(rechunk(recs, 1)) == whole
 
 
 def test_sampled_step_inside_a_v1_capture_is_refused(tmp_path):

@@ -6,6 +6,8 @@ import capture_vectors
 import msgspec
 import numpy as np
 import pytest
+from capture_edits import rechunk
+from live_replay import self_replay
 
 from pp1q.core.errors import Reason
 from pp1q.runtime.capture import read_capture
@@ -226,28 +228,27 @@ def test_a_frame_for_a_step_never_sent_is_not_kept():
     assert "a step the replay never sent" in m.report.divergences[0].what
 
 
-@pytest.mark.parametrize("name", capture_vectors.NAMES)
-def test_a_capture_against_itself_matches_every_step(name):
-    """Every checked-in capture fed as both sides: all its whole answers match; the ones
-    its verifier gave up on (fallback_v2's lost and corrupt replies) come out cut short or
-    diverged only where the capture itself holds a corrupt frame."""
-    from pp1q.tools.replay.live_script import Captured, Send, script
+class _CountsOpenSteps(AnswerMatcher):
+    """The most steps one connection held at once (after each frame the replay sent)."""
 
+    most = 0
+
+    def sent(self, conn, msg):
+        super().sent(conn, msg)
+        type(self).most = max(type(self).most, len(self._steps[conn]))
+
+
+@pytest.mark.parametrize("piece", [None, 1], ids=["frames", "bytes"])
+@pytest.mark.parametrize("name", capture_vectors.NAMES)
+def test_a_capture_against_itself_matches_every_step(name, piece):
+    """Every checked-in capture against a live worker sending its captured worker's bytes
+    (tests/support/live_replay.py, the live stream read a frame or a byte at a time): all
+    its answers match, and a connection holds its slots' open steps, not its history."""
     header, recs = read_capture(DATA / f"{name}.pp1qcap")
-    m, slots, most = AnswerMatcher(), set(), 0
-    for act in script(header.role, recs):
-        if isinstance(act, Send):
-            if act.opens:
-                m.open(act.conn)
-            m.sent(act.conn, act.message)
-            if isinstance(act.message, Step):
-                slots.add(act.message.slot)
-        elif isinstance(act, Captured):
-            m.captured(act.conn, act.answer)
-            m.live(act.conn, act.answer)
-        most = max([most, *map(len, m._steps.values())])
-    m.close_all()
-    assert m.report.ok, m.report.lines()
-    assert m.report.outcomes[Outcome.MATCHED] > 0
-    steps = sum(m.report.outcomes.values())
-    assert steps > len(slots) and most <= len(slots) + 1  # open steps and the handshake
+    slots = {i.message.slot for i in decode(header.role, recs) if isinstance(i.message, Step)}
+    _CountsOpenSteps.most = 0
+    r = self_replay(header.role, rechunk(recs, piece) if piece else recs, piece=piece,
+                    matcher=_CountsOpenSteps)
+    assert r.fatal is None and r.report.ok, r.report.lines()
+    assert r.report.outcomes[Outcome.MATCHED] > len(slots)
+    assert _CountsOpenSteps.most <= len(slots) + 1  # open steps and the handshake

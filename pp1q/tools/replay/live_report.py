@@ -17,6 +17,7 @@ class LiveReport:
     outcomes: collections.Counter = field(default_factory=collections.Counter)  # Outcome ->
     divergences: list[StepDivergence] = field(default_factory=list)  # in step order
     copies: int = 0  # captured frames the network delivered twice, not compared
+    notes: list[str] = field(default_factory=list)  # what differed but lost no answer
 
     @property
     def ok(self) -> bool:
@@ -42,6 +43,7 @@ class LiveReport:
         out = []
         for d in firsts:
             out.append(f"!! DIVERGENCE   {d.where}: {d.describe()}")
+        out += [f"# note: {n}" for n in self.notes]
         out.append(self.summary())
         return out
 
@@ -66,7 +68,7 @@ class LiveReport:
                     "what": d.what}
 
         return {"ok": self.ok, "worker": self.worker, "connections": self.connections,
-                "skipped": self.skipped, "copies": self.copies,
+                "skipped": self.skipped, "copies": self.copies, "notes": list(self.notes),
                 "steps": {o.value: self.outcomes[o] for o in Outcome},
                 "first_per_slot": [one(d) for d in self.first_per_slot()],
                 "divergences": [one(d) for d in self.divergences]}
