@@ -9,8 +9,9 @@ they come. Reads are a frame each (``piece`` None; bytes that do not frame go in
 read) or ``piece`` bytes.
 A connection in ``closes`` is closed by its worker once its bytes are all sent. What
 the adapter does at each frame it sends (``catch_up``, ``usable``), at a capture's
-CLOSE and at a ``Broken`` stream is done here through the same matcher calls; the line
-it would raise ``LiveError`` with (exit status 3) comes back as ``Result.fatal``.
+CLOSE, at a ``Broken`` stream and at a capture file that breaks is done here through the
+same matcher calls; the line it would raise ``LiveError`` with (exit status 3) comes
+back as ``Result.fatal``.
 
 ``capture_edits.rechunk(records, 1)`` feeds the captured side a byte at a time too.
 """
@@ -23,7 +24,7 @@ from collections.abc import Iterable
 from capture_edits import worker_streams
 
 from pp1q.core.errors import RemoteProtocolError
-from pp1q.runtime.capture import Role
+from pp1q.runtime.capture import CaptureError, Role
 from pp1q.tools.replay.answer_matcher import AnswerMatcher, step_label
 from pp1q.tools.replay.answers import HANDSHAKE, answer_of
 from pp1q.tools.replay.live_report import LiveReport
@@ -125,39 +126,41 @@ def replay(role: Role, records: Iterable, *, live: dict[int, bytes] | None = Non
                 raise _StopError(why)
         return not (w.ended or w.given_up)
 
-    def end(conn: int, wait: bool = True) -> None:
+    def end(conn: int) -> None:
         w = workers.pop(conn, None)
         if w is None:
             return
-        if wait:
-            catch_up(w)
+        catch_up(w)
         m.close(conn)
 
     try:
-        for act in script(role, records):
-            if isinstance(act, Captured):
-                if m.is_open(act.conn):
-                    m.captured(act.conn, act.answer)
-            elif isinstance(act, Send):
-                if act.opens and act.conn not in workers and not m.is_open(act.conn):
-                    m.open(act.conn)
-                    workers[act.conn] = _Worker(act.conn, m, act.message,
-                                                live.get(act.conn, b""),
-                                                act.conn in closes, piece)
-                w = workers.get(act.conn)
-                if w is None:
-                    continue
-                catch_up(w)
-                if usable(w, act.message):
-                    m.sent(act.conn, act.message)
-                    w.asked_for(act.message)
-                    w.answer()
-            elif isinstance(act, Broken):
-                if act.conn in workers:
-                    m.stray(act.conn, act.what)
-                    end(act.conn, wait=False)
-            elif isinstance(act, Close):
-                end(act.conn)
+        try:
+            for act in script(role, records):
+                if isinstance(act, Captured):
+                    if m.is_open(act.conn):
+                        m.captured(act.conn, act.answer)
+                elif isinstance(act, Send):
+                    if act.opens and act.conn not in workers and not m.is_open(act.conn):
+                        m.open(act.conn)
+                        workers[act.conn] = _Worker(act.conn, m, act.message,
+                                                    live.get(act.conn, b""),
+                                                    act.conn in closes, piece)
+                    w = workers.get(act.conn)
+                    if w is None:
+                        continue
+                    catch_up(w)
+                    if usable(w, act.message):
+                        m.sent(act.conn, act.message)
+                        w.asked_for(act.message)
+                        w.answer()
+                elif isinstance(act, Broken):
+                    if act.conn in workers:
+                        m.capture_broken(f"c{act.conn}: {act.what}")
+                        end(act.conn)
+                elif isinstance(act, Close):
+                    end(act.conn)
+        except CaptureError as e:
+            m.capture_broken(str(e))
         for conn in list(workers):
             end(conn)
     except _StopError as e:

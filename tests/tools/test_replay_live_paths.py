@@ -2,8 +2,8 @@
 sans-IO core (tests/support/live_replay.py: the adapter's sequence without a socket),
 the live worker's bytes read a frame at a time and a byte at a time (the capture's
 records then a byte each too): the worker closing the connection, with an answer due or
-not; a live stream that does not decode; a HELLO_ANSWER with other limits; a frame the
-network copied on its way into the capture.
+not; a capture that breaks part-way; a live stream that does not decode; a HELLO_ANSWER
+with other limits; a frame the network copied on its way into the capture.
 
 Each check is also run against a planted fault through the same seam (the matcher the
 replay is given, or the function the live stream summarises frames with) and must fail
@@ -12,18 +12,19 @@ there: ``test_each_check_fails_on_its_planted_fault``."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import capture_vectors
 import msgspec
 import pytest
 from capture_edits import frames, rechunk, spliced, worker_streams
-from live_replay import self_replay
+from live_replay import replay, self_replay
 
 from pp1q.core.errors import Reason
-from pp1q.runtime.capture import read_capture
-from pp1q.tools.replay import answer_matcher, answers, live_stream
+from pp1q.runtime.capture import CaptureReader, read_capture, write_records
+from pp1q.tools.replay import answer_matcher, answers, decode, live_stream
 from pp1q.tools.replay.answer_matcher import AnswerMatcher
-from pp1q.tools.replay.step_match import StepMatch
+from pp1q.tools.replay.step_match import Outcome, StepMatch
 from pp1q.tools.replay.streams import Flow
 from pp1q.wire import CONNECTION_SLOT, DEFAULT_LIMITS, FrameDecoder, Refusal, encode
 
@@ -114,6 +115,61 @@ def _check_a_session_refusal_is_named_refused_or_ended(matcher, piece):
     r = _run(piece, matcher, live=[*_worker()[:3], idle], closes={1})
     assert r.fatal == ("ended the session: idle_timeout: closed by the worker's bounds on "
                        "its peers")
+
+
+# -- 2. the capture breaks part-way -------------------------------------------------------
+
+
+def _check_a_captured_stream_that_stops_decoding(matcher, piece):
+    """Garbage inside each direction's captured stream, at a frame boundary: compared up
+    to there, no divergence (the live worker did nothing wrong), the break named."""
+    header, recs = _capture()
+    w = _worker()
+    at = len(w[0]) + len(w[1])  # after s0 g1 r1's REPLY #1
+    bad = spliced(header.role, recs, 1, Flow.TO_VERIFIER, at, b"XXXX" * 8)
+    r = _run(piece, matcher, recs=bad, live=w)  # the worker sent no garbage
+    assert r.fatal is None and not r.report.divergences
+    assert len(r.report.capture_errors) == 1, r.report.lines()
+    [why] = r.report.capture_errors
+    assert re.fullmatch(r"c1: the captured W>V stream does not decode \(record \d+ at byte "
+                        r"\d+\): bad_magic: magic b'XXXX'", why), why
+    assert _steps(r.report) == {"partial": 2}  # r1 of both slots, as far as captured
+    v = b"".join(i.raw for i in _items(header, recs) if i.flow is Flow.TO_WORKER)
+    commit = v.index(b"".join(i.raw for i in _items(header, recs)
+                              if type(i.message).__name__ == "Commit")[:32])
+    bad = spliced(header.role, recs, 1, Flow.TO_WORKER, commit, b"XXXX" * 8)
+    r = _run(piece, matcher, recs=bad)
+    assert r.fatal is None and not r.report.divergences
+    assert [e.split(" (")[0] for e in r.report.capture_errors] == [
+        "c1: the captured V>W stream does not decode"]
+    assert _steps(r.report) == {"matched": 2}  # both r1 answers, whole before the COMMIT
+
+
+def _items(header, recs):
+    return [i for i in decode(header.role, recs) if i.what == "frame"]
+
+
+def _check_a_capture_file_cut_part_way(matcher, piece, tmp_path):
+    """The file ends inside a record: without --allow-truncated the reader's error is
+    the break (compared up to there); with it, the cut is a capture that ends there."""
+    header, recs = _capture()
+    recs = rechunk(recs, piece) if piece else recs
+    path = tmp_path / f"cut{piece}.pp1qcap"
+    write_records(path, header, recs)
+    cut = next(r for r in CaptureReader(path) if r.kind.name == "DATA"
+               and r.offset > path.stat().st_size // 2)
+    with open(path, "r+b") as f:
+        f.truncate(cut.offset + 16)  # inside its record header
+    live = worker_streams(header.role, recs)
+    r = replay(header.role, CaptureReader(path), piece=piece, matcher=matcher, live=live)
+    assert r.fatal is None and not r.report.divergences
+    assert r.report.capture_errors == [
+        f"truncated record header (16 of 32 bytes) (record {cut.index} at byte "
+        f"{cut.offset})"]
+    assert r.report.outcomes[Outcome.MATCHED] >= 1
+    reader = CaptureReader(path, allow_truncated=True)
+    r = replay(header.role, reader, piece=piece, matcher=matcher, live=live)
+    assert r.report.ok and reader.truncated is not None
 
 
 # -- 3. the live stream does not decode ---------------------------------------------------
@@ -224,6 +280,11 @@ class OneWording(AnswerMatcher):
         return why and why.replace("ended the session", "refused the session")
 
 
+class IgnoresBrokenCapture(AnswerMatcher):
+    def capture_broken(self, what):
+        pass
+
+
 class UndecodableIsAlwaysADivergence(AnswerMatcher):
     def undecodable(self, conn, error, frames):
         super().undecodable(conn, error, max(frames, 1))
@@ -259,6 +320,8 @@ CHECKS = {  # check -> its planted fault: (monkeypatch) -> the matcher to run it
     _check_close_with_no_answer_due: lambda mp: EveryCloseFatal,
     _check_close_after_a_divergence: lambda mp: ForgetsDivergences,
     _check_a_session_refusal_is_named_refused_or_ended: lambda mp: OneWording,
+    _check_a_captured_stream_that_stops_decoding: lambda mp: IgnoresBrokenCapture,
+    _check_a_capture_file_cut_part_way: lambda mp: IgnoresBrokenCapture,
     _check_not_the_wire: lambda mp: UndecodableIsAlwaysADivergence,
     _check_garbage_after_the_handshake: lambda mp: IgnoresUndecodable,
     _check_a_bad_live_checksum: lambda mp: _plant(mp, live_stream, "answer_of",
@@ -270,14 +333,20 @@ CHECKS = {  # check -> its planted fault: (monkeypatch) -> the matcher to run it
 }
 
 
+def _call(check, matcher, piece, tmp_path):
+    if check is _check_a_capture_file_cut_part_way:
+        return check(matcher, piece, tmp_path)
+    return check(matcher, piece)
+
+
 @pytest.mark.parametrize("piece", PIECES, ids=["frames", "bytes"])
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__[len("_check_"):])
-def test_the_replay_ends_as_documented(check, piece):
-    check(AnswerMatcher, piece)
+def test_the_replay_ends_as_documented(check, piece, tmp_path):
+    _call(check, AnswerMatcher, piece, tmp_path)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__[len("_check_"):])
-def test_each_check_fails_on_its_planted_fault(check, monkeypatch):
+def test_each_check_fails_on_its_planted_fault(check, monkeypatch, tmp_path):
     matcher = CHECKS[check](monkeypatch)
     with pytest.raises(AssertionError):
-        check(matcher, None)
+        _call(check, matcher, None, tmp_path)

@@ -9,8 +9,8 @@ worker (same model, preset and seed) has every reason to answer byte for byte th
 
 What ends the replay of a connection is decided here too, for the adapter to apply:
 ``fatal`` (nothing can be compared: the worker refused the session, or does not speak
-the wire), ``worker_closed`` (its close, with or without an answer due) and
-``undecodable`` (its bytes stopped decoding).
+the wire), ``worker_closed`` (its close, with or without an answer due),
+``undecodable`` (its bytes stopped decoding) and ``capture_broken`` (the capture did).
 """
 
 from __future__ import annotations
@@ -157,6 +157,12 @@ class AnswerMatcher:
             return f"closed the connection {what}"
         self.stray(conn, f"the worker closed the connection {what}")
         return None
+
+    def capture_broken(self, what: str) -> None:
+        """The capture stops being replayable (a stream of it does not decode, or the file
+        breaks): compared up to there. The capture's fault, not the worker's: no
+        divergence, but not a whole replay either (``pp1q replay`` exit status 2)."""
+        self.report.capture_errors.append(what)
 
     def _settle(self, conn: int, slot: int) -> None:
         """A new STEP on ``slot``: its earlier steps whose answers are over (they are, but

@@ -13,7 +13,9 @@ A worker that cannot be reached, does not speak the wire, refuses (or ends) the 
 the capture shows going on, closes the connection with an answer due (unless an answer
 already differed: then its consequence, reported with it) or leaves an answer unsent for
 ``wait_s`` raises ``LiveError`` (``pp1q replay`` exit status 3): nothing after it can be
-compared. A close with no answer due is a note.
+compared. A close with no answer due is a note. A capture that breaks part-way (a stream
+of it that does not decode, a file cut or corrupt) is replayed up to there, and the
+report says so (exit status 2).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import contextlib
 import ssl
 from collections.abc import Iterable
 
-from pp1q.runtime.capture import Record, Role
+from pp1q.runtime.capture import CaptureError, Record, Role
 from pp1q.runtime.tls import ClientTls, connect_kwargs
 from pp1q.tools.replay.answer_matcher import AnswerMatcher, step_label
 from pp1q.tools.replay.live_report import LiveReport
@@ -142,46 +144,49 @@ async def replay_live(role: Role, records: Iterable[Record], host: str, port: in
     done: set[int] = set()  # connections replayed (or given up on); nothing more is sent
     skipped: set[int] = set()
 
-    async def end(conn: int, wait: bool) -> None:
+    async def end(conn: int) -> None:
+        """The capture's connection ended: its answers shown so far, then the close."""
         link = links.pop(conn, None)
         if link is None:
             return
         done.add(conn)
         try:
-            if wait:
-                await link.catch_up(wait_s)
+            await link.catch_up(wait_s)
         finally:
             await link.close()
         matcher.close(conn)
 
     try:
-        for act in script(role, records):
-            if isinstance(act, Captured):
-                if matcher.is_open(act.conn):
-                    matcher.captured(act.conn, act.answer)
-            elif isinstance(act, Send):
-                if act.opens and act.conn not in links and act.conn not in done:
-                    matcher.open(act.conn)
-                    links[act.conn] = await LiveLink.connect(act.conn, host, port, matcher,
-                                                             act.message, wait_s, tls)
-                link = links.get(act.conn)
-                if link is None:
-                    if act.conn not in done:  # the capture began after its HELLO
-                        skipped.add(act.conn)
-                    continue
-                await link.catch_up(wait_s)
-                if not link.usable(act.message):
-                    continue  # it never reaches the worker: its step is "not sent"
-                link.write(act.raw)
-                matcher.sent(act.conn, act.message)
-            elif isinstance(act, Broken):
-                if act.conn in links:
-                    matcher.stray(act.conn, act.what)
-                    await end(act.conn, wait=False)
-            elif isinstance(act, Close):
-                await end(act.conn, wait=True)
+        try:
+            for act in script(role, records):
+                if isinstance(act, Captured):
+                    if matcher.is_open(act.conn):
+                        matcher.captured(act.conn, act.answer)
+                elif isinstance(act, Send):
+                    if act.opens and act.conn not in links and act.conn not in done:
+                        matcher.open(act.conn)
+                        links[act.conn] = await LiveLink.connect(
+                            act.conn, host, port, matcher, act.message, wait_s, tls)
+                    link = links.get(act.conn)
+                    if link is None:
+                        if act.conn not in done:  # the capture began after its HELLO
+                            skipped.add(act.conn)
+                        continue
+                    await link.catch_up(wait_s)
+                    if not link.usable(act.message):
+                        continue  # it never reaches the worker: its step is "not sent"
+                    link.write(act.raw)
+                    matcher.sent(act.conn, act.message)
+                elif isinstance(act, Broken):
+                    if act.conn in links:  # what it showed before is compared, as at a CLOSE
+                        matcher.capture_broken(f"c{act.conn}: {act.what}")
+                        await end(act.conn)
+                elif isinstance(act, Close):
+                    await end(act.conn)
+        except CaptureError as e:  # the file breaks part-way: nothing after it is read
+            matcher.capture_broken(str(e))
         for conn in list(links):  # a capture that ends with connections open
-            await end(conn, wait=True)
+            await end(conn)
     finally:
         for link in links.values():
             await link.close()
