@@ -21,12 +21,12 @@ from capture_edits import frames, rechunk, spliced, worker_streams
 from live_replay import replay, self_replay
 
 from pp1q.core.errors import Reason
-from pp1q.runtime.capture import CaptureReader, read_capture, write_records
+from pp1q.runtime.capture import CaptureReader, Kind, read_capture, write_records
 from pp1q.tools.replay import answer_matcher, answers, decode, live_stream
 from pp1q.tools.replay.answer_matcher import AnswerMatcher
 from pp1q.tools.replay.step_match import Outcome, StepMatch
 from pp1q.tools.replay.streams import Flow
-from pp1q.wire import CONNECTION_SLOT, DEFAULT_LIMITS, FrameDecoder, Refusal, encode
+from pp1q.wire import CONNECTION_SLOT, DEFAULT_LIMITS, Commit, FrameDecoder, Refusal, encode
 
 PIECES = [None, 1]  # a frame (a record) a read, and a byte a read
 NAME = "clean_v2"  # one connection: c1; slot 0 dense, a REPLY a position; slot 1 PROPOSALs
@@ -134,19 +134,16 @@ def _check_a_captured_stream_that_stops_decoding(matcher, piece):
     assert re.fullmatch(r"c1: the captured W>V stream does not decode \(record \d+ at byte "
                         r"\d+\): bad_magic: magic b'XXXX'", why), why
     assert _steps(r.report) == {"partial": 2}  # r1 of both slots, as far as captured
-    v = b"".join(i.raw for i in _items(header, recs) if i.flow is Flow.TO_WORKER)
-    commit = v.index(b"".join(i.raw for i in _items(header, recs)
-                              if type(i.message).__name__ == "Commit")[:32])
-    bad = spliced(header.role, recs, 1, Flow.TO_WORKER, commit, b"XXXX" * 8)
+    sent = [i for i in decode(header.role, recs) if i.what == "frame"
+            and i.flow is Flow.TO_WORKER]
+    commit = next(k for k, i in enumerate(sent) if isinstance(i.message, Commit))
+    at = sum(len(i.raw) for i in sent[:commit])  # the first COMMIT's first byte
+    bad = spliced(header.role, recs, 1, Flow.TO_WORKER, at, b"XXXX" * 8)
     r = _run(piece, matcher, recs=bad)
     assert r.fatal is None and not r.report.divergences
     assert [e.split(" (")[0] for e in r.report.capture_errors] == [
         "c1: the captured V>W stream does not decode"]
     assert _steps(r.report) == {"matched": 2}  # both r1 answers, whole before the COMMIT
-
-
-def _items(header, recs):
-    return [i for i in decode(header.role, recs) if i.what == "frame"]
 
 
 def _check_a_capture_file_cut_part_way(matcher, piece, tmp_path):
@@ -156,7 +153,7 @@ def _check_a_capture_file_cut_part_way(matcher, piece, tmp_path):
     recs = rechunk(recs, piece) if piece else recs
     path = tmp_path / f"cut{piece}.pp1qcap"
     write_records(path, header, recs)
-    cut = next(r for r in CaptureReader(path) if r.kind.name == "DATA"
+    cut = next(r for r in CaptureReader(path) if r.kind is Kind.DATA
                and r.offset > path.stat().st_size // 2)
     with open(path, "r+b") as f:
         f.truncate(cut.offset + 16)  # inside its record header
