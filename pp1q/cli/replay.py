@@ -8,8 +8,8 @@ import sys
 HELP = "decode a capture file (--capture) like a protocol analyser, or replay it"
 
 EXIT_DIVERGED = 1  # the replay endpoint refused or re-encoded a captured frame differently
-EXIT_BAD_CAPTURE = 2  # corrupt, truncated or unknown capture file
-EXIT_NO_WORKER = 3  # --worker: unreachable, refused the session, closed, or silent
+EXIT_BAD_CAPTURE = 2  # corrupt, truncated or unknown capture file (--worker: part-way too)
+EXIT_NO_WORKER = 3  # --worker: unreachable, not the wire, refused the session, closed, silent
 FOLLOW_POLL_S = 0.2  # --follow: how often to look for appended records
 
 
@@ -39,9 +39,10 @@ def add_arguments(p) -> None:
     p.add_argument("--worker", metavar="HOST:PORT",
                    help="send the capture's verifier frames to a live worker daemon (TCP; "
                         "mutual TLS with --tls-*) and compare its answers with the captured "
-                        "ones: tokens, q rows, positions, frame kinds; exit 1 on a "
-                        "divergence, 3 when the worker is unreachable, refuses the session, "
-                        "or is silent")
+                        "ones: tokens, q rows, positions, frame kinds, session limits; exit 1 "
+                        "on a divergence, 2 when the capture breaks part-way (compared up "
+                        "to there), 3 when the worker is unreachable, does not speak the "
+                        "wire, refuses the session, closes it early, or is silent")
     p.add_argument("--wait-s", type=float, default=None, metavar="S",
                    help="with --worker: how long to wait for each answer the capture shows "
                         "before the next frame is sent (default 5)")
@@ -224,7 +225,14 @@ def _live(args, reader) -> int:
         print(json.dumps(report.as_json(), indent=1))
     else:
         print("\n".join(report.lines()))
-    return 0 if report.ok else EXIT_DIVERGED
+    sys.stdout.flush()
+    for why in report.capture_errors:
+        print(f"pp1q replay: {args.file}: {why}; replayed up to there", file=sys.stderr)
+    # a divergence is news about the worker wherever the capture broke; a break alone
+    # says only that the check was not whole
+    if report.divergences:
+        return EXIT_DIVERGED
+    return EXIT_BAD_CAPTURE if report.capture_errors else 0
 
 
 def _target_of(reader):

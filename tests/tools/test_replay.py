@@ -9,10 +9,11 @@ import msgspec
 import numpy as np
 import pytest
 import xxhash
+from capture_edits import rechunk
 
 from pp1q.core.errors import Reason
 from pp1q.runtime.capture import Direction, Kind, read_capture, write_records
-from pp1q.tools.replay import replay_verifier, target_from_identity
+from pp1q.tools.replay import Flow, decode, replay_verifier, target_from_identity
 from pp1q.wire import HEADER_BYTES, MAGIC, Form, MsgType, read_header
 from pp1q.wire.events import Discarded
 from pp1q.wire.framing import reseal
@@ -118,21 +119,10 @@ def test_a_forged_commit_is_caught_by_redeciding(tmp_path):
 # -- chunking does not matter ------------------------------------------------------------
 
 
-def _rechunk(records, size):
-    out = []
-    for r in records:
-        if r.kind is not Kind.DATA:
-            out.append(r)
-            continue
-        for k in range(0, len(r.body), size):
-            out.append(dataclasses.replace(r, body=r.body[k:k + size]))
-    return out
-
-
 @pytest.mark.parametrize("size", [1, 7, 4096])
 def test_replay_is_independent_of_record_boundaries(tmp_path, size):
     header, recs = read_capture(_cap("fallback_v2"))
-    write_records(tmp_path / "r", header, _rechunk(recs, size))
+    write_records(tmp_path / "r", header, rechunk(recs, size))
     report = replay_verifier(tmp_path / "r")
     assert report.ok
     assert [c.as_json() for c in report.commits] == _expected("fallback_v2")["commits"]
@@ -318,6 +308,25 @@ def test_garbage_in_the_worker_stream_breaks_it_with_bad_magic(tmp_path):
     assert report.stream_errors[0].event.reason is Reason.BAD_MAGIC
     assert {f.reason for f in report.failures} == {Reason.BAD_MAGIC}  # open steps fail
     assert not report.ok
+
+
+def test_frames_before_a_break_in_their_record_still_decode():
+    """Garbage after the record that holds both first STEPs: they decode, then the
+    stream's error, whatever the record boundaries (the frames a record held before
+    the bytes that broke it were dropped with them)."""
+    header, recs = read_capture(_cap("clean_v2"))
+    i = next(i for i, r in enumerate(recs)
+             if r.direction is Direction.OUT and _frame_type(r) == MsgType.STEP)
+    recs[i] = dataclasses.replace(recs[i], body=recs[i].body + b"XXXX" * 8)
+
+    def to_worker(records):
+        items = [i for i in decode(header.role, records) if i.flow is Flow.TO_WORKER]
+        upto = next(k for k, i in enumerate(items) if i.what == "error")
+        return [(i.what, type(i.message).__name__) for i in items[:upto + 1]]
+
+    whole = to_worker(recs)
+    assert whole[-3:] == [("frame", "Step"), ("frame", "Step"), ("error", "NoneType")]
+    assert to_worker(rechunk(recs, 1)) == whole
 
 
 def test_sampled_step_inside_a_v1_capture_is_refused(tmp_path):

@@ -6,6 +6,8 @@ import capture_vectors
 import msgspec
 import numpy as np
 import pytest
+from capture_edits import rechunk
+from live_replay import self_replay
 
 from pp1q.core.errors import Reason
 from pp1q.runtime.capture import read_capture
@@ -95,6 +97,17 @@ def test_a_corrupt_captured_payload_is_named():
                    "(checksum_mismatch)"
 
 
+def test_other_session_limits_are_named_limit_by_limit():
+    """Limits travel by position (array-like): a divergence names each member that
+    differs, not two unnamed tuples."""
+    hello = next(f for f in _worker_frames() if isinstance(f.message, HelloAnswer))
+    narrower = msgspec.structs.replace(hello.message.limits, max_support=8,
+                                       sparse_row_bytes=64)
+    _, what = difference(answer_of(hello), answer_of(_reframed(hello, limits=narrower)))
+    assert what == ("HELLO_ANSWER limits: max_support captured 16, live 8; "
+                    "sparse_row_bytes captured 128, live 64")
+
+
 def _sent_step():
     """A STEP sent to the worker, its captured answer not yet added."""
     key, answer = _step_answer()
@@ -138,6 +151,31 @@ def test_a_short_live_answer_diverges_without_a_reset():
     s.add_live(answer[0])
     assert s.finish() is Outcome.DIVERGED
     assert s.divergence.what == f"live sent 1 of the {len(answer)} frames captured"
+
+
+def test_a_network_copy_in_the_capture_is_counted_not_compared():
+    """Every captured frame twice, as a chaos proxy's duplicates reach the verifier: the
+    copies are counted, the answer matches. The live worker sending one twice is its own
+    doing (it is read directly): a divergence."""
+    key, answer = _step_answer()
+    m = AnswerMatcher()
+    m.open(1)
+    m.sent(1, _step_msg(key))
+    for a in answer:
+        m.captured(1, a)
+        m.captured(1, a)
+        m.live(1, a)
+    m.close(1)
+    assert m.report.ok and m.report.outcomes[Outcome.MATCHED] == 1
+    assert m.report.copies == len(answer)
+    assert m.report.summary().endswith(f"; {len(answer)} captured frames were network "
+                                       "copies, not compared")
+    s, answer = _sent_step()
+    for a in answer:
+        s.add_captured(a)
+    s.add_live(answer[0])
+    s.add_live(answer[0])
+    assert s.finish() is Outcome.DIVERGED and s.copies == 0
 
 
 def test_a_worker_far_ahead_of_the_capture_stops_being_read():
@@ -190,28 +228,27 @@ def test_a_frame_for_a_step_never_sent_is_not_kept():
     assert "a step the replay never sent" in m.report.divergences[0].what
 
 
-@pytest.mark.parametrize("name", capture_vectors.NAMES)
-def test_a_capture_against_itself_matches_every_step(name):
-    """Every checked-in capture fed as both sides: all its whole answers match; the ones
-    its verifier gave up on (fallback_v2's lost and corrupt replies) come out cut short or
-    diverged only where the capture itself holds a corrupt frame."""
-    from pp1q.tools.replay.live_script import Captured, Send, script
+class _CountsOpenSteps(AnswerMatcher):
+    """The most steps one connection held at once (after each frame the replay sent)."""
 
+    most = 0
+
+    def sent(self, conn, msg):
+        super().sent(conn, msg)
+        type(self).most = max(type(self).most, len(self._steps[conn]))
+
+
+@pytest.mark.parametrize("piece", [None, 1], ids=["frames", "bytes"])
+@pytest.mark.parametrize("name", capture_vectors.NAMES)
+def test_a_capture_against_itself_matches_every_step(name, piece):
+    """Every checked-in capture against a live worker sending its captured worker's bytes
+    (tests/support/live_replay.py, the live stream read a frame or a byte at a time): all
+    its answers match, and a connection holds its slots' open steps, not its history."""
     header, recs = read_capture(DATA / f"{name}.pp1qcap")
-    m, slots, most = AnswerMatcher(), set(), 0
-    for act in script(header.role, recs):
-        if isinstance(act, Send):
-            if act.opens:
-                m.open(act.conn)
-            m.sent(act.conn, act.message)
-            if isinstance(act.message, Step):
-                slots.add(act.message.slot)
-        elif isinstance(act, Captured):
-            m.captured(act.conn, act.answer)
-            m.live(act.conn, act.answer)
-        most = max([most, *map(len, m._steps.values())])
-    m.close_all()
-    assert m.report.ok, m.report.lines()
-    assert m.report.outcomes[Outcome.MATCHED] > 0
-    steps = sum(m.report.outcomes.values())
-    assert steps > len(slots) and most <= len(slots) + 1  # open steps and the handshake
+    slots = {i.message.slot for i in decode(header.role, recs) if isinstance(i.message, Step)}
+    _CountsOpenSteps.most = 0
+    r = self_replay(header.role, rechunk(recs, piece) if piece else recs, piece=piece,
+                    matcher=_CountsOpenSteps)
+    assert r.fatal is None and r.report.ok, r.report.lines()
+    assert r.report.outcomes[Outcome.MATCHED] > len(slots)
+    assert _CountsOpenSteps.most <= len(slots) + 1  # open steps and the handshake

@@ -1,7 +1,12 @@
 """``pp1q replay FILE --worker HOST:PORT`` against real worker daemons: a capture of a toy
 session replays with every step matched on a worker like the one recorded; a worker
 drafting wrong q, another preset, another model, a silent socket, nothing listening and
-a capture with a corrupted REPLY are each rejected with their exit status and line."""
+a capture with a corrupted REPLY are each rejected with their exit status and line.
+How a replay ends otherwise, through the adapter (the sans-IO core's cases are
+test_replay_live_paths.py): the worker's connection reset mid-answer and its bytes
+corrupted on the way (pp1q.tools.chaos's proxy in front of it), a port that is not a
+worker's, a capture that breaks part-way, a worker with other limits, a chaos session's
+network copies."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import socket
+import threading
 
 import pytest
 from daemon_harness import Pair, planted_worker_command
@@ -17,7 +23,8 @@ from tls_certs import Ca
 from pp1q.cli import main
 from pp1q.runtime.capture import Direction, Kind, read_capture, write_records
 from pp1q.runtime.launcher import DaemonProcess, pp1q_command
-from pp1q.tools.chaos.faults import Drop, Rule
+from pp1q.tools.chaos.faults import BitFlip, Disconnect, Drop, Duplicate, Rule
+from pp1q.tools.chaos.proxy import ThreadedProxy
 from pp1q.wire import MsgType, read_header
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes or servers
@@ -53,6 +60,17 @@ def session(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("live_replay")
     _record(tmp)
     return tmp
+
+
+@contextlib.contextmanager
+def _proxied(worker, rules):
+    """pp1q.tools.chaos's proxy in front of ``worker``, applying ``rules``: its HOST:PORT."""
+    proxy = ThreadedProxy(int(worker.rsplit(":", 1)[1]))
+    proxy.set_rules(rules)
+    try:
+        yield f"127.0.0.1:{proxy.port}"
+    finally:
+        proxy.stop()
 
 
 @contextlib.contextmanager
@@ -201,3 +219,114 @@ def test_a_worker_behind_mutual_tls_replays_with_a_client_certificate(session, t
     rc, out, err = live(session / "verifier.pp1qcap", "127.0.0.1:1", "--tls-cert",
                         str(client.cert))
     assert rc == 2 and "mutual TLS needs tls_cert, tls_key and tls_ca" in err, err
+
+
+# -- how a replay ends otherwise ----------------------------------------------------------
+
+
+def test_a_worker_gone_with_an_answer_due_is_exit_three(session, live):
+    """The connection reset in the middle of slot 0's third REPLY (the proxy's
+    disconnect): what the worker sent is compared, then the answer due is named."""
+    with _worker(session) as worker, _proxied(worker, [
+            Rule(Disconnect(), msg_type=MsgType.REPLY, nth=3)]) as proxied:
+        rc, out, err = live(session / "verifier.pp1qcap", proxied, "--wait-s", "2")
+    assert rc == 3 and err.strip() == (f"pp1q replay: worker {proxied} closed the connection "
+                                       "before answering STEP s0 g1 r1"), (out, err)
+
+
+def test_bytes_corrupted_on_the_way_from_the_worker_diverge(session, live):
+    """A header bit flipped breaks the live stream (a connection divergence, named
+    first); a payload bit flipped fails that frame's check (the step's divergence)."""
+    with _worker(session) as worker:
+        with _proxied(worker, [Rule(BitFlip(region="control"), msg_type=MsgType.REPLY,
+                                    nth=3)]) as proxied:
+            rc, out, err = live(session / "verifier.pp1qcap", proxied, "--wait-s", "2")
+        assert rc == 1, (out, err)
+        assert out.splitlines()[0].startswith(
+            "!! DIVERGENCE   connection: c1: the live worker's stream does not decode after 3 "
+            "frames: checksum_mismatch"), out
+        with _proxied(worker, [Rule(BitFlip(), msg_type=MsgType.REPLY, nth=3)]) as proxied:
+            rc, out, err = live(session / "verifier.pp1qcap", proxied, "--wait-s", "2")
+    assert rc == 1, (out, err)
+    assert out.splitlines()[0] == ("!! DIVERGENCE   slot 0: c1 s0 g1 r1 frame 3: the live "
+                                   "REPLY #3's payload fails its check (checksum_mismatch)")
+
+
+def test_a_port_that_is_not_a_workers_is_exit_three(live):
+    """An SSH server's banner where a HELLO_ANSWER should be."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        worker = f"127.0.0.1:{server.getsockname()[1]}"
+
+        def banner():
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                conn.recv(1 << 16)
+
+        thread = threading.Thread(target=banner, daemon=True)
+        thread.start()
+        rc, out, err = live(_capture_of_session(), worker, "--wait-s", "2")
+        thread.join(5)
+    assert rc == 3 and err.strip() == (f"pp1q replay: worker {worker} does not speak pp1q "
+                                       "wire v2: its first bytes do not decode (bad_magic: "
+                                       "magic b'SSH-')"), (out, err)
+
+
+def test_a_capture_that_breaks_part_way_is_exit_two(session, tmp_path, live):
+    """Garbage inside the captured worker stream, and the file cut inside a record: each
+    replayed up to there, the break named on stderr (exit 2); a cut file read with
+    --allow-truncated is a capture that ends there (exit 0, a warning)."""
+    header, recs = read_capture(session / "verifier.pp1qcap")
+    i = next(i for i, r in enumerate(recs) if r.kind is Kind.DATA
+             and r.direction is Direction.IN and i > len(recs) // 2)
+    garbled = [*recs[:i], dataclasses.replace(recs[i], body=b"XXXX" * 8 + recs[i].body),
+               *recs[i + 1:]]
+    write_records(tmp_path / "garbled.pp1qcap", header, garbled)
+    write_records(tmp_path / "cut.pp1qcap", header, recs)
+    with open(tmp_path / "cut.pp1qcap", "r+b") as f:
+        f.truncate(recs[i].offset + 16)
+    with _worker(session) as worker:
+        rc, out, err = live(tmp_path / "garbled.pp1qcap", worker)
+        assert rc == 2 and not out.startswith("!!"), (out, err)
+        assert out.splitlines()[-1].endswith("; the capture breaks part-way: compared up to "
+                                             "there"), out
+        assert err.strip() == (f"pp1q replay: {tmp_path / 'garbled.pp1qcap'}: c1: the "
+                               f"captured W>V stream does not decode (record {i} at byte "
+                               f"{recs[i].offset}): bad_magic: magic b'XXXX'; replayed up "
+                               "to there"), err
+        rc, out, err = live(tmp_path / "cut.pp1qcap", worker)
+        assert rc == 2 and err.strip() == (
+            f"pp1q replay: {tmp_path / 'cut.pp1qcap'}: truncated record header (16 of 32 "
+            f"bytes) (record {i} at byte {recs[i].offset}); replayed up to there"), err
+        rc, out, err = live(tmp_path / "cut.pp1qcap", worker, "--allow-truncated")
+    assert rc == 0 and "warning: truncated record header" in err, (out, err)
+
+
+def test_a_worker_with_other_limits_diverges_at_the_handshake_only(session, live):
+    """A narrower sparse support (still above every top-k the session used): the
+    HELLO_ANSWER differs by name, every step is still compared, and matches."""
+    with _worker(session, "--max-support", "32") as worker:
+        rc, out, err = live(session / "verifier.pp1qcap", worker, "--json")
+    assert rc == 1, (out, err)
+    report = json.loads(out)
+    assert [d["what"] for d in report["divergences"]] == [
+        "HELLO_ANSWER limits: max_support captured 64, live 32; sparse_row_bytes captured "
+        "512, live 256"]
+    assert report["steps"]["diverged"] == 1 and report["steps"]["matched"] >= len(REQUESTS)
+
+
+def test_network_copies_in_a_chaos_capture_are_not_divergences(tmp_path, live):
+    """A REPLY, a COMPLETION and a PROPOSAL each delivered twice to the verifier: its
+    capture holds the copies, counted and not compared; the worker's capture of the
+    same session has none."""
+    _record(tmp_path, rules=[Rule(Duplicate(), msg_type=t, nth=2)
+                             for t in (MsgType.REPLY, MsgType.COMPLETION, MsgType.PROPOSAL)])
+    with _worker(tmp_path) as worker:
+        rc, out, err = live(tmp_path / "verifier.pp1qcap", worker, "--json")
+        assert rc == 0, (out, err)
+        report = json.loads(out)
+        assert report["copies"] >= 1 and report["steps"]["diverged"] == 0, report
+        rc, out, err = live(tmp_path / "worker.pp1qcap", worker, "--json")
+    assert rc == 0 and json.loads(out)["copies"] == 0, (out, err)

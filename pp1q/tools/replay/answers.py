@@ -86,7 +86,11 @@ def answer_of(frame: Frame) -> Answer:
 
 
 def _plain(value):
-    """Control values as comparable builtins (nested structs as dicts, lists as tuples)."""
+    """Control values as comparable builtins: lists as tuples, nested structs as dicts by
+    field name (``Limits`` is array-like on the wire: by position it would read as an
+    unnamed tuple in a divergence)."""
+    if isinstance(value, msgspec.Struct):
+        return {name: _plain(getattr(value, name)) for name in value.__struct_fields__}
     value = msgspec.to_builtins(value)
     return tuple(value) if isinstance(value, list) else value
 
@@ -146,9 +150,17 @@ def difference(captured: Answer, live: Answer) -> tuple[int | None, str] | None:
                                    else "; the token's q is equal, other entries differ"))
     for (name, c), (_, v) in zip(captured.fields, live.fields, strict=True):
         if c != v:
-            return None, f"{captured.label()} {name}: captured {c!r}, live {v!r}"
+            return None, f"{captured.label()} {name}: {_differing(c, v)}"
     return None, (f"{captured.label()} payload checksum: captured {captured.checksum:016x}, "
                   f"live {live.checksum:016x}")
+
+
+def _differing(c, v) -> str:
+    """A control field's two values; of a struct (HELLO_ANSWER's limits, identity), the
+    members that differ, by name."""
+    if not (isinstance(c, dict) and isinstance(v, dict)):
+        return f"captured {c!r}, live {v!r}"
+    return "; ".join(f"{k} captured {c[k]!r}, live {v.get(k)!r}" for k in c if c[k] != v.get(k))
 
 
 def _q(row: Row) -> str:

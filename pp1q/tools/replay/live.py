@@ -3,15 +3,19 @@ live worker over TCP, its answers compared with the captured ones.
 
 The thin asyncio part: one TCP connection per captured connection, opened at its HELLO
 (the captured frame itself, session id included: the worker answers a session, not a
-verifier), the captured verifier frames written in order, the worker's frames read
-with a ``FrameDecoder`` by one task per connection and handed to the ``AnswerMatcher``
-(sans-IO: ``answer_matcher.py``, ``step_match.py``, ``answers.py``). Before each frame
-it writes, the replay waits for the answers the capture shows before it
+verifier), the captured verifier frames written in order, the worker's bytes read by
+one task per connection into a ``LiveStream`` and so to the ``AnswerMatcher`` (sans-IO:
+``live_stream.py``, ``answer_matcher.py``, ``step_match.py``, ``answers.py``). Before
+each frame it writes, the replay waits for the answers the capture shows before it
 (``AnswerMatcher.owed``), at most ``wait_s`` each time.
 
-A worker that cannot be reached, refuses the session the capture shows accepted,
-closes the connection or leaves an answer unsent for ``wait_s`` raises ``LiveError``
-(``pp1q replay`` exit status 3): nothing after it can be compared.
+A worker that cannot be reached, does not speak the wire, refuses (or ends) the session
+the capture shows going on, closes the connection with an answer due (unless an answer
+already differed: then its consequence, reported with it) or leaves an answer unsent for
+``wait_s`` raises ``LiveError`` (``pp1q replay`` exit status 3): nothing after it can be
+compared. A close with no answer due is a note. A capture that breaks part-way (a stream
+of it that does not decode, a file cut or corrupt) is replayed up to there, and the
+report says so (exit status 2).
 """
 
 from __future__ import annotations
@@ -21,14 +25,13 @@ import contextlib
 import ssl
 from collections.abc import Iterable
 
-from pp1q.core.errors import RemoteProtocolError
-from pp1q.runtime.capture import Record, Role
+from pp1q.runtime.capture import CaptureError, Record, Role
 from pp1q.runtime.tls import ClientTls, connect_kwargs
-from pp1q.tools.replay.answer_matcher import AnswerMatcher
-from pp1q.tools.replay.answers import answer_of
+from pp1q.tools.replay.answer_matcher import AnswerMatcher, step_label
 from pp1q.tools.replay.live_report import LiveReport
 from pp1q.tools.replay.live_script import Broken, Captured, Close, Send, script
-from pp1q.wire import FrameDecoder, Hello, HelloAnswer, Limits
+from pp1q.tools.replay.live_stream import LiveStream
+from pp1q.wire import Hello, Limits
 
 DEFAULT_WAIT_S = 5.0  # per wait for owed answers: a toy round takes milliseconds
 READ_BYTES = 1 << 20  # one read's most (a dense row at vocabulary 129280 is 517 KB)
@@ -39,10 +42,6 @@ class LiveError(Exception):
     """The live worker cannot be replayed against: one line for the operator."""
 
 
-def _step(key) -> str:
-    return "the HELLO" if key is None else f"STEP s{key[0]} g{key[1]} r{key[2]}"
-
-
 class LiveLink:
     """One live connection, standing for one captured connection."""
 
@@ -50,7 +49,7 @@ class LiveLink:
                  reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.conn, self.worker, self.matcher = conn, worker, matcher
         self.reader, self.writer = reader, writer
-        self.decoder = FrameDecoder(limits)  # the captured HELLO's, as the verifier's
+        self.stream = LiveStream(conn, matcher, limits)  # the captured HELLO's limits
         self.arrived = asyncio.Event()  # a frame came, or the stream ended
         self.ended = False  # the worker closed the connection
         self.given_up = False  # we stopped reading: what it sent cannot be compared
@@ -80,26 +79,13 @@ class LiveLink:
                 data = await self.reader.read(READ_BYTES)
                 if not data:
                     break
-                self._frames(data)
+                self.given_up = not self.stream.feed(data)
                 self.arrived.set()
         except OSError:
             pass  # reset by the worker: the same as its close here
         finally:
             self.ended = True
             self.arrived.set()
-
-    def _frames(self, data: bytes) -> None:
-        try:
-            for frame in self.decoder.iter_frames(data):
-                msg = frame.message
-                if isinstance(msg, HelloAnswer) and msg.limits.max_context:
-                    self.decoder.limits = msg.limits  # the session's, as on the endpoints
-                if not self.matcher.live(self.conn, answer_of(frame)):
-                    self.given_up = True
-                    return
-        except RemoteProtocolError as e:
-            self.matcher.stray(self.conn, f"the live worker's stream does not decode: {e}")
-            self.given_up = True
 
     def write(self, raw: bytes) -> None:
         self.writer.write(raw)
@@ -108,38 +94,36 @@ class LiveLink:
         """Wait until the worker has sent every answer the capture showed so far."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while not self.given_up:
-            refused = self.matcher.refused(self.conn)
-            if refused is not None:
-                raise LiveError(f"worker {self.worker} refused the session: {refused}")
+        while True:
+            fatal = self.matcher.fatal(self.conn)  # first: a stream not the wire is given up
+            if fatal is not None:
+                raise LiveError(f"worker {self.worker} {fatal}")
             owed = self.matcher.owed(self.conn)
-            if not owed:
+            if self.given_up or not owed:
                 return
             if self.ended:
-                self._closed(f"answering {_step(owed[0])}")
+                why = self.matcher.worker_closed(self.conn)
+                if why is not None:
+                    raise LiveError(f"worker {self.worker} {why}")
+                self.given_up = True  # reported with the divergence before it
                 return
             left = deadline - loop.time()
             if left <= 0:
                 raise LiveError(f"worker {self.worker} silent: no answer to "
-                                f"{_step(owed[0])} within {wait_s:g} s (--wait-s)")
+                                f"{step_label(owed[0])} within {wait_s:g} s (--wait-s)")
             self.arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.arrived.wait(), left)
 
     def usable(self, msg) -> bool:
-        """Whether ``msg`` can go to the worker now (call after ``catch_up``). In the
-        capture the worker kept the connection open until now."""
+        """Whether ``msg`` can go to the worker now (call after ``catch_up``: no answer is
+        due). Not once it closed the connection: noted, and a fault only if the capture
+        shows it answering something later (``catch_up`` then raises)."""
         if self.ended and not self.given_up:
-            self._closed(f"the replay sent its {type(msg).__name__.upper()}")
-        return not self.given_up
-
-    def _closed(self, before: str) -> None:
-        if not self.matcher.diverged(self.conn):
-            raise LiveError(f"worker {self.worker} closed the connection before {before}")
-        # its state followed its own answers, not the captured ones: a worker refusing
-        # what came next is the divergence's doing, reported with it
-        self.matcher.stray(self.conn, f"the worker closed the connection before {before}")
-        self.given_up = True
+            why = self.matcher.worker_closed(self.conn, msg)
+            if why is not None:
+                raise LiveError(f"worker {self.worker} {why}")
+        return not (self.ended or self.given_up)
 
     async def close(self) -> None:
         self._task.cancel()
@@ -160,46 +144,49 @@ async def replay_live(role: Role, records: Iterable[Record], host: str, port: in
     done: set[int] = set()  # connections replayed (or given up on); nothing more is sent
     skipped: set[int] = set()
 
-    async def end(conn: int, wait: bool) -> None:
+    async def end(conn: int) -> None:
+        """The capture's connection ended: its answers shown so far, then the close."""
         link = links.pop(conn, None)
         if link is None:
             return
         done.add(conn)
         try:
-            if wait:
-                await link.catch_up(wait_s)
+            await link.catch_up(wait_s)
         finally:
             await link.close()
         matcher.close(conn)
 
     try:
-        for act in script(role, records):
-            if isinstance(act, Captured):
-                if matcher.is_open(act.conn):
-                    matcher.captured(act.conn, act.answer)
-            elif isinstance(act, Send):
-                if act.opens and act.conn not in links and act.conn not in done:
-                    matcher.open(act.conn)
-                    links[act.conn] = await LiveLink.connect(act.conn, host, port, matcher,
-                                                             act.message, wait_s, tls)
-                link = links.get(act.conn)
-                if link is None:
-                    if act.conn not in done:  # the capture began after its HELLO
-                        skipped.add(act.conn)
-                    continue
-                await link.catch_up(wait_s)
-                if not link.usable(act.message):
-                    continue  # it never reaches the worker: its step is "not sent"
-                link.write(act.raw)
-                matcher.sent(act.conn, act.message)
-            elif isinstance(act, Broken):
-                if act.conn in links:
-                    matcher.stray(act.conn, act.what)
-                    await end(act.conn, wait=False)
-            elif isinstance(act, Close):
-                await end(act.conn, wait=True)
+        try:
+            for act in script(role, records):
+                if isinstance(act, Captured):
+                    if matcher.is_open(act.conn):
+                        matcher.captured(act.conn, act.answer)
+                elif isinstance(act, Send):
+                    if act.opens and act.conn not in links and act.conn not in done:
+                        matcher.open(act.conn)
+                        links[act.conn] = await LiveLink.connect(
+                            act.conn, host, port, matcher, act.message, wait_s, tls)
+                    link = links.get(act.conn)
+                    if link is None:
+                        if act.conn not in done:  # the capture began after its HELLO
+                            skipped.add(act.conn)
+                        continue
+                    await link.catch_up(wait_s)
+                    if not link.usable(act.message):
+                        continue  # it never reaches the worker: its step is "not sent"
+                    link.write(act.raw)
+                    matcher.sent(act.conn, act.message)
+                elif isinstance(act, Broken):
+                    if act.conn in links:  # what it showed before is compared, as at a CLOSE
+                        matcher.capture_broken(f"c{act.conn}: {act.what}")
+                        await end(act.conn)
+                elif isinstance(act, Close):
+                    await end(act.conn)
+        except CaptureError as e:  # the file breaks part-way: nothing after it is read
+            matcher.capture_broken(str(e))
         for conn in list(links):  # a capture that ends with connections open
-            await end(conn, wait=True)
+            await end(conn)
     finally:
         for link in links.values():
             await link.close()

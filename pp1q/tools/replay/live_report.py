@@ -1,5 +1,5 @@
 """What ``pp1q replay FILE --worker HOST:PORT`` found: steps matched, diverged or cut
-short, and each diverged step's first difference."""
+short, each diverged step's first difference, and where the capture itself broke."""
 
 from __future__ import annotations
 
@@ -16,10 +16,16 @@ class LiveReport:
     skipped: int = 0  # captured connections without their HELLO: nothing to replay
     outcomes: collections.Counter = field(default_factory=collections.Counter)  # Outcome ->
     divergences: list[StepDivergence] = field(default_factory=list)  # in step order
+    # where the capture stops being replayable (a stream that does not decode, a file cut
+    # or corrupt part-way): compared up to there, not the live worker's doing
+    capture_errors: list[str] = field(default_factory=list)
+    copies: int = 0  # captured frames the network delivered twice, not compared
+    notes: list[str] = field(default_factory=list)  # what differed but lost no answer
 
     @property
     def ok(self) -> bool:
-        return not self.divergences
+        """Every answer the capture holds was compared and matched."""
+        return not self.divergences and not self.capture_errors
 
     @property
     def steps(self) -> int:
@@ -41,6 +47,7 @@ class LiveReport:
         out = []
         for d in firsts:
             out.append(f"!! DIVERGENCE   {d.where}: {d.describe()}")
+        out += [f"# note: {n}" for n in self.notes]
         out.append(self.summary())
         return out
 
@@ -53,6 +60,10 @@ class LiveReport:
             text += f", {o[Outcome.NOT_SENT]} not sent (connection given up)"
         if self.skipped:
             text += f"; {self.skipped} connections without their HELLO not replayed"
+        if self.copies:
+            text += f"; {self.copies} captured frames were network copies, not compared"
+        if self.capture_errors:
+            text += "; the capture breaks part-way: compared up to there"
         return text
 
     def as_json(self) -> dict:
@@ -63,7 +74,8 @@ class LiveReport:
                     "what": d.what}
 
         return {"ok": self.ok, "worker": self.worker, "connections": self.connections,
-                "skipped": self.skipped,
+                "skipped": self.skipped, "copies": self.copies,
+                "capture_errors": list(self.capture_errors), "notes": list(self.notes),
                 "steps": {o.value: self.outcomes[o] for o in Outcome},
                 "first_per_slot": [one(d) for d in self.first_per_slot()],
                 "divergences": [one(d) for d in self.divergences]}

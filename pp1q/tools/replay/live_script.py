@@ -62,7 +62,7 @@ def script(role: Role, records: Iterable[Record]) -> Iterator[Action]:
                 yield Close(item.conn)
             elif item.what == "error":
                 yield Broken(item.conn, item.flow, f"the captured {item.flow} stream does not "
-                                                   f"decode: {item.error}")
+                             f"decode (record {rec.index} at byte {rec.offset}): {item.error}")
             elif item.what != "frame":
                 continue  # open (a live connection opens at its HELLO), info, raw bytes
             elif item.flow is Flow.TO_WORKER:

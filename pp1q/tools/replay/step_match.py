@@ -1,7 +1,8 @@
 """One STEP's answer: the captured worker frames against the live ones, frame by frame.
 
 Frames are compared as soon as both sides have the same index, and then let go: a step
-holds only the frames one side has sent and the other not yet. The first difference is
+holds only the frames one side has sent and the other not yet (and the summary of the
+last captured one, to know a copy of it, below). The first difference is
 the step's divergence; nothing after it is compared.
 
 Timing is not the worker's to reproduce, so two things are not divergences:
@@ -10,6 +11,12 @@ Timing is not the worker's to reproduce, so two things are not divergences:
   on when it read it. Only the frames both sides sent are compared.
 - a capture whose answer is incomplete (its frames were lost on the way, or the capture
   ended): the frames it has are compared, the rest is not.
+
+Nor is a captured frame equal to the one captured just before it for the same step: a
+worker never sends one twice (REPLYs are numbered, the terminal frame ends the answer),
+so it is a copy the network made on its way to the verifier (a chaos run's duplicate),
+counted in ``copies``. The live worker is read directly: a copy there is its own, and
+compared.
 """
 
 from __future__ import annotations
@@ -67,8 +74,14 @@ class StepMatch:
         self.reset = False  # a RESET of its generation was sent: the answer may stop short
         self.sent = key is None  # its STEP went to the live worker (a handshake: its HELLO)
         self.divergence: StepDivergence | None = None
+        self.copies = 0  # captured frames the network delivered twice (not compared)
+        self._last_captured: Answer | None = None
 
     def add_captured(self, a: Answer) -> None:
+        if a == self._last_captured:
+            self.copies += 1
+            return
+        self._last_captured = a
         self.n_captured += 1
         self.captured_ended |= a.terminal
         self.captured.append(a)

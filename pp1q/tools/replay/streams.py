@@ -78,16 +78,17 @@ class _Stream:
     def feed(self, rec: Record, conn: int) -> list[Item]:
         if self.broken or self.protocol != Protocol.WIRE:
             return [Item(rec.time_ns, conn, self.flow, "bytes", nbytes=len(rec.body))]
+        out: list[Item] = []
         try:
-            return self._feed_wire(rec, conn)
-        except RemoteProtocolError as e:
-            self.broken = True
-            return [Item(rec.time_ns, conn, self.flow, "error", error=e)]
+            self._feed_wire(rec, conn, out)
+        except RemoteProtocolError as e:  # the frames before it in the record stand: the
+            self.broken = True  # same items whatever the record boundaries
+            out.append(Item(rec.time_ns, conn, self.flow, "error", error=e))
+        return out
 
-    def _feed_wire(self, rec: Record, conn: int) -> list[Item]:
+    def _feed_wire(self, rec: Record, conn: int, out: list[Item]) -> None:
         if self.keep_raw:
             self._pending += rec.body
-        out = []
         for frame in self.wire.iter_frames(rec.body):
             raw = None
             if self.keep_raw:
@@ -95,7 +96,6 @@ class _Stream:
                 del self._pending[:frame.nbytes]
             out.append(Item(rec.time_ns, conn, self.flow, "frame", message=frame.message,
                             frame=frame, raw=raw, nbytes=frame.nbytes))
-        return out
 
 
 class StreamSet:
