@@ -98,6 +98,12 @@ class HFShard:
         self.budget = int(kv_budget_bytes)
         self._slots: OrderedDict[Hashable, _SlotCache] = OrderedDict()  # LRU order
         self._ready: dict[Hashable, tuple[tuple[int, ...], torch.Tensor]] = {}  # prepare()
+        # slots a PREFILL op built K/V for whose first row has not come yet: never evicted,
+        # or two prompts under a budget that cannot hold both evict each other at every op
+        # and each op recomputes its whole prefix (quadratic). What this lets past the
+        # budget is bounded by the group's slots x a prompt's K/V (the worker's drafter
+        # budget exempts a request mid-prefill the same way).
+        self._prefilling: set[Hashable] = set()
         self.evictions = 0  # slot caches dropped to stay under the budget (a metric)
         self.cached_tokens = 0  # tokens whose K/V a request reused (benchmarks)
         self.fed_tokens = 0  # tokens run through the decoder (benchmarks)
@@ -116,6 +122,7 @@ class HFShard:
         each prefix of ``drafts`` (row i sees drafts[:i]), on the CPU; float32 (float64
         for a float64 model)."""
         seq, rows = _request(prefix, drafts)
+        self._prefilling.discard(slot)  # its first row: the prompt's last chunk is fed
         ready = self._ready.pop(slot, None)
         if ready is not None and ready[0] == tuple(seq) and ready[1].shape[0] == rows:
             return ready[1]
@@ -131,6 +138,7 @@ class HFShard:
         prefix. No row is computed: a prefill needs no logits."""
         seq = [int(t) for t in tokens]
         self._ready.pop(slot, None)
+        self._prefilling.add(slot)
         entry, keep = self._reuse(slot, seq, 0)
         if keep < len(seq):
             self.lm.hidden(torch.tensor([seq[keep:]]), entry.cache, 1)
@@ -150,6 +158,7 @@ class HFShard:
         plans = []
         for slot, prefix, drafts in requests:
             seq, rows = _request(prefix, drafts)
+            self._prefilling.discard(slot)
             entry, keep = self._reuse(slot, seq, rows)
             plans.append((slot, entry, seq, keep, rows))
 
@@ -191,14 +200,18 @@ class HFShard:
         """Free ``slot``'s cache (its request ended; unknown slots are ignored)."""
         self._slots.pop(slot, None)
         self._ready.pop(slot, None)
+        self._prefilling.discard(slot)
 
     @property
     def kv_bytes(self) -> int:
         return sum(e.nbytes for e in self._slots.values())
 
     def _fit_budget(self) -> None:
-        while self._slots and self.kv_bytes > self.budget:
-            self._slots.popitem(last=False)  # least recently used first, this one last
+        over = self.kv_bytes - self.budget
+        for slot in [s for s in self._slots if s not in self._prefilling]:  # LRU first
+            if over <= 0:
+                return
+            over -= self._slots.pop(slot).nbytes  # least recently used first, this one last
             self.evictions += 1
 
 

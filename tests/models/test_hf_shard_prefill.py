@@ -111,3 +111,53 @@ def test_a_rank_decides_the_same_round_after_prefill_ops_feeding_one_chunk(smol,
         decided.append(v.tolist())
     assert decided[0] == decided[1] and decided[0][0] == 1
     assert fed == [TAIL + len(drafts), len(prompt) + len(drafts)]
+
+
+class _EvictsMidPrefill:
+    """Planted: the budget fitted as before the exemption, any slot least recently used
+    first (a slot between two PREFILL ops included)."""
+
+    def _fit_budget(self) -> None:
+        while self._slots and self.kv_bytes > self.budget:
+            self._slots.popitem(last=False)
+            self.evictions += 1
+
+
+def _two_prompts_interleaved(shard, story_ids) -> tuple[list[int], int]:
+    """Two prompts prefilled a chunk at a time, their PREFILL ops alternating (two
+    requests opened together), under a budget that holds one whole prompt's K/V but not
+    both; then each slot's first round. (The forwards' fed ids, the evictions by then.)"""
+    prompts = [_long(story_ids), _long(story_ids[7:])]
+    shard.prefill(9, prompts[0])  # one whole prompt's K/V, buffers' room included
+    shard.budget = shard.kv_bytes + 1
+    shard.close(9)
+    fed = _fed(shard)
+    for upto in range(CHUNK, len(prompts[0]), CHUNK):
+        for slot, prompt in enumerate(prompts):
+            shard.prefill(slot, prompt[:upto])
+    evicted_mid_prefill = shard.evictions
+    for slot, prompt in enumerate(prompts):
+        shard.logits(slot, prompt, [11])
+    return fed, evicted_mid_prefill
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["shard", "planted-evicts-mid-prefill"])
+def test_two_prompts_under_a_small_budget_do_not_evict_each_other_mid_prefill(
+        smol, story_ids, planted):
+    """A slot between PREFILL ops is not evicted: each op feeds its chunk, never the whole
+    prefix again. Before, two long prompts whose K/V the budget could not hold together
+    evicted each other at every op, each op recomputing its slot's prefix (quadratic
+    work inside the group's exchanges). Once a slot's first row is computed it is
+    evictable again and the budget holds."""
+    from pp1q.models.hf_shard import HFShard
+
+    cls = type("Planted", (_EvictsMidPrefill, HFShard), {}) if planted else HFShard
+    shard = cls.from_checkpoint(smol, LO, HI, kv_budget_bytes=BUDGET)
+    fed, evicted_mid_prefill = _two_prompts_interleaved(shard, story_ids)
+    chunks = [CHUNK] * 4  # two chunks of each prompt, alternating
+    rounds = [TAIL + 1] * 2  # each first round feeds its last chunk and its draft
+    if planted:  # the planted shard recomputes: the check below must see it
+        assert fed != chunks + rounds and evicted_mid_prefill > 0
+        return
+    assert fed == chunks + rounds and evicted_mid_prefill == 0
+    assert shard.evictions >= 1 and shard.kv_bytes <= shard.budget  # the budget holds again
