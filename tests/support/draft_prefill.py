@@ -6,6 +6,7 @@ with the loop, so the log shows what ran between two chunks."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from pp1q.models.engine import PREFILL_CHUNK
 from pp1q.models.toy import ToyDrafter, ToySpec
@@ -46,6 +47,19 @@ class Logged(ToyDrafterEngine):
     def next_logits(self, request, token=None):
         self.log.append(("row", request, 0))
         return super().next_logits(request, token)
+
+
+class Slow(Logged):
+    """Each prompt call takes CALL_S, longer than the ticker's timer: it is due when the
+    call ends."""
+
+    def open(self, request, committed) -> None:
+        time.sleep(CALL_S)
+        super().open(request, committed)
+
+    def extend(self, request, committed) -> None:
+        time.sleep(CALL_S)
+        super().extend(request, committed)
 
 
 def prompt_calls(log: list, request) -> list[tuple[str, int]]:

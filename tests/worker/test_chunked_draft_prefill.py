@@ -16,12 +16,10 @@ chunks (a timer's task then waits three): each is rejected."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import msgspec
 import pytest
 from draft_prefill import (
-    CALL_S,
     CHUNKS,
     DEPTH,
     LONG,
@@ -30,6 +28,7 @@ from draft_prefill import (
     TOP_K,
     VOCAB,
     Logged,
+    Slow,
     chain,
     check_interleaved,
     prompt_calls,
@@ -121,19 +120,6 @@ async def test_planted_prefills_on_one_loop_tick_are_rejected(cls):
         check_interleaved(log, (SESSION, 0), LONG)
     with pytest.raises(AssertionError):
         _check_neighbour_first(log)
-
-
-class Slow(Logged):
-    """Each prompt call takes CALL_S, longer than the ticker's timer: it is due when the
-    call ends."""
-
-    def open(self, request, committed) -> None:
-        time.sleep(CALL_S)
-        super().open(request, committed)
-
-    def extend(self, request, committed) -> None:
-        time.sleep(CALL_S)
-        super().extend(request, committed)
 
 
 @pytest.mark.parametrize("pause", [drafting.PIECE_PAUSE_S, 0.0],
