@@ -51,3 +51,15 @@ class RankFailure(enum.StrEnum):
     RANK_TIMEOUT = "rank_timeout"  # a collective exceeded rank_timeout_s: a hung or stalled rank
     DIGEST_MISMATCH = "digest_mismatch"  # a rank's committed state differs from rank 0's
     RANK_REFUSED = "rank_refused"  # a rank voted no for another reason; every rank discarded
+
+
+class PrefillOutcome(enum.StrEnum):
+    """How a worker's prefill ahead of a slot's first STEP (a whole CONTEXT's) ended,
+    once it ran a chunk, or failed (pp1q.worker.drafting; docs/operations.md)."""
+
+    COMPLETED = "completed"  # every chunk of the context ran
+    TAKEN_OVER = "taken_over"  # the slot's STEP came: its prepare goes on from there
+    SUPERSEDED = "superseded"  # a new whole CONTEXT for the slot started its own prefill
+    RESET = "reset"  # a RESET for the slot (the prefix is kept: its next STEP resumes)
+    CLOSED = "closed"  # the connection ended (peer, idle or evicted session, stop)
+    FAILED = "failed"  # the drafter raised (logged with its reason: draft_kv_budget, ...)

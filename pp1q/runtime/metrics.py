@@ -3,7 +3,8 @@
 Conventions (../shared/ANCHORS.md): one prefix ``pp1q_``, base units (seconds, bytes),
 counters end in ``_total``, identity in ``pp1q_build_info``, and label values only from
 closed sets: ``pp1q.core.errors.Reason`` for validation failures and the outcome enums of
-``pp1q.core.outcomes`` (FallbackCause, StepKind, PeerRefusal, RankFailure) for the rest.
+``pp1q.core.outcomes`` (FallbackCause, StepKind, PeerRefusal, RankFailure, PrefillOutcome)
+for the rest.
 Each daemon owns a ``CollectorRegistry`` (never the process-global one), so tests can
 run several daemons in one process; ``serve`` publishes it from a thread of its own
 (pp1q.runtime.metrics_http), which keeps scrapes off the event loop.
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from pp1q import __version__
 from pp1q.core.errors import Reason
-from pp1q.core.outcomes import FallbackCause, PeerRefusal, RankFailure, StepKind
+from pp1q.core.outcomes import FallbackCause, PeerRefusal, PrefillOutcome, RankFailure, StepKind
 from pp1q.runtime.log_limit import LogLimit
 from pp1q.runtime.metrics_http import start_metrics_server
 from pp1q.runtime.settings import DaemonSettings, cannot_listen
@@ -54,6 +55,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "requests_queued": VERIFIER, "http_connections_aborted": VERIFIER,
     "metrics_connections_refused": BOTH, "metrics_connections_aborted": BOTH,
     "connections_closed": WORKER, "drafting_aborts": WORKER, "draft_kv_evictions": WORKER,
+    "draft_prefill_tokens": WORKER, "draft_prefills": WORKER,
 }
 # Why the verifier refused a request before it took a slot (requests_refused's labels):
 # 503 for the first five, 422 for processors a rank group cannot apply exactly and for a
@@ -190,8 +192,19 @@ class Metrics:
             "draft_kv_evictions", "Drafter requests a real model's worker dropped (their "
             "K/V) to stay under draft_kv_budget_bytes or 256 requests: their next STEP "
             "prefills again")
+        self.draft_prefill_tokens = counter(
+            "draft_prefill_tokens", "Prompt ids the worker's drafter prefilled (the ids of "
+            "each chunk handed to it: ahead of a STEP on a whole CONTEXT, or in a STEP's "
+            "prepare); a drafter without prefill (the toy chain) counts none")
+        self.draft_prefills = counter(
+            "draft_prefills", "Prefills a whole CONTEXT started ahead of the slot's first "
+            "STEP, counted once they ran a chunk (or failed), by how they ended: completed, "
+            "taken_over (the STEP came), superseded (a new whole CONTEXT), reset, closed "
+            "(the connection ended), failed", ("outcome",))
         for cause in FallbackCause:  # expose zeros: a scrape shows every cause
             self.fallbacks.labels(cause=cause.value)
+        for outcome in PrefillOutcome:
+            self.draft_prefills.labels(outcome=outcome.value)
         for kind in StepKind:
             self.rounds.labels(kind=kind.value)
         for failure in RankFailure:
@@ -234,6 +247,11 @@ class Metrics:
     def late_reply(self, reason: Reason) -> None:
         """A frame the endpoint discarded unread (``Discarded``), for ``reason``."""
         self.late_replies.labels(reason=Reason(reason).value).inc()
+
+    def prefill_ended(self, outcome: PrefillOutcome) -> None:
+        """A prefill ahead of a STEP that ran a chunk (or failed) ended
+        (``draft_prefills``)."""
+        self.draft_prefills.labels(outcome=PrefillOutcome(outcome).value).inc()
 
     def fallback(self, cause: FallbackCause) -> None:
         self.fallbacks.labels(cause=FallbackCause(cause).value).inc()

@@ -25,11 +25,16 @@ RESET mid-prefill stops it after the piece in hand. A slot's whole context (a CO
 from position 0) starts its ``prefill``: the same kind of pieces, run ahead of the
 slot's first STEP (the verifier sends a request's prompt before its own target prefills
 it, so the two prefills run side by side, not one after the other), stopped by the
-STEP, whose ``prepare`` goes on from the last piece done, or by a RESET. It also hears
-when a proposal is discarded (``discard``). The toy chain is stateless; ``EngineProposer``
-(pp1q.worker.engine_proposer) brings its KV cache to each STEP's committed prefix in
-``prepare`` whatever a prefill did, so a prefill stopped or lost can never leave it
-elsewhere. ``serve`` passes
+STEP, whose ``prepare`` goes on from the last piece done, or by a RESET. Each piece
+yields the prompt ids it ran, counted here (``pp1q_draft_prefill_tokens_total``), and a
+prefill ahead is counted once it ends, by how (``PrefillOutcome``:
+``pp1q_draft_prefills_total``): a peer that sends whole CONTEXTs and no STEP makes the
+drafter prefill, a bounded cost (a slot's new CONTEXT stops its last prefill), and this is
+where an operator sees it. One stopped before its first piece ran did no work and is not
+counted. It also hears when a proposal is discarded (``discard``). The toy chain is
+stateless (no prefill: it counts none); ``EngineProposer`` (pp1q.worker.engine_proposer)
+brings its KV cache to each STEP's committed prefix in ``prepare`` whatever a prefill
+did, so a prefill stopped or lost can never leave it elsewhere. ``serve`` passes
 ``default_proposer`` (the toy chain, or ``EngineProposer`` for a real drafter) and a
 planted-bug test a wrong q the same way (pp1q.worker.daemon.serve); the round benchmark
 builds its connection with canned rows (pp1q.tools.bench.round_peer).
@@ -38,11 +43,13 @@ builds its connection with canned rows (pp1q.tools.bench.round_peer).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
 
 from pp1q.core.errors import Pp1qError, Reason
+from pp1q.core.outcomes import PrefillOutcome
 from pp1q.core.q import DyadicRow
 from pp1q.models.toy import DraftModel
 from pp1q.runtime.metrics import Metrics
@@ -83,9 +90,10 @@ class Proposer:
     def __init__(self, model: DraftModel) -> None:
         self.model = model
 
-    def prefill(self, key, prefix: list[int]) -> Iterator[None]:
+    def prefill(self, key, prefix: list[int]) -> Iterator[int]:
         """A whole committed context for ``key`` (session, slot) arrived: work to do ahead
-        of the slot's first STEP, in pieces as ``prepare``'s (one yield after each). The
+        of the slot's first STEP, in pieces as ``prepare``'s (one yield after each, of the
+        prompt ids it ran: counted in ``pp1q_draft_prefill_tokens_total``). The
         worker runs them while the verifier's target prefills the same prompt, until the
         slot's STEP (whose ``prepare`` takes over from the last piece done), a RESET or the
         connection's end stops them. The toy model is stateless (each row reads the
@@ -103,10 +111,10 @@ class Proposer:
         """The worker's bound on the drafter's K/V (``draft_kv_budget_bytes``), and what to
         call for each request dropped to keep it. The toy keeps none."""
 
-    def prepare(self, step: Step, prefix: list[int]) -> Iterator[None]:
-        """Work to do before the STEP's first row, one yield after each piece (the drafter
-        may stop between two pieces, and a later STEP's ``prepare`` takes over from the
-        last piece done). The toy chain has none."""
+    def prepare(self, step: Step, prefix: list[int]) -> Iterator[int]:
+        """Work to do before the STEP's first row, one yield after each piece, of the
+        prompt ids it ran (the drafter may stop between two pieces, and a later STEP's
+        ``prepare`` takes over from the last piece done). The toy chain has none."""
         return iter(())
 
     def rows(self, step: Step, prefix: list[int]) -> Iterator[tuple[int, DyadicRow | None]]:
@@ -118,6 +126,16 @@ class Proposer:
                             first_position=step.first_position, depth=step.depth,
                             temperature=step.temperature, top_k=step.top_k or None)
         yield from propose(self.model, prefix, spec)
+
+
+@dataclasses.dataclass(eq=False)
+class Ahead:
+    """A prefill ahead of a slot's first STEP: the proposer's pieces, the task running
+    them, and whether a piece ran (counted once it ends, if one did)."""
+
+    pieces: Iterator[int]
+    task: asyncio.Task | None = None
+    ran: bool = False
 
 
 class StepDrafter:
@@ -137,14 +155,15 @@ class StepDrafter:
         self._queued = queued  # bytes written this loop tick, not yet handed to the transport
         self._flush = flush  # hand what is queued to the transport now, not at the tick's end
         self.tasks: dict[int, asyncio.Task] = {}
-        # slot -> (task, its pieces): a prefill ahead of the slot's first STEP
-        self.prefills: dict[int, tuple[asyncio.Task, Iterator[None]]] = {}
+        # slot -> its prefill ahead of the slot's first STEP, while it runs
+        self.prefills: dict[int, Ahead] = {}
         # dense REPLYs leave as (header, row) without a join copy (30-50 us a row): a
         # row is filled again only once the transport no longer holds it
         self._dense_rows = ZeroRows()
 
     def start(self, step: Step) -> None:
-        self._stop_prefill(step.slot)  # the step's prepare goes on from where it stopped
+        # the step's prepare goes on from where the prefill stopped
+        self._stop_prefill(step.slot, PrefillOutcome.TAKEN_OVER)
         task = asyncio.get_running_loop().create_task(self._run(step))
         self.tasks[step.slot] = task
         task.add_done_callback(lambda t, slot=step.slot: self._done(slot, t))
@@ -155,52 +174,63 @@ class StepDrafter:
         RESET or the connection's end stops it. A slot whose STEP is live (a verifier
         that resent its context mid-step) is left to that STEP's own ``prepare``."""
         slot = key[1]
-        self._stop_prefill(slot)
+        self._stop_prefill(slot, PrefillOutcome.SUPERSEDED)
         if slot in self.tasks:
             return
-        pieces = self.proposer.prefill(key, list(prefix))  # a copy: COMMITs extend the held one
-        task = asyncio.get_running_loop().create_task(self._prefill(slot, pieces))
-        self.prefills[slot] = (task, pieces)
-        task.add_done_callback(lambda t, slot=slot: self._prefill_done(slot, t))
+        # a copy of the prefix: COMMITs extend the held one
+        ahead = Ahead(self.proposer.prefill(key, list(prefix)))
+        ahead.task = asyncio.get_running_loop().create_task(self._prefill(slot, ahead))
+        self.prefills[slot] = ahead
 
     def cancel(self, slot: int) -> None:
-        self._stop_prefill(slot)
+        """The slot was RESET: its prefill and its STEP stop."""
+        self._stop_prefill(slot, PrefillOutcome.RESET)
         task = self.tasks.pop(slot, None)
         if task is not None:
             task.cancel()
 
     def cancel_all(self) -> None:
-        for slot in list(self.tasks) + list(self.prefills):
+        """The connection ended: every prefill and STEP of it stops."""
+        for slot in list(self.prefills):
+            self._stop_prefill(slot, PrefillOutcome.CLOSED)
+        for slot in list(self.tasks):
             self.cancel(slot)
 
-    def _stop_prefill(self, slot: int) -> None:
+    def _stop_prefill(self, slot: int, outcome: PrefillOutcome) -> None:
         """Stop the slot's prefill now, between two pieces (each runs whole in one loop
         callback): its pieces are closed here, not when the cancelled task next runs, so
-        a STEP started next finds the drafter's bookkeeping settled."""
-        held = self.prefills.pop(slot, None)
-        if held is not None:
-            task, pieces = held
-            task.cancel()
-            close = getattr(pieces, "close", None)
-            if close is not None:
-                close()
+        a STEP started next finds the drafter's bookkeeping settled. Counted as
+        ``outcome`` if a piece of it ran."""
+        ahead = self.prefills.pop(slot, None)
+        if ahead is None:
+            return
+        ahead.task.cancel()
+        close = getattr(ahead.pieces, "close", None)
+        if close is not None:
+            close()
+        if ahead.ran:
+            self.metrics.prefill_ended(outcome)
 
-    async def _prefill(self, slot: int, pieces: Iterator[None]) -> None:
+    async def _prefill(self, slot: int, ahead: Ahead) -> None:
+        """Run ``ahead``'s pieces, the loop turning after each; a stop cancels this at
+        its pause (counted by ``_stop_prefill``), an end by itself is counted here."""
+        outcome = PrefillOutcome.COMPLETED
         try:
-            for _ in pieces:  # a piece done (a prefill chunk): the loop turns before the next
+            for ids in ahead.pieces:  # a piece done (a prefill chunk): the loop turns next
+                self.metrics.draft_prefill_tokens.inc(ids)
+                ahead.ran = True
                 await asyncio.sleep(PIECE_PAUSE_S)
         except Exception as e:  # the drafter's failure: the slot's STEP prepares again from
             # what it holds (a failed call closes the request), failing closed if it fails
+            outcome = PrefillOutcome.FAILED
             reason = e.reason if isinstance(e, Pp1qError) else Reason.DRAFTER_FAILED
             self.metrics.logs.log(log, logging.WARNING, ("prefill", reason),
                                   "prefilling slot %d failed: %s", slot, str(e) or repr(e),
                                   exc_info=None if isinstance(e, Pp1qError) else e)
-
-    def _prefill_done(self, slot: int, task: asyncio.Task) -> None:
-        """Forget the slot's prefill once it ended (its failures ``_prefill`` logged)."""
-        held = self.prefills.get(slot)
-        if held is not None and held[0] is task:
+        if self.prefills.get(slot) is ahead:  # else stopped meanwhile, and counted then
             del self.prefills[slot]
+            if ahead.ran or outcome is PrefillOutcome.FAILED:  # a failure counts, ran or not
+                self.metrics.prefill_ended(outcome)
 
     def detach(self) -> None:
         """The connection is gone: drop its hooks (bound to it: a reference cycle)."""
@@ -230,7 +260,8 @@ class StepDrafter:
         try:
             if not ep.is_live(step.slot, step.generation, step.round_id):
                 return  # reset before we first ran: not even a piece of prefill for it
-            for _ in self.proposer.prepare(step, prefix):  # a piece done (a prefill chunk)
+            for ids in self.proposer.prepare(step, prefix):  # a piece done (a prefill chunk)
+                self.metrics.draft_prefill_tokens.inc(ids)
                 await asyncio.sleep(PIECE_PAUSE_S)  # the other slots' STEPs and input run
                 if not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # the next STEP for this slot takes over where this one stopped

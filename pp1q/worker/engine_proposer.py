@@ -16,7 +16,8 @@ another prefix than the one the verifier holds.
 That bringing happens in ``prefill`` when a new context arrives, ahead of its first
 STEP (the verifier's target prefills the same prompt meanwhile), and in ``prepare``
 before a STEP's first row, from wherever a prefill stopped: a prefix is opened with its
-first PREFILL_CHUNK ids and extended a chunk at a time, one yield after each chunk, so
+first PREFILL_CHUNK ids and extended a chunk at a time, one yield after each chunk (of
+its ids: the worker counts them, ``pp1q_draft_prefill_tokens_total``), so
 StepDrafter gives the event loop back between two chunks (a 4,096-token prompt is
 ~20-30 s of SmolLM2-135M on a 2-core CPU: whole, it held every other slot's STEP, each
 RESET and every read of the connection behind it, past the verifier's STEP watchdog).
@@ -90,29 +91,30 @@ class EngineProposer(Proposer):
         elif key in self._held:
             self._drop(key)
 
-    def prefill(self, key, prefix: list[int]) -> Iterator[None]:
+    def prefill(self, key, prefix: list[int]) -> Iterator[int]:
         """A new context, ahead of its first STEP: brought as that STEP would bring it."""
         return self._bring(key, prefix)
 
-    def prepare(self, step: Step, prefix: list[int]) -> Iterator[None]:
+    def prepare(self, step: Step, prefix: list[int]) -> Iterator[int]:
         return self._bring((step.session, step.slot), prefix)
 
-    def _bring(self, key: tuple[int, int], prefix: list[int]) -> Iterator[None]:
+    def _bring(self, key: tuple[int, int], prefix: list[int]) -> Iterator[int]:
         """Bring the drafter's request to ``prefix``, a yield after each prefill chunk
-        (an ``open`` or an ``extend``, the last one's too); a commit or a reset is cheap
-        and yields nothing. A prefix brought from nothing goes in PREFILL_CHUNK ids from
-        its first, whoever brings it (a prefill ahead, a STEP); one brought from a held
-        prefix goes on from there (a prefill ahead of P, then a STEP on P + [t]: P's
-        chunks, then t alone), so its logits may differ in the last float bits from a
-        prefill of the whole: every q is still built from the logits it had."""
+        (an ``open`` or an ``extend``, the last one's too) of the ids it handed the
+        drafter; a commit or a reset is cheap and yields nothing. A prefix brought from
+        nothing goes in PREFILL_CHUNK ids from its first, whoever brings it (a prefill
+        ahead, a STEP); one brought from a held prefix goes on from there (a prefill
+        ahead of P, then a STEP on P + [t]: P's chunks, then t alone), so its logits may
+        differ in the last float bits from a prefill of the whole: every q is still
+        built from the logits it had."""
         prefix = list(prefix)
         self._busy[key] += 1
         try:
             while True:
-                chunk = self._toward(key, prefix)
+                ids = self._toward(key, prefix)
                 done = len(self._held[key][0]) == len(prefix)
-                if chunk:
-                    yield
+                if ids:
+                    yield ids
                 if done:
                     return
         finally:  # done, failed, or closed by a step that stopped (then evictable again)
@@ -126,12 +128,13 @@ class EngineProposer(Proposer):
                 self._forgotten.discard(key)
                 self.forget(key)
 
-    def _toward(self, key: tuple[int, int], prefix: list[int]) -> bool:
+    def _toward(self, key: tuple[int, int], prefix: list[int]) -> int:
         """One engine call toward ``prefix``, from what the drafter holds now (read
         afresh: another slot's STEP may have evicted it since the last call); after it,
-        the committed tokens held are a prefix of ``prefix``. True for a prefill chunk."""
+        the committed tokens held are a prefix of ``prefix``. The ids of a prefill chunk
+        (``open`` or ``extend``), else 0."""
         held = self._held.pop(key, None)  # back (as the most recent) once the call is done
-        chunk = False
+        ids = 0
         try:
             if held is not None:
                 committed, drafts = held
@@ -147,11 +150,13 @@ class EngineProposer(Proposer):
                 else:  # a prefill a RESET or a new STEP interrupted: go on from there
                     if drafts:
                         self.drafter.reset(key)  # extend is refused with drafts held
-                    self.drafter.extend(key, extra[:PREFILL_CHUNK])
-                    committed, chunk = committed + extra[:PREFILL_CHUNK], True
+                    chunk = extra[:PREFILL_CHUNK]
+                    self.drafter.extend(key, chunk)
+                    committed, ids = committed + chunk, len(chunk)
             if held is None:
-                committed, chunk = prefix[:PREFILL_CHUNK], True
+                committed = prefix[:PREFILL_CHUNK]
                 self.drafter.open(key, committed)
+                ids = len(committed)
         except BaseException:  # failed part-way: what it holds is unknown, start it over
             self._total -= self._bytes.pop(key, 0)
             self.drafter.close(key)
@@ -159,7 +164,7 @@ class EngineProposer(Proposer):
         self._held[key] = (committed, [])
         self._recount(key)
         self._fit(key)
-        return chunk
+        return ids
 
     def _fit(self, key: tuple[int, int]) -> None:
         """Drop the least recently used requests not in use (nor ``key``) while

@@ -15,7 +15,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from test_metric_roles import documented
 
 from pp1q.core.errors import Reason
-from pp1q.core.outcomes import FallbackCause, PeerRefusal, RankFailure, StepKind
+from pp1q.core.outcomes import FallbackCause, PeerRefusal, PrefillOutcome, RankFailure, StepKind
 from pp1q.runtime.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ LABEL_VALUES = {
     "reason": {r.value for r in Reason} | {p.value for p in PeerRefusal},
     "cause": {c.value for c in FallbackCause} | {f.value for f in RankFailure},
     "kind": {k.value for k in StepKind},
-    "outcome": {"ok", "error", "left_queued"},
+    "outcome": {"ok", "error", "left_queued"} | {o.value for o in PrefillOutcome},
     "mode": {"off", "greedy", "sampled"},
 }
 

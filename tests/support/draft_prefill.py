@@ -1,16 +1,21 @@
 """A toy drafter engine whose prompt calls and rows are logged, for the worker's
-chunked-prefill tests (tests/worker/test_chunked_draft_prefill.py, test_prefill_ahead.py):
-each ``open``, ``extend`` and row goes into one list with the ticks of a task that turns
-with the loop, so the log shows what ran between two chunks."""
+chunked-prefill tests (tests/worker/test_chunked_draft_prefill.py, test_prefill_ahead.py,
+test_prefill_counts.py): each ``open``, ``extend`` and row goes into one list with the
+ticks of a task that turns with the loop, so the log shows what ran between two chunks;
+and what the worker counted of its prefills, beside what the drafter's calls took."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 
+from pp1q.core.outcomes import PrefillOutcome
 from pp1q.models.engine import PREFILL_CHUNK
 from pp1q.models.toy import ToyDrafter, ToySpec
 from pp1q.models.toy_engine import ToyDrafterEngine
 from pp1q.worker.drafting import Proposer
+from pp1q.worker.engine_proposer import EngineProposer
 
 VOCAB, DEPTH, TOP_K = 64, 3, 8
 CHUNKS = 5
@@ -30,22 +35,62 @@ class Logged(ToyDrafterEngine):
     def __init__(self, log: list) -> None:
         super().__init__(model())
         self.log = log
-        self.fail_extend = False  # True: the next extend raises (and is cleared)
+        self.failing: set[str] = set()  # prompt calls whose next one raises (once each)
 
     def open(self, request, committed) -> None:
-        self.log.append(("open", request, len(committed)))
+        self._call("open", request, committed)
         super().open(request, committed)
 
     def extend(self, request, committed) -> None:
-        if self.fail_extend:
-            self.fail_extend = False
-            raise RuntimeError("planted: the device failed mid-extend")
-        self.log.append(("extend", request, len(committed)))
+        self._call("extend", request, committed)
         super().extend(request, committed)
+
+    def _call(self, what: str, request, committed) -> None:
+        """Log a prompt call, or raise if it is planted to fail (not logged: it took no id)."""
+        if what in self.failing:
+            self.failing.discard(what)
+            raise RuntimeError(f"planted: the device failed mid-{what}")
+        self.log.append((what, request, len(committed)))
 
     def next_logits(self, request, token=None):
         self.log.append(("row", request, 0))
         return super().next_logits(request, token)
+
+
+class Slow(Logged):
+    """Each prompt call takes CALL_S, longer than the ticker's timer: it is due when the
+    call ends."""
+
+    def open(self, request, committed) -> None:
+        time.sleep(CALL_S)
+        super().open(request, committed)
+
+    def extend(self, request, committed) -> None:
+        time.sleep(CALL_S)
+        super().extend(request, committed)
+
+
+class Unreported(EngineProposer):
+    """Planted: a prefill ahead whose pieces report no ids (its chunks run, uncounted)."""
+
+    def prefill(self, key, prefix):
+        with contextlib.closing(super().prefill(key, prefix)) as pieces:
+            for _ in pieces:
+                yield 0
+
+
+def prefills_ended(read) -> dict[str, float]:
+    """The worker's prefills ahead by how they ended (``pp1q_draft_prefills_total``),
+    the outcomes that happened only; ``read(name, **labels)``: a Metrics' ``value``, or
+    one over a scrape."""
+    counts = {o.value: read("pp1q_draft_prefills_total", outcome=o.value)
+              for o in PrefillOutcome}
+    return {o: n for o, n in counts.items() if n}
+
+
+def prompt_ids(log: list) -> int:
+    """The ids every prompt call in ``log`` handed the drafter, all requests."""
+    return sum(n for what, _, n in log if what in PROMPT_CALLS)
 
 
 def prompt_calls(log: list, request) -> list[tuple[str, int]]:

@@ -1,17 +1,21 @@
 """A verifier scripted by a test against a worker daemon over loopback TCP: its HELLO,
-CONTEXT and the frames it sends, the events it reads back (tests/worker)."""
+CONTEXT and the frames it sends, the events it reads back (tests/worker); and the worker
+daemon it talks to, served in the test's own loop."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from pp1q.core.prefix import Prefix
 from pp1q.models.toy import ToySpec
 from pp1q.wire import VerifierEndpoint, context_of
 from pp1q.wire.events import SessionStarted
 from pp1q.wire.session_config import verifier_config
+from pp1q.worker.daemon import serve
 
 TIMEOUT_S = 10.0  # every exchange takes milliseconds
+START_S = 120.0  # a sampled worker's warm-up compiles numba on a cold cache (~20 s loaded)
 SESSION = 99
 
 
@@ -48,3 +52,22 @@ async def session(port: int, vocab: int) -> ScriptedVerifier:
 def set_context(v: ScriptedVerifier, slot: int, generation: int, prefix: Prefix) -> None:
     v.send(context_of(session=SESSION, slot=slot, generation=generation,
                       tokens=prefix.tokens, digest=prefix.digest))
+
+
+@contextlib.asynccontextmanager
+async def worker_daemon(settings, **serve_options):
+    """The worker daemon (``serve``) in this loop for the block: yields (its port, its
+    metrics port); stopped after."""
+    stop, ports = asyncio.Event(), []
+    task = asyncio.create_task(serve(settings, stop, ready=lambda p, m: ports.append((p, m)),
+                                     **serve_options))
+    try:
+        async with asyncio.timeout(START_S):
+            while not ports:
+                if task.done():
+                    task.result()  # it failed to start: its error, not a timeout
+                await asyncio.sleep(0.01)
+        yield ports[0]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, TIMEOUT_S)

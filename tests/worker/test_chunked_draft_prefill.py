@@ -16,12 +16,10 @@ chunks (a timer's task then waits three): each is rejected."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import msgspec
 import pytest
 from draft_prefill import (
-    CALL_S,
     CHUNKS,
     DEPTH,
     LONG,
@@ -30,6 +28,7 @@ from draft_prefill import (
     TOP_K,
     VOCAB,
     Logged,
+    Slow,
     chain,
     check_interleaved,
     prompt_calls,
@@ -66,7 +65,7 @@ class Whole(EngineProposer):
         self.drafter.close(key)
         self.drafter.open(key, list(prefix))
         self._held[key] = (list(prefix), [])
-        yield
+        yield len(prefix)
 
 
 class Reopens(EngineProposer):
@@ -121,19 +120,6 @@ async def test_planted_prefills_on_one_loop_tick_are_rejected(cls):
         check_interleaved(log, (SESSION, 0), LONG)
     with pytest.raises(AssertionError):
         _check_neighbour_first(log)
-
-
-class Slow(Logged):
-    """Each prompt call takes CALL_S, longer than the ticker's timer: it is due when the
-    call ends."""
-
-    def open(self, request, committed) -> None:
-        time.sleep(CALL_S)
-        super().open(request, committed)
-
-    def extend(self, request, committed) -> None:
-        time.sleep(CALL_S)
-        super().extend(request, committed)
 
 
 @pytest.mark.parametrize("pause", [drafting.PIECE_PAUSE_S, 0.0],
@@ -223,7 +209,9 @@ def test_a_prepare_left_part_way_is_resumed_by_rows_and_by_later_prefixes():
     # drafts held, and a longer prefix that is not their commit: reset and extended
     longer = LONG + [(drafted[0] + 1) % VOCAB] + [i % VOCAB for i in range(PREFILL_CHUNK + 2)]
     step = _step(longer, 2)
-    assert list(proposer.prepare(step, longer)) == [None, None]  # two chunks, one yield each
+    # two chunks, one yield each, of its ids
+    assert list(proposer.prepare(step, longer)) == [PREFILL_CHUNK,
+                                                    len(longer) - len(LONG) - PREFILL_CHUNK]
     drafted = [t for t, _ in proposer.rows(step, longer)]
     assert drafted == chain(step, longer)
     assert [what for what, _ in prompt_calls(log, key)].count("open") == 1
@@ -236,7 +224,7 @@ def test_a_prepare_left_part_way_is_resumed_by_rows_and_by_later_prefixes():
 
 def test_an_extend_that_fails_starts_the_request_over():
     log, engine, proposer, key, step, pieces = _one_chunk_in()
-    engine.fail_extend = True
+    engine.failing.add("extend")
     with pytest.raises(RuntimeError, match="planted"):
         next(pieces)
     assert key not in engine._requests.ledgers  # closed: what it held is unknown
@@ -284,8 +272,8 @@ def test_a_request_mid_prefill_is_not_evicted_by_other_slots(monkeypatch):
     next(pieces)  # slot 0 one chunk in; slots 1 and 2 prepare meanwhile
     for slot in (1, 2):
         step = step_of(slot, DEPTH, top_k=TOP_K, prefix=[slot, 5, 6])
-        assert list(proposer.prepare(step, [slot, 5, 6])) == [None]
-    assert list(pieces) == [None] * (CHUNKS - 1)  # the rest of slot 0's chunks
+        assert list(proposer.prepare(step, [slot, 5, 6])) == [3]
+    assert sum(pieces) == len(LONG) - PREFILL_CHUNK  # the rest of slot 0's chunks
     assert engine._requests.get((SESSION, 0)).committed == LONG
     assert [what for what, _ in prompt_calls(log, (SESSION, 0))].count("open") == 1
     assert (SESSION, 1) not in engine._requests.ledgers  # the one freed instead
@@ -306,6 +294,6 @@ def test_a_bringing_closed_after_the_next_began_keeps_the_key_unevictable(monkey
     next(second)
     first.close()
     step = step_of(1, DEPTH, top_k=TOP_K, prefix=[1, 5, 6])
-    assert list(proposer.prepare(step, [1, 5, 6])) == [None]  # another slot, past the bound
-    assert list(second) == [None] * (CHUNKS - 2)
+    assert list(proposer.prepare(step, [1, 5, 6])) == [3]  # another slot, past the bound
+    assert len(list(second)) == CHUNKS - 2
     assert [what for what, _ in prompt_calls(log, key)].count("open") == 1  # never evicted

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 from draft_prefill import model
-from worker_harness import SESSION, TIMEOUT_S, session, set_context
+from worker_harness import SESSION, TIMEOUT_S, session, set_context, worker_daemon
 
 from pp1q.core.errors import LocalProtocolError, Reason
 from pp1q.core.prefix import Prefix
@@ -21,12 +21,10 @@ from pp1q.models.engine import PREFILL_CHUNK
 from pp1q.models.toy_engine import ToyDrafterEngine
 from pp1q.runtime.settings import WorkerSettings
 from pp1q.wire import Step
-from pp1q.worker.daemon import serve
 from pp1q.worker.drafting import Proposer
 from pp1q.worker.engine_proposer import EngineProposer
 
 TOKEN_BYTES = 1000
-START_S = 120.0  # a sampled worker's warm-up compiles numba on a cold cache (~20 s loaded)
 
 
 class Sized(ToyDrafterEngine):
@@ -145,30 +143,21 @@ class _Recording(Proposer):
 
 
 async def test_the_daemon_bounds_its_proposer_and_frees_a_closed_sessions_slots():
-    stop, ports, metrics = asyncio.Event(), [], []
     settings = WorkerSettings(listen="127.0.0.1:0", vocab=64, draft_preset="far",
                               speculation="sampled", metrics_port=0,
                               draft_kv_budget_bytes=3 << 20)
-    task = asyncio.create_task(serve(settings, stop, ready=lambda p, m: (
-        ports.append(p), metrics.append(m)), proposer=_Recording))
-    try:
-        async with asyncio.timeout(START_S):  # sampled: numba's checks compile first
-            while not ports:
-                await asyncio.sleep(0.01)
+    async with worker_daemon(settings, proposer=_Recording) as (port, mport):
         recording = _Recording.made[-1]
         assert recording.limits == [3 << 20]
-        v = await session(ports[0], vocab=64)
+        v = await session(port, vocab=64)
         set_context(v, 0, 1, Prefix([3, 4, 5]))
         v.writer.close()
         async with asyncio.timeout(TIMEOUT_S):
             while not recording.forgotten:
                 await asyncio.sleep(0.01)
         assert recording.forgotten == [(SESSION, slot) for slot in range(4)]
-        body = await asyncio.to_thread(_scrape, metrics[0])
+        body = await asyncio.to_thread(_scrape, mport)
         assert "pp1q_draft_kv_evictions_total 1.0" in body  # the daemon's on_dropped
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, TIMEOUT_S)
 
 
 def test_a_request_drafting_rows_is_not_dropped_for_another_ones_growth():

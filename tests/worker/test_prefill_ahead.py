@@ -4,12 +4,14 @@ time with the loop turning between two): the verifier sends a request's prompt b
 its own target prefills it, so the two prefills run side by side. The STEP takes over
 where the prefill got to (``prepare`` goes on from the last chunk done, never reopens),
 a RESET stops it after the chunk in hand, and a prefill that fails leaves the STEP to
-start over.
+start over. Each prefill is counted by how it ended (``pp1q_draft_prefills_total``), and
+every chunk's ids, ahead or in the STEP's prepare, once (``pp1q_draft_prefill_tokens_total``:
+the daemon's CONTEXT-only peer is tests/worker/test_prefill_counts.py).
 
 The drafter is the toy's engine with its prompt calls logged (tests/support/
-draft_prefill.py). Planted: a proposer that prefills nothing ahead (as before), and one
-that prefills ahead in one loop callback (every other slot and read waiting): each is
-rejected."""
+draft_prefill.py). Planted: a proposer that prefills nothing ahead (as before), one
+that prefills ahead in one loop callback (every other slot and read waiting), and one
+whose prefill does not report its ids: each is rejected."""
 
 from __future__ import annotations
 
@@ -24,9 +26,12 @@ from draft_prefill import (
     TOP_K,
     VOCAB,
     Logged,
+    Unreported,
     chain,
     check_interleaved,
+    prefills_ended,
     prompt_calls,
+    prompt_ids,
     ticker,
 )
 from wire_helpers import feed_buffered
@@ -82,9 +87,17 @@ def _check_drafted(events: list, generation: int = 1) -> None:
     assert list(ready.draft_ids) == chain(step, LONG)
 
 
-async def _prefilled_ahead(cls) -> tuple[list, list, int]:
+def _check_counted(conn, log: list, **ended: float) -> None:
+    """The prefills ahead ended as ``ended`` says, and every prompt id the drafter's
+    calls took was counted once."""
+    assert prefills_ended(conn.metrics.value) == ended
+    assert conn.metrics.value("pp1q_draft_prefill_tokens_total") == prompt_ids(log)
+
+
+async def _prefilled_ahead(cls) -> tuple[list, list, int, object]:
     """The context alone until the loop has turned enough for the whole prefill, then
-    the STEP: the log, the verifier's events and the prompt calls made before the STEP."""
+    the STEP: the log, the verifier's events, the prompt calls made before the STEP and
+    the connection."""
     log, conn, t, v, ticking = await _connected(cls)
     try:
         await until(lambda: not conn.drafter.prefills)
@@ -93,21 +106,29 @@ async def _prefilled_ahead(cls) -> tuple[list, list, int]:
         events = await _step(conn, t, v)
     finally:
         ticking.cancel()
-    return log, events, before
+    return log, events, before, conn
 
 
 async def test_a_whole_context_is_prefilled_before_its_step_arrives():
-    log, events, before = await _prefilled_ahead(EngineProposer)
+    log, events, before, conn = await _prefilled_ahead(EngineProposer)
     assert before == CHUNKS  # every chunk before the STEP, the loop turning between
     check_interleaved(log, KEY, LONG)
     assert len(prompt_calls(log, KEY)) == CHUNKS  # the STEP prefilled nothing again
     _check_drafted(events)
+    _check_counted(conn, log, completed=1)
+
+
+async def test_a_planted_prefill_that_does_not_report_its_ids_is_rejected():
+    log, events, before, conn = await _prefilled_ahead(Unreported)
+    _check_drafted(events)
+    with pytest.raises(AssertionError):
+        _check_counted(conn, log, completed=1)
 
 
 @pytest.mark.parametrize("cls", [NothingAhead, WholeAhead],
                          ids=["planted-nothing-ahead", "planted-whole-ahead"])
 async def test_planted_prefills_ahead_are_rejected(cls):
-    log, events, before = await _prefilled_ahead(cls)
+    log, events, before, _ = await _prefilled_ahead(cls)
     _check_drafted(events)  # exact either way: only the timing differs
     with pytest.raises(AssertionError):
         assert before == CHUNKS
@@ -129,6 +150,7 @@ async def test_a_step_mid_prefill_takes_over_where_it_got_to():
     check_interleaved(log, KEY, LONG)  # one open, then extends: nothing done twice
     assert len(prompt_calls(log, KEY)) == CHUNKS
     _check_drafted(events)
+    _check_counted(conn, log, taken_over=1)  # the STEP's prepare's chunks counted too
 
 
 async def test_a_reset_stops_a_prefill_and_the_next_step_resumes_it():
@@ -147,12 +169,15 @@ async def test_a_reset_stops_a_prefill_and_the_next_step_resumes_it():
         ticking.cancel()
     check_interleaved(log, KEY, LONG)
     _check_drafted(events, generation=2)
+    _check_counted(conn, log, reset=1)
 
 
-async def test_a_prefill_that_fails_leaves_the_step_to_start_over(caplog):
+@pytest.mark.parametrize("call, before", [("open", []), ("extend", ["open"])],
+                         ids=["first-chunk", "second-chunk"])
+async def test_a_prefill_that_fails_leaves_the_step_to_start_over(caplog, call, before):
     log, conn, t, v, ticking = await _connected(EngineProposer)
     engine = conn.proposer.drafter
-    engine.fail_extend = True  # the first extend (the second chunk) raises
+    engine.failing.add(call)  # the first open or extend raises: a chunk ran before, or none
     try:
         with caplog.at_level(logging.WARNING, logger="pp1q.worker"):
             await until(lambda: not conn.drafter.prefills)
@@ -161,8 +186,9 @@ async def test_a_prefill_that_fails_leaves_the_step_to_start_over(caplog):
         ticking.cancel()
     assert any("prefilling slot 0 failed: planted" in r.getMessage() for r in caplog.records)
     calls = [what for what, _ in prompt_calls(log, KEY)]
-    assert calls == ["open"] + ["open"] + ["extend"] * (CHUNKS - 1)  # started over
+    assert calls == before + ["open"] + ["extend"] * (CHUNKS - 1)  # started over
     _check_drafted(events)
+    _check_counted(conn, log, failed=1)  # the failed call took no id: neither logged
 
 
 def _context(tokens: list[int], generation: int = 1):
@@ -183,6 +209,7 @@ async def test_a_context_and_its_step_in_one_read_prefill_nothing_twice():
     _check_drafted(events)
     assert not conn.proposer._busy
     assert len(prompt_calls(log, KEY)) == CHUNKS
+    _check_counted(conn, log)  # the prefill never ran: no work, none counted
 
 
 async def test_a_reset_and_a_new_context_mid_prepare_keep_the_new_prefill_unevictable():
@@ -199,7 +226,7 @@ async def test_a_reset_and_a_new_context_mid_prepare_keep_the_new_prefill_unevic
         seen = []
         for _ in range(30):
             await asyncio.sleep(0)
-            if conn.drafter.prefills and not conn.drafter.prefills[0][0].done():
+            if conn.drafter.prefills and not conn.drafter.prefills[0].task.done():
                 seen.append(KEY in conn.proposer._busy)
         assert seen and all(seen), seen
         await until(lambda: not conn.drafter.prefills)
