@@ -146,6 +146,19 @@ def _check_a_captured_stream_that_stops_decoding(matcher, piece):
     assert _steps(r.report) == {"matched": 2}  # both r1 answers, whole before the COMMIT
 
 
+def test_a_capture_broken_before_its_hello_decodes_is_a_break():
+    """Garbage where the captured HELLO begins: the connection cannot be replayed at all,
+    and that is the capture breaking (exit 2), not a clean replay of nothing (it was:
+    '0 connections', exit 0)."""
+    header, recs = _capture()
+    for piece in PIECES:
+        bad = spliced(header.role, recs, 1, Flow.TO_WORKER, 0, b"XXXX" * 8)
+        r = _run(piece, recs=bad)
+        assert r.fatal is None and not r.report.ok and r.report.connections == 0
+        assert [e.split(" (")[0] for e in r.report.capture_errors] == [
+            "c1: the captured V>W stream does not decode"]
+
+
 def _check_a_capture_file_cut_part_way(matcher, piece, tmp_path):
     """The file ends inside a record: without --allow-truncated the reader's error is
     the break (compared up to there); with it, the cut is a capture that ends there."""
