@@ -192,6 +192,18 @@ def _check_not_the_wire(matcher, piece):
                        "(bad_magic: magic b'HTTP')")
 
 
+def test_a_first_frame_that_does_not_frame_is_not_the_wire():
+    """The magic, then a HELLO_ANSWER whose header checksum fails: no session to compare
+    against, exit 3 as for another service's port (docs/capture.md, section 3)."""
+    w = _worker()
+    head = bytearray(w[0])
+    head[33] ^= 0x01  # a control byte: the header's checksum covers it
+    for piece in PIECES:
+        r = _run(piece, live=[bytes(head), *w[1:]])
+        assert r.fatal == ("does not speak pp1q wire v2: its first bytes do not decode "
+                           "(checksum_mismatch: header/control checksum)")
+
+
 def _check_garbage_after_the_handshake(matcher, piece):
     """A worker that answered the session, then sent bytes that do not frame: its
     divergence (exit 1), named first: the answer it cut short follows from it."""
