@@ -101,7 +101,8 @@ class HFShard:
         # slots a PREFILL op built K/V for whose first row has not come yet: never evicted,
         # or two prompts under a budget that cannot hold both evict each other at every op
         # and each op recomputes its whole prefix (quadratic). What this lets past the
-        # budget is bounded by the group's slots x a prompt's K/V (the worker's drafter
+        # budget is bounded by the group's slots x a prompt's K/V as the buffers hold it
+        # (up to GROWTH = 1.5x the tokens', pp1q.models.hf_cache) (the worker's drafter
         # budget exempts a request mid-prefill the same way).
         self._prefilling: set[Hashable] = set()
         self.evictions = 0  # slot caches dropped to stay under the budget (a metric)

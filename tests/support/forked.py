@@ -12,11 +12,13 @@ The child runs nothing but the test: no output of its own (a failure comes back 
 a pipe as its traceback and fails the test here, pytest.fail), and it leaves by
 os._exit, never through the parent's exit handlers or buffers. A child that never ends
 (a lock another thread held at the fork, say) is killed after CHILD_LIMIT_S and fails
-the test rather than hanging the run.
+the test rather than hanging the run; so is a child whose parent stops reading early (a
+signal to the parent alone), rather than waited for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -63,10 +65,14 @@ def in_forked_child(fn, *args, **kwargs):
     if pid == 0:  # pragma: no cover - the child; it never returns
         _child(r, w, fn, args, kwargs)
     os.close(w)
+    data = None
     try:
         data = _read_to_end(r, pid)
     finally:
         os.close(r)
+        if data is None:  # the parent stopped reading (interrupted): the child may never end
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     if not data:
         pytest.fail("the forked child ended without a word", pytrace=False)

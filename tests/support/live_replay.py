@@ -103,6 +103,7 @@ def replay(role: Role, records: Iterable, *, live: dict[int, bytes] | None = Non
     m = matcher(LiveReport(worker="sans-io"))
     live, closes = dict(live or {}), set(closes)
     workers: dict[int, _Worker] = {}
+    broken: set[int] = set()  # connections whose captured stream broke: nothing more sent
 
     def catch_up(w: _Worker) -> None:  # LiveLink.catch_up, once the worker sent all it may
         w.answer()
@@ -140,7 +141,8 @@ def replay(role: Role, records: Iterable, *, live: dict[int, bytes] | None = Non
                     if m.is_open(act.conn):
                         m.captured(act.conn, act.answer)
                 elif isinstance(act, Send):
-                    if act.opens and act.conn not in workers and not m.is_open(act.conn):
+                    if act.opens and act.conn not in workers and not m.is_open(act.conn) \
+                            and act.conn not in broken:
                         m.open(act.conn)
                         workers[act.conn] = _Worker(act.conn, m, act.message,
                                                     live.get(act.conn, b""),
@@ -154,9 +156,10 @@ def replay(role: Role, records: Iterable, *, live: dict[int, bytes] | None = Non
                         w.asked_for(act.message)
                         w.answer()
                 elif isinstance(act, Broken):
-                    if act.conn in workers:
+                    if act.conn not in broken:
                         m.capture_broken(f"c{act.conn}: {act.what}")
                         end(act.conn)
+                        broken.add(act.conn)
                 elif isinstance(act, Close):
                     end(act.conn)
         except CaptureError as e:

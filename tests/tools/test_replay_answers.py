@@ -252,3 +252,46 @@ def test_a_capture_against_itself_matches_every_step(name, piece):
     assert r.fatal is None and r.report.ok, r.report.lines()
     assert r.report.outcomes[Outcome.MATCHED] > len(slots)
     assert _CountsOpenSteps.most <= len(slots) + 1  # open steps and the handshake
+
+
+def _reply(key, index, token=None):
+    """A REPLY's summary (the fields the matcher reads), ``token`` its sampled one."""
+    from pp1q.tools.replay.answers import Answer, Row
+
+    token = index if token is None else token
+    return Answer("REPLY", key, (("index", index),), token, None, (Row(index, token, None, None),))
+
+
+def test_reset_steps_cut_unevenly_are_let_go_once_both_sides_moved_on():
+    """Every generation of a slot RESET mid-answer, the captured worker one frame further
+    than the live one (when each read the RESET is timing): each step is let go once
+    both sides sent a frame of a later generation, so one slot holds two steps, not its
+    history (it held every one: 200 here, each with its unmatched frame). A frame of a
+    reset step that comes before that is still compared."""
+    from wire_helpers import SESSION, step
+
+    m, most = AnswerMatcher(), 0
+    m.open(1)
+    for g in range(1, 201):
+        m.sent(1, step(slot=0, generation=g, round_id=1))
+        key = (0, g, 1)
+        m.captured(1, _reply(key, 1))
+        m.captured(1, _reply(key, 2))
+        m.live(1, _reply(key, 1))
+        m.sent(1, Reset(session=SESSION, slot=0, generation=g, reason=Reason.CANCELLED))
+        most = max(most, len(m._steps[1]))
+    m.close(1)
+    assert most <= 3  # the handshake, g and g - 1
+    assert dict(m.report.outcomes) == {Outcome.PARTIAL: 200}
+
+    m = AnswerMatcher()
+    m.open(1)
+    m.sent(1, step(slot=0, generation=1, round_id=1))
+    m.captured(1, _reply((0, 1, 1), 1))
+    m.captured(1, _reply((0, 1, 1), 2))
+    m.live(1, _reply((0, 1, 1), 1))
+    m.sent(1, Reset(session=SESSION, slot=0, generation=1, reason=Reason.CANCELLED))
+    m.sent(1, step(slot=0, generation=2, round_id=1))
+    m.live(1, _reply((0, 1, 1), 2, token=9))  # in flight when the next STEP went
+    m.close(1)
+    assert [d.key for d in m.report.divergences] == [(0, 1, 1)]

@@ -276,7 +276,8 @@ def test_a_port_that_is_not_a_workers_is_exit_three(live):
 
 def test_a_capture_that_breaks_part_way_is_exit_two(session, tmp_path, live):
     """Garbage inside the captured worker stream, and the file cut inside a record: each
-    replayed up to there, the break named on stderr (exit 2); a cut file read with
+    replayed up to there, the break named on stderr (exit 2; garbage where the HELLO
+    begins too, where nothing can be replayed); a cut file read with
     --allow-truncated is a capture that ends there (exit 0, a warning)."""
     header, recs = read_capture(session / "verifier.pp1qcap")
     i = next(i for i, r in enumerate(recs) if r.kind is Kind.DATA
@@ -285,6 +286,11 @@ def test_a_capture_that_breaks_part_way_is_exit_two(session, tmp_path, live):
                *recs[i + 1:]]
     write_records(tmp_path / "garbled.pp1qcap", header, garbled)
     write_records(tmp_path / "cut.pp1qcap", header, recs)
+    j = next(j for j, r in enumerate(recs) if r.kind is Kind.DATA
+             and r.direction is Direction.OUT)  # the HELLO's record
+    write_records(tmp_path / "no_hello.pp1qcap", header,
+                  [*recs[:j], dataclasses.replace(recs[j], body=b"XXXX" * 8 + recs[j].body),
+                   *recs[j + 1:]])
     with open(tmp_path / "cut.pp1qcap", "r+b") as f:
         f.truncate(recs[i].offset + 16)
     with _worker(session) as worker:
@@ -300,6 +306,8 @@ def test_a_capture_that_breaks_part_way_is_exit_two(session, tmp_path, live):
         assert rc == 2 and err.strip() == (
             f"pp1q replay: {tmp_path / 'cut.pp1qcap'}: truncated record header (16 of 32 "
             f"bytes) (record {i} at byte {recs[i].offset}); replayed up to there"), err
+        rc, out, err = live(tmp_path / "no_hello.pp1qcap", worker)  # nothing replayed
+        assert rc == 2 and "c1: the captured V>W stream does not decode" in err, (out, err)
         rc, out, err = live(tmp_path / "cut.pp1qcap", worker, "--allow-truncated")
     assert rc == 0 and "warning: truncated record header" in err, (out, err)
 

@@ -146,6 +146,19 @@ def _check_a_captured_stream_that_stops_decoding(matcher, piece):
     assert _steps(r.report) == {"matched": 2}  # both r1 answers, whole before the COMMIT
 
 
+def test_a_capture_broken_before_its_hello_decodes_is_a_break():
+    """Garbage where the captured HELLO begins: the connection cannot be replayed at all,
+    and that is the capture breaking (exit 2), not a clean replay of nothing (it was:
+    '0 connections', exit 0)."""
+    header, recs = _capture()
+    for piece in PIECES:
+        bad = spliced(header.role, recs, 1, Flow.TO_WORKER, 0, b"XXXX" * 8)
+        r = _run(piece, recs=bad)
+        assert r.fatal is None and not r.report.ok and r.report.connections == 0
+        assert [e.split(" (")[0] for e in r.report.capture_errors] == [
+            "c1: the captured V>W stream does not decode"]
+
+
 def _check_a_capture_file_cut_part_way(matcher, piece, tmp_path):
     """The file ends inside a record: without --allow-truncated the reader's error is
     the break (compared up to there); with it, the cut is a capture that ends there."""
@@ -177,6 +190,18 @@ def _check_not_the_wire(matcher, piece):
     r = _run(piece, matcher, live=[b"HTTP/1.1 400 Bad Request\r\n\r\n"], closes={1})
     assert r.fatal == ("does not speak pp1q wire v2: its first bytes do not decode "
                        "(bad_magic: magic b'HTTP')")
+
+
+def test_a_first_frame_that_does_not_frame_is_not_the_wire():
+    """The magic, then a HELLO_ANSWER whose header checksum fails: no session to compare
+    against, exit 3 as for another service's port (docs/capture.md, section 3)."""
+    w = _worker()
+    head = bytearray(w[0])
+    head[33] ^= 0x01  # a control byte: the header's checksum covers it
+    for piece in PIECES:
+        r = _run(piece, live=[bytes(head), *w[1:]])
+        assert r.fatal == ("does not speak pp1q wire v2: its first bytes do not decode "
+                           "(checksum_mismatch: header/control checksum)")
 
 
 def _check_garbage_after_the_handshake(matcher, piece):

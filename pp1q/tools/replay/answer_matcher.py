@@ -75,6 +75,7 @@ class AnswerMatcher:
         steps = self._steps[conn]
         if a.refused_session:
             self._captured_refusals.add(conn)
+        self._moved_on(conn, a.key, live=False)
         if a.key not in steps:
             if self._settled(conn, a.key):
                 return  # a late frame of a step its verifier had given up on
@@ -85,6 +86,7 @@ class AnswerMatcher:
     def live(self, conn: int, a: Answer) -> bool:
         """A frame the live worker sent; False once it sent what no replay can keep (a
         frame for a step never sent, or too many for one step): stop reading."""
+        self._moved_on(conn, a.key, live=True)
         s = self._steps[conn].get(a.key)
         if s is None and self._settled(conn, a.key):
             return True  # a late frame of a step settled (reset) already: not compared
@@ -174,6 +176,18 @@ class AnswerMatcher:
                 del steps[key]
                 self._floor[(conn, slot)] = max(self._floor.get((conn, slot), key[1:]),
                                                 key[1:])
+
+    def _moved_on(self, conn: int, key, live: bool) -> None:
+        """A frame of ``key``: on the side that sent it, the RESET steps of its slot's
+        earlier generations get nothing more (StepMatch.settled)."""
+        if key is HANDSHAKE:
+            return
+        for k, s in self._steps[conn].items():
+            if s.reset and k is not HANDSHAKE and k[0] == key[0] and k[1] < key[1]:
+                if live:
+                    s.live_moved_on = True
+                else:
+                    s.captured_moved_on = True
 
     def _settled(self, conn: int, key) -> bool:
         floor = self._floor.get((conn, key[0])) if key is not HANDSHAKE else None

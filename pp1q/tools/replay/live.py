@@ -178,9 +178,12 @@ async def replay_live(role: Role, records: Iterable[Record], host: str, port: in
                     link.write(act.raw)
                     matcher.sent(act.conn, act.message)
                 elif isinstance(act, Broken):
-                    if act.conn in links:  # what it showed before is compared, as at a CLOSE
+                    # what it showed before is compared, as at a CLOSE; a connection broken
+                    # before its HELLO decoded is a break too, not a connection left out
+                    if act.conn not in done:
                         matcher.capture_broken(f"c{act.conn}: {act.what}")
                         await end(act.conn)
+                        done.add(act.conn)  # nothing more of it is sent
                 elif isinstance(act, Close):
                     await end(act.conn)
         except CaptureError as e:  # the file breaks part-way: nothing after it is read

@@ -72,6 +72,11 @@ class StepMatch:
         self.n_captured = self.n_live = 0
         self.captured_ended = self.live_ended = False  # a terminal frame seen
         self.reset = False  # a RESET of its generation was sent: the answer may stop short
+        # after a RESET, each side's answer is over once that side sent a frame of a later
+        # generation of the slot (a worker's frames are in order, and it read the RESET
+        # before the STEP it answers now): what one side sent and the other not is then
+        # never compared, and the step is let go (``settled``)
+        self.captured_moved_on = self.live_moved_on = False
         self.sent = key is None  # its STEP went to the live worker (a handshake: its HELLO)
         self.divergence: StepDivergence | None = None
         self.copies = 0  # captured frames the network delivered twice (not compared)
@@ -117,6 +122,8 @@ class StepMatch:
         """Nothing more of it is expected on either side that could change its outcome."""
         if self.divergence is not None:
             return self.live_ended or self.reset
+        if self.reset and self.captured_moved_on and self.live_moved_on:
+            return True  # cut at different frames on each side: nothing more comes
         return ((self.captured_ended or self.reset) and (self.live_ended or self.reset)
                 and not self.held)
 
