@@ -38,6 +38,7 @@ def run(args) -> int:
         DEFAULT_VOCAB,
         STREAMED_SPARSE_TOP_KS,
         STREAMED_SPARSE_VOCAB,
+        ChaosError,
         SoakConfig,
         run_soak,
     )
@@ -62,6 +63,10 @@ def run(args) -> int:
           flush=True)
     # SIGTERM unwinds like Ctrl-C, so the daemons are stopped and not left orphaned
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    report = run_soak(cfg, log_dir, progress=lambda line: print(line, flush=True))
+    try:
+        report = run_soak(cfg, log_dir, progress=lambda line: print(line, flush=True))
+    except ChaosError as e:  # the harness's own failure: no report to print
+        print(f"pp1q soak: {e}", file=sys.stderr)
+        return 1
     print(report.format(), flush=True)
     return 1 if report.problems() else 0

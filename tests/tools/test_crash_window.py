@@ -73,3 +73,40 @@ def test_the_slot_sample_skips_only_a_worker_scrape_a_crash_cut():
     assert w.raced == 1
     with pytest.raises(http.client.IncompleteRead):
         _sample_slots(_rig({"worker"}), Counter(), w)
+
+
+class _FailingRestart:
+    """A rig whose worker does not start again after the soak's kill."""
+
+    def __init__(self) -> None:
+        self.killed = 0
+
+    def crash_worker(self) -> None:
+        self.killed += 1
+
+    def restart_worker(self) -> None:
+        raise RuntimeError("worker did not start ('address already in use')")
+
+    def logs(self) -> str:
+        return "--- worker\nOSError: [Errno 98] address already in use"
+
+
+def test_a_failed_restart_is_the_soaks_error_not_a_refused_scrape():
+    """A restart that fails leaves the crash under way (the worker's reads still counted,
+    not raised as a bare ConnectionRefusedError), and the soak raises the chaos thread's
+    own failure, naming it and showing the daemons' logs. Before, the thread died with a
+    traceback on stderr and the soak failed on the next scrape's refusal."""
+    from pp1q.tools.chaos.soak import SoakConfig, _chaos_thread, _raise_chaos_failure
+
+    rig, w, failures = _FailingRestart(), CrashWindow(), []
+    stop = SimpleNamespace(wait=lambda s: False)  # never told to stop: the crash comes first
+    cfg = SoakConfig(seconds=1, crash_every_s=1e-9)
+    _chaos_thread(failures, rig, cfg, __import__("random").Random(0), stop, [0], w)
+    assert rig.killed == 1 and len(failures) == 1
+    assert w.begun == 1 and w.over == 0  # still under way: a worker read now is counted
+    assert w.read(_refused) is None and w.raced == 1
+    _raise_chaos_failure([], rig)  # nothing failed: nothing raised
+    with pytest.raises(Exception, match="fault injection failed: RuntimeError: worker did "
+                       "not start") as e:
+        _raise_chaos_failure(failures, rig)
+    assert type(e.value).__name__ == "ChaosError" and "address already in use" in str(e.value)

@@ -181,6 +181,18 @@ class _Load:
             client.close()
 
 
+class ChaosError(RuntimeError):
+    """The soak's own fault injection failed (a worker that did not start again): the
+    soak cannot go on, and the cause is this, not the scrapes that then fail."""
+
+
+def _chaos_thread(failures: list[BaseException], *args) -> None:
+    try:
+        _chaos(*args)
+    except BaseException as e:  # noqa: BLE001 - reported by run_soak, in its own thread
+        failures.append(e)
+
+
 def _chaos(rig: Rig, cfg: SoakConfig, rng: random.Random, stop: threading.Event,
            restarts: list[int], crashes: CrashWindow) -> None:
     hold = 2 * cfg.watchdog_ms / 1000.0
@@ -221,9 +233,10 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         rig.proxy.set_rules(rules)
         stop, chaos_stop = threading.Event(), threading.Event()
         load = _Load(rig, cfg, stop)
-        restarts, crashes = [0], CrashWindow()
-        chaos = threading.Thread(target=_chaos,
-                                 args=(rig, cfg, rng, chaos_stop, restarts, crashes), daemon=True)
+        restarts, crashes, chaos_failures = [0], CrashWindow(), []
+        chaos = threading.Thread(
+            target=_chaos_thread,
+            args=(chaos_failures, rig, cfg, rng, chaos_stop, restarts, crashes), daemon=True)
         t0 = time.monotonic()
         for t in load.threads:
             t.start()
@@ -233,6 +246,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         next_progress = t0 + cfg.progress_s
         while (now := time.monotonic()) < t0 + cfg.seconds:
             time.sleep(SAMPLE_S)
+            _raise_chaos_failure(chaos_failures, rig)
             _sample_slots(rig, hwm, crashes)
             if not warm_rss and load.requests >= WARMUP_REQUESTS and not crashes.begun:
                 # None: the first crash came meanwhile (no warm figure after one)
@@ -244,6 +258,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
                 progress(_progress_line(rig, load, now - t0, restarts[0]))
         chaos_stop.set()
         chaos.join(30)
+        _raise_chaos_failure(chaos_failures, rig)
         rig.proxy.set_rules([])
         stop.set()
         for t in load.threads:
@@ -282,6 +297,13 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
     finally:
         rig.close()
     return report
+
+
+def _raise_chaos_failure(failures: list[BaseException], rig: Rig) -> None:
+    if failures:
+        e = failures[0]
+        raise ChaosError(f"the soak's fault injection failed: {type(e).__name__}: {e}\n"
+                         f"{rig.logs()}") from e
 
 
 def _sample_slots(rig: Rig, hwm: Counter, crashes: CrashWindow) -> None:
