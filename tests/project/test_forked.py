@@ -1,6 +1,6 @@
 """The tests' forked runner (tests/support/forked.py): a failure in the child fails the
-test here, a child that ends without a word fails it, and a parent that stops reading
-early does not wait on its child."""
+test here (a skip or xfail there is one here), a child that ends without a word fails
+it, and a parent that stops reading early does not wait on its child."""
 
 from __future__ import annotations
 
@@ -17,6 +17,16 @@ def test_the_childs_value_and_its_failure_come_back():
     assert in_forked_child(lambda: 7) == 7
     with pytest.raises(pytest.fail.Exception, match="ZeroDivisionError"):
         in_forked_child(lambda: 1 / 0)
+
+
+def test_a_skip_or_xfail_in_the_child_is_one_here():
+    """pytest.skip (an importorskip, say) in the child skips the test, not fails it."""
+    with pytest.raises(pytest.skip.Exception, match="no matplotlib here"):
+        in_forked_child(lambda: pytest.skip("no matplotlib here"))
+    with pytest.raises(pytest.xfail.Exception, match="known"):
+        in_forked_child(lambda: pytest.xfail("known"))
+    with pytest.raises(pytest.fail.Exception, match="it failed"):  # a fail stays a fail
+        in_forked_child(lambda: pytest.fail("it failed"))
 
 
 def test_a_child_killed_before_its_word_fails_the_test():

@@ -76,8 +76,12 @@ def in_forked_child(fn, *args, **kwargs):
         os.waitpid(pid, 0)
     if not data:
         pytest.fail("the forked child ended without a word", pytrace=False)
-    returned, value = pickle.loads(data)
-    if not returned:
+    how, value = pickle.loads(data)
+    if how == "skip":  # the child's pytest.skip: a skip here too, not a failure
+        pytest.skip(value)
+    if how == "xfail":
+        pytest.xfail(value)
+    if how == "raised":
         pytest.fail(f"in the forked child:\n{value}", pytrace=False)
     return value
 
@@ -86,9 +90,13 @@ def _child(r: int, w: int, fn, args, kwargs) -> None:
     try:
         os.close(r)
         try:
-            out = pickle.dumps((True, fn(*args, **kwargs)))
+            out = pickle.dumps(("returned", fn(*args, **kwargs)))
+        except pytest.skip.Exception as e:
+            out = pickle.dumps(("skip", e.msg))
+        except pytest.xfail.Exception as e:
+            out = pickle.dumps(("xfail", e.msg))
         except BaseException:  # noqa: BLE001 - handed to the parent
-            out = pickle.dumps((False, traceback.format_exc()))
+            out = pickle.dumps(("raised", traceback.format_exc()))
         view = memoryview(out)
         while view:
             view = view[os.write(w, view):]
