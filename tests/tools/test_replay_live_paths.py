@@ -1,5 +1,5 @@
 """How a live replay ends when something other than a drafted answer differs, on its
-sans-IO core (tests/support/live_replay.py: the adapter's sequence without a socket),
+sans-IO core (tests/support/live_replay.py: live_core's commands, a simulated worker),
 the live worker's bytes read a frame at a time and a byte at a time (the capture's
 records then a byte each too): the worker closing the connection, with an answer due or
 not; a capture that breaks part-way; a live stream that does not decode; a HELLO_ANSWER
