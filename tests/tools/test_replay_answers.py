@@ -158,9 +158,7 @@ def test_a_network_copy_in_the_capture_is_counted_not_compared():
     copies are counted, the answer matches. The live worker sending one twice is its own
     doing (it is read directly): a divergence."""
     key, answer = _step_answer()
-    m = AnswerMatcher()
-    m.open(1)
-    m.sent(1, _step_msg(key))
+    m = _matcher_sent(key)
     for a in answer:
         m.captured(1, a)
         m.captured(1, a)
@@ -193,11 +191,17 @@ def _step_msg(key, **kw):
     return Step(**{**fields, **kw})
 
 
-def test_the_matcher_owes_what_the_capture_showed_and_reports_per_slot():
-    key, answer = _step_answer()
-    m = AnswerMatcher()
+def _matcher_sent(key, **kw) -> AnswerMatcher:
+    """A matcher (``kw``: its options) with connection 1 open and ``key``'s STEP sent."""
+    m = AnswerMatcher(**kw)
     m.open(1)
     m.sent(1, _step_msg(key))
+    return m
+
+
+def test_the_matcher_owes_what_the_capture_showed_and_reports_per_slot():
+    key, answer = _step_answer()
+    m = _matcher_sent(key)
     for a in answer:
         m.captured(1, a)
     assert m.owed(1) == [key]
