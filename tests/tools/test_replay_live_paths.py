@@ -117,6 +117,14 @@ def _check_a_session_refusal_is_named_refused_or_ended(matcher, piece):
                        "its peers")
 
 
+def test_a_worker_that_stops_answering_is_silent():
+    """Part of an answer sent, then nothing, the connection still open: once the wait is
+    over (the simulated worker has sent all it will) the answer due is named, exit 3."""
+    for piece in PIECES:
+        r = _run(piece, live=_worker()[:3])
+        assert r.fatal == "silent: no answer to STEP s0 g1 r1 within 0 s (--wait-s)"
+
+
 # -- 2. the capture breaks part-way -------------------------------------------------------
 
 
