@@ -176,6 +176,23 @@ def test_a_network_copy_in_the_capture_is_counted_not_compared():
     assert s.finish() is Outcome.DIVERGED and s.copies == 0
 
 
+def test_a_repeat_in_a_capture_without_a_network_is_compared():
+    """Without ``network_copies`` (a worker's capture: its frames recorded as it sent
+    them) a REPLY captured twice is the worker's own repeat: compared, it matches a live
+    worker that repeats it too and diverges from one that does not; nothing is counted."""
+    key, [first, *rest] = _step_answer()
+    assert first.kind == "REPLY"
+    for live, outcome in (([first, first, *rest], Outcome.MATCHED),
+                          ([first, *rest], Outcome.DIVERGED)):
+        m = _matcher_sent(key, network_copies=False)
+        for a in [first, first, *rest]:
+            m.captured(1, a)
+        for a in live:
+            m.live(1, a)
+        m.close(1)
+        assert dict(m.report.outcomes) == {outcome: 1} and m.report.copies == 0
+
+
 def test_a_worker_far_ahead_of_the_capture_stops_being_read():
     s, answer = _sent_step()
     kept = [s.add_live(answer[0]) for _ in range(MAX_AHEAD)]

@@ -69,7 +69,10 @@ class LiveReplay:
     def __init__(self, role: Role, records: Iterable[Record], *, worker: str = "",
                  wait_s: float = 0.0, matcher: type[AnswerMatcher] = AnswerMatcher) -> None:
         self.role, self.records, self.wait_s = role, records, wait_s  # wait_s: for the line
-        self.matcher = matcher(LiveReport(worker=worker))
+        # a verifier's capture recorded the worker's frames after the network, a worker's
+        # as it sent them: only the first can hold the network's copies
+        self.matcher = matcher(LiveReport(worker=worker),
+                               network_copies=role is Role.VERIFIER)
         self._live: dict[int, _Live] = {}
         self._done: set[int] = set()  # connections replayed or given up: nothing more sent
         self._skipped: set[int] = set()  # captured without their HELLO
