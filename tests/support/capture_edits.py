@@ -1,13 +1,14 @@
 """Captures cut and spliced for the replay tests: records re-chunked, a connection's
 streams read out whole or frame by frame, bytes recorded into a stream (a copy of a
-frame, garbage) with every other byte where it was."""
+frame, garbage) with every other byte where it was, the other side's capture of the
+same bytes."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
 
-from pp1q.runtime.capture import Kind, Role
+from pp1q.runtime.capture import Direction, Kind, Role
 from pp1q.tools.replay.streams import Flow, flow_of
 from pp1q.wire import read_header
 
@@ -43,6 +44,16 @@ def rechunk(records: Iterable, size: int) -> list:
     return out
 
 
+def recorded_by(role: Role, capture_role: Role, records: Iterable) -> list:
+    """``records`` (a capture ``capture_role``'s process took) as ``role``'s would have
+    recorded the same bytes: where the roles differ, what one sent the other received."""
+    if role is capture_role:
+        return list(records)
+    other = {Direction.IN: Direction.OUT, Direction.OUT: Direction.IN}
+    return [dataclasses.replace(r, direction=other[r.direction]) if r.kind is Kind.DATA
+            else r for r in records]
+
+
 def spliced(role: Role, records: Iterable, conn: int, flow: Flow, at: int,
             data: bytes, *, joins: str = "next") -> list:
     """The capture with ``data`` recorded inside ``conn``'s ``flow`` stream at byte
@@ -64,4 +75,4 @@ def spliced(role: Role, records: Iterable, conn: int, flow: Flow, at: int,
     return out
 
 
-__all__ = ["frames", "rechunk", "spliced", "worker_streams"]
+__all__ = ["frames", "rechunk", "recorded_by", "spliced", "worker_streams"]

@@ -158,9 +158,7 @@ def test_a_network_copy_in_the_capture_is_counted_not_compared():
     copies are counted, the answer matches. The live worker sending one twice is its own
     doing (it is read directly): a divergence."""
     key, answer = _step_answer()
-    m = AnswerMatcher()
-    m.open(1)
-    m.sent(1, _step_msg(key))
+    m = _matcher_sent(key)
     for a in answer:
         m.captured(1, a)
         m.captured(1, a)
@@ -178,6 +176,23 @@ def test_a_network_copy_in_the_capture_is_counted_not_compared():
     assert s.finish() is Outcome.DIVERGED and s.copies == 0
 
 
+def test_a_repeat_in_a_capture_without_a_network_is_compared():
+    """Without ``network_copies`` (a worker's capture: its frames recorded as it sent
+    them) a REPLY captured twice is the worker's own repeat: compared, it matches a live
+    worker that repeats it too and diverges from one that does not; nothing is counted."""
+    key, [first, *rest] = _step_answer()
+    assert first.kind == "REPLY"
+    for live, outcome in (([first, first, *rest], Outcome.MATCHED),
+                          ([first, *rest], Outcome.DIVERGED)):
+        m = _matcher_sent(key, network_copies=False)
+        for a in [first, first, *rest]:
+            m.captured(1, a)
+        for a in live:
+            m.live(1, a)
+        m.close(1)
+        assert dict(m.report.outcomes) == {outcome: 1} and m.report.copies == 0
+
+
 def test_a_worker_far_ahead_of_the_capture_stops_being_read():
     s, answer = _sent_step()
     kept = [s.add_live(answer[0]) for _ in range(MAX_AHEAD)]
@@ -193,11 +208,17 @@ def _step_msg(key, **kw):
     return Step(**{**fields, **kw})
 
 
-def test_the_matcher_owes_what_the_capture_showed_and_reports_per_slot():
-    key, answer = _step_answer()
-    m = AnswerMatcher()
+def _matcher_sent(key, **kw) -> AnswerMatcher:
+    """A matcher (``kw``: its options) with connection 1 open and ``key``'s STEP sent."""
+    m = AnswerMatcher(**kw)
     m.open(1)
     m.sent(1, _step_msg(key))
+    return m
+
+
+def test_the_matcher_owes_what_the_capture_showed_and_reports_per_slot():
+    key, answer = _step_answer()
+    m = _matcher_sent(key)
     for a in answer:
         m.captured(1, a)
     assert m.owed(1) == [key]

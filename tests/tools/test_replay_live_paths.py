@@ -1,9 +1,10 @@
 """How a live replay ends when something other than a drafted answer differs, on its
-sans-IO core (tests/support/live_replay.py: the adapter's sequence without a socket),
+sans-IO core (tests/support/live_replay.py: live_core's commands, a simulated worker),
 the live worker's bytes read a frame at a time and a byte at a time (the capture's
 records then a byte each too): the worker closing the connection, with an answer due or
 not; a capture that breaks part-way; a live stream that does not decode; a HELLO_ANSWER
-with other limits; a frame the network copied on its way into the capture.
+with other limits; a frame captured twice (in a verifier's capture the network's copy,
+in a worker's the worker's own repeat).
 
 Each check is also run against a planted fault through the same seam (the matcher the
 replay is given, or the function the live stream summarises frames with) and must fail
@@ -17,11 +18,11 @@ import re
 import capture_vectors
 import msgspec
 import pytest
-from capture_edits import frames, rechunk, spliced, worker_streams
+from capture_edits import frames, rechunk, recorded_by, spliced, worker_streams
 from live_replay import replay, self_replay
 
 from pp1q.core.errors import Reason
-from pp1q.runtime.capture import CaptureReader, Kind, read_capture, write_records
+from pp1q.runtime.capture import CaptureReader, Kind, Role, read_capture, write_records
 from pp1q.tools.replay import answer_matcher, answers, decode, live_stream
 from pp1q.tools.replay.answer_matcher import AnswerMatcher
 from pp1q.tools.replay.step_match import Outcome, StepMatch
@@ -45,14 +46,15 @@ def _worker():
     return frames(worker_streams(header.role, recs)[1])
 
 
-def _run(piece, matcher=AnswerMatcher, *, live=None, recs=None, **kw):
-    """The capture against a worker sending ``live`` (default: what it captured)."""
+def _run(piece, matcher=AnswerMatcher, *, live=None, recs=None, role=None, **kw):
+    """The capture (``recs``, taken by ``role``: by default the vector's) against a worker
+    sending ``live`` (default: what it captured)."""
     header, captured = _capture()
     recs = captured if recs is None else recs
     if live is not None:
         kw["live"] = {1: b"".join(live)}
-    return self_replay(header.role, rechunk(recs, piece) if piece else recs, piece=piece,
-                       matcher=matcher, **kw)
+    return self_replay(role or header.role, rechunk(recs, piece) if piece else recs,
+                       piece=piece, matcher=matcher, **kw)
 
 
 def _decoded(raw: bytes):
@@ -115,6 +117,14 @@ def _check_a_session_refusal_is_named_refused_or_ended(matcher, piece):
     r = _run(piece, matcher, live=[*_worker()[:3], idle], closes={1})
     assert r.fatal == ("ended the session: idle_timeout: closed by the worker's bounds on "
                        "its peers")
+
+
+def test_a_worker_that_stops_answering_is_silent():
+    """Part of an answer sent, then nothing, the connection still open: once the wait is
+    over (the simulated worker has sent all it will) the answer due is named, exit 3."""
+    for piece in PIECES:
+        r = _run(piece, live=_worker()[:3])
+        assert r.fatal == "silent: no answer to STEP s0 g1 r1 within 0 s (--wait-s)"
 
 
 # -- 2. the capture breaks part-way -------------------------------------------------------
@@ -272,6 +282,30 @@ def _check_a_network_copy_is_not_compared(matcher, piece):
         "c1 s0 g1 r1 frame 2 position 5: captured position 5, live 4"]
 
 
+def _check_a_repeat_is_a_copy_only_in_a_verifiers_capture(matcher, piece):
+    """The same REPLY recorded twice in a row, in each side's capture of the session. The
+    verifier's recorded it after the network: a copy, counted and not compared (a live
+    worker sending it once matches). The worker's recorded what the worker sent, no
+    network between: it sent it twice, and that is compared (a live worker sending it
+    once diverges there; one sending it twice, as captured, matches)."""
+    header, recs = _capture()
+    w = _worker()
+    for role in Role:
+        copied = spliced(role, recorded_by(role, header.role, recs), 1, Flow.TO_VERIFIER,
+                         len(w[0]) + len(w[1]), w[1], joins="previous")
+        r = _run(piece, matcher, recs=copied, role=role, live=w)
+        if role is Role.VERIFIER:
+            assert r.report.ok and r.report.copies == 1, r.report.lines()
+            assert _steps(r.report) == {"matched": 6}
+            continue
+        assert r.report.copies == 0
+        assert [d.describe() for d in r.report.divergences] == [
+            "c1 s0 g1 r1 frame 2 position 4: captured position 4, live 5"]
+        r = _run(piece, matcher, recs=copied, role=role)
+        assert r.report.ok and r.report.copies == 0, r.report.lines()
+        assert _steps(r.report) == {"matched": 6}
+
+
 # -- each check: as it stands, and against its planted fault ------------------------------
 
 
@@ -317,6 +351,13 @@ class IgnoresUndecodable(AnswerMatcher):
         pass
 
 
+class CopiesInEveryCapture(AnswerMatcher):
+    """Takes a repeat for the network's copy whoever took the capture."""
+
+    def __init__(self, report=None, *, network_copies=True):
+        super().__init__(report, network_copies=True)
+
+
 class _ComparesCopies(StepMatch):
     def add_captured(self, a):
         self._last_captured = None
@@ -352,6 +393,7 @@ CHECKS = {  # check -> its planted fault: (monkeypatch) -> the matcher to run it
                                                            _positional_plain),
     _check_a_network_copy_is_not_compared: lambda mp: _plant(mp, answer_matcher, "StepMatch",
                                                              _ComparesCopies),
+    _check_a_repeat_is_a_copy_only_in_a_verifiers_capture: lambda mp: CopiesInEveryCapture,
 }
 
 

@@ -7,8 +7,8 @@
   and divergences; with a target, every validated round is decided again.
 - ``live.replay_live(role, records, host, port)``: the verifier's frames to a live
   worker over TCP, its answers compared with the captured ones per STEP (sans-IO core:
-  ``answers``, ``step_match``, ``answer_matcher``, ``live_stream``, ``live_script``,
-  ``live_report``).
+  ``live_core``, the replay's course, over ``live_script``, ``live_stream``,
+  ``answer_matcher``, ``step_match``, ``answers`` and ``live_report``).
 """
 
 from pp1q.tools.replay.reverify import Reverifier, target_from_identity

@@ -34,8 +34,12 @@ def frame_label(msg) -> str:
 
 
 class AnswerMatcher:
-    def __init__(self, report: LiveReport | None = None) -> None:
+    def __init__(self, report: LiveReport | None = None, *,
+                 network_copies: bool = True) -> None:
         self.report = report if report is not None else LiveReport()
+        # whether the captured worker frames crossed a network before they were recorded
+        # (a verifier's capture): a repeat is then the network's copy (StepMatch)
+        self.network_copies = network_copies
         self._steps: dict[int, dict] = {}  # conn -> key -> StepMatch, in the order sent
         self._stray: dict[int, StepDivergence] = {}  # conn -> a divergence outside a step
         # conn -> the live worker's session REFUSAL, and whether its HELLO_ANSWER came first
@@ -50,7 +54,7 @@ class AnswerMatcher:
         self._diverged: set[int] = set()  # conns with a step let go diverged
 
     def open(self, conn: int) -> None:
-        self._steps[conn] = {HANDSHAKE: StepMatch(conn, HANDSHAKE)}
+        self._steps[conn] = {HANDSHAKE: self._step(conn, HANDSHAKE)}
         self.report.connections += 1
 
     def is_open(self, conn: int) -> bool:
@@ -62,7 +66,7 @@ class AnswerMatcher:
         if isinstance(msg, Step):
             self._settle(conn, msg.slot)
             key = (msg.slot, msg.generation, msg.round_id)
-            steps.setdefault(key, StepMatch(conn, key)).sent = True
+            steps.setdefault(key, self._step(conn, key)).sent = True
         elif isinstance(msg, Reset):  # every generation up to it is dead on that slot:
             # an answer still open on either side may stop anywhere now
             for key, s in steps.items():
@@ -80,7 +84,7 @@ class AnswerMatcher:
             if self._settled(conn, a.key):
                 return  # a late frame of a step its verifier had given up on
             # answering a STEP the capture does not show (it began later)
-            steps[a.key] = StepMatch(conn, a.key)
+            steps[a.key] = self._step(conn, a.key)
         steps[a.key].add_captured(a)
 
     def live(self, conn: int, a: Answer) -> bool:
@@ -97,6 +101,9 @@ class AnswerMatcher:
         if a.refused_session:
             self._refusals.setdefault(conn, (a, s.n_live > 0))
         return s.add_live(a)
+
+    def _step(self, conn: int, key) -> StepMatch:
+        return StepMatch(conn, key, network_copies=self.network_copies)
 
     def stray(self, conn: int, what: str, cause: bool = False) -> None:
         """A divergence of the connection itself (a live stream that does not decode,

@@ -1,21 +1,19 @@
 """``pp1q replay FILE --worker HOST:PORT``: the verifier's side of a capture against a
 live worker over TCP, its answers compared with the captured ones.
 
-The thin asyncio part: one TCP connection per captured connection, opened at its HELLO
-(the captured frame itself, session id included: the worker answers a session, not a
-verifier), the captured verifier frames written in order, the worker's bytes read by
-one task per connection into a ``LiveStream`` and so to the ``AnswerMatcher`` (sans-IO:
-``live_stream.py``, ``answer_matcher.py``, ``step_match.py``, ``answers.py``). Before
-each frame it writes, the replay waits for the answers the capture shows before it
-(``AnswerMatcher.owed``), at most ``wait_s`` each time.
+The thin asyncio part of it: the replay's course is ``LiveReplay``'s (sans-IO:
+``live_core.py``, and under it ``live_script.py``, ``live_stream.py``,
+``answer_matcher.py``, ``step_match.py``, ``answers.py``); this does its commands. A
+TCP connection per captured connection, opened at its HELLO (the captured frame itself,
+session id included: the worker answers a session, not a verifier); the captured
+verifier frames written as they come; the worker's bytes read by one task per
+connection and handed to the core; each wait for the answers the capture shows before
+the next frame bounded by ``wait_s``.
 
-A worker that cannot be reached, does not speak the wire, refuses (or ends) the session
-the capture shows going on, closes the connection with an answer due (unless an answer
-already differed: then its consequence, reported with it) or leaves an answer unsent for
-``wait_s`` raises ``LiveError`` (``pp1q replay`` exit status 3): nothing after it can be
-compared. A close with no answer due is a note. A capture that breaks part-way (a stream
-of it that does not decode, a file cut or corrupt) is replayed up to there, and the
-report says so (exit status 2).
+Where the core stops the replay (a worker that does not speak the wire, refuses or
+ends the session the capture shows going on, closes the connection with an answer due,
+or leaves an answer unsent for ``wait_s``), and where the worker cannot be reached, this
+raises ``LiveError`` (``pp1q replay`` exit status 3): nothing after it can be compared.
 """
 
 from __future__ import annotations
@@ -25,13 +23,11 @@ import contextlib
 import ssl
 from collections.abc import Iterable
 
-from pp1q.runtime.capture import CaptureError, Record, Role
+from pp1q.runtime.capture import Record, Role
 from pp1q.runtime.tls import ClientTls, connect_kwargs
-from pp1q.tools.replay.answer_matcher import AnswerMatcher, step_label
+from pp1q.tools.replay.live_core import Connect, LiveReplay, ReplayStopError, Wait
 from pp1q.tools.replay.live_report import LiveReport
-from pp1q.tools.replay.live_script import Broken, Captured, Close, Send, script
-from pp1q.tools.replay.live_stream import LiveStream
-from pp1q.wire import Hello, Limits
+from pp1q.tools.replay.live_script import Close, Send
 
 DEFAULT_WAIT_S = 5.0  # per wait for owed answers: a toy round takes milliseconds
 READ_BYTES = 1 << 20  # one read's most (a dense row at vocabulary 129280 is 517 KB)
@@ -43,21 +39,19 @@ class LiveError(Exception):
 
 
 class LiveLink:
-    """One live connection, standing for one captured connection."""
+    """One live connection, standing for one captured connection: its bytes go to the
+    replay's core as they come."""
 
-    def __init__(self, conn: int, worker: str, matcher: AnswerMatcher, limits: Limits,
-                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.conn, self.worker, self.matcher = conn, worker, matcher
+    def __init__(self, conn: int, core: LiveReplay, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.conn, self.core = conn, core
         self.reader, self.writer = reader, writer
-        self.stream = LiveStream(conn, matcher, limits)  # the captured HELLO's limits
-        self.arrived = asyncio.Event()  # a frame came, or the stream ended
-        self.ended = False  # the worker closed the connection
-        self.given_up = False  # we stopped reading: what it sent cannot be compared
+        self.arrived = asyncio.Event()  # a read came, or the stream ended
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
-    async def connect(cls, conn: int, host: str, port: int, matcher: AnswerMatcher,
-                      hello: Hello, wait_s: float, tls: ClientTls | None = None) -> LiveLink:
+    async def connect(cls, conn: int, host: str, port: int, core: LiveReplay,
+                      wait_s: float, tls: ClientTls | None = None) -> LiveLink:
         worker = f"{host}:{port}"
         try:
             reader, writer = await asyncio.wait_for(
@@ -71,59 +65,31 @@ class LiveLink:
                             f"{e.reason or e}") from None
         except OSError as e:
             raise LiveError(f"worker {worker} unreachable: {e.strerror or e}") from None
-        return cls(conn, worker, matcher, hello.limits, reader, writer)
+        return cls(conn, core, reader, writer)
 
     async def _read(self) -> None:
         try:
-            while not self.given_up:
-                data = await self.reader.read(READ_BYTES)
-                if not data:
-                    break
-                self.given_up = not self.stream.feed(data)
+            while data := await self.reader.read(READ_BYTES):
+                if not self.core.received(self.conn, data):
+                    break  # given up: what it sends cannot be compared
                 self.arrived.set()
         except OSError:
             pass  # reset by the worker: the same as its close here
         finally:
-            self.ended = True
+            self.core.ended(self.conn)
             self.arrived.set()
 
     def write(self, raw: bytes) -> None:
         self.writer.write(raw)
 
-    async def catch_up(self, wait_s: float) -> None:
-        """Wait until the worker has sent every answer the capture showed so far."""
+    async def wait(self, wait_s: float) -> None:
+        """Wait while the core waits for the worker's answers, at most ``wait_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while True:
-            fatal = self.matcher.fatal(self.conn)  # first: a stream not the wire is given up
-            if fatal is not None:
-                raise LiveError(f"worker {self.worker} {fatal}")
-            owed = self.matcher.owed(self.conn)
-            if self.given_up or not owed:
-                return
-            if self.ended:
-                why = self.matcher.worker_closed(self.conn)
-                if why is not None:
-                    raise LiveError(f"worker {self.worker} {why}")
-                self.given_up = True  # reported with the divergence before it
-                return
-            left = deadline - loop.time()
-            if left <= 0:
-                raise LiveError(f"worker {self.worker} silent: no answer to "
-                                f"{step_label(owed[0])} within {wait_s:g} s (--wait-s)")
+        while self.core.waiting(self.conn) and (left := deadline - loop.time()) > 0:
             self.arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.arrived.wait(), left)
-
-    def usable(self, msg) -> bool:
-        """Whether ``msg`` can go to the worker now (call after ``catch_up``: no answer is
-        due). Not once it closed the connection: noted, and a fault only if the capture
-        shows it answering something later (``catch_up`` then raises)."""
-        if self.ended and not self.given_up:
-            why = self.matcher.worker_closed(self.conn, msg)
-            if why is not None:
-                raise LiveError(f"worker {self.worker} {why}")
-        return not (self.ended or self.given_up)
 
     async def close(self) -> None:
         self._task.cancel()
@@ -139,62 +105,26 @@ async def replay_live(role: Role, records: Iterable[Record], host: str, port: in
                       ) -> LiveReport:
     """Replay every captured connection against the worker at ``host:port`` (over mutual
     TLS with ``tls``, as the verifier daemon connects: pp1q.runtime.tls)."""
-    matcher = AnswerMatcher(LiveReport(worker=f"{host}:{port}"))
+    worker = f"{host}:{port}"
+    core = LiveReplay(role, records, worker=worker, wait_s=wait_s)
     links: dict[int, LiveLink] = {}
-    done: set[int] = set()  # connections replayed (or given up on); nothing more is sent
-    skipped: set[int] = set()
-
-    async def end(conn: int) -> None:
-        """The capture's connection ended: its answers shown so far, then the close."""
-        link = links.pop(conn, None)
-        if link is None:
-            return
-        done.add(conn)
-        try:
-            await link.catch_up(wait_s)
-        finally:
-            await link.close()
-        matcher.close(conn)
-
     try:
-        try:
-            for act in script(role, records):
-                if isinstance(act, Captured):
-                    if matcher.is_open(act.conn):
-                        matcher.captured(act.conn, act.answer)
-                elif isinstance(act, Send):
-                    if act.opens and act.conn not in links and act.conn not in done:
-                        matcher.open(act.conn)
-                        links[act.conn] = await LiveLink.connect(
-                            act.conn, host, port, matcher, act.message, wait_s, tls)
-                    link = links.get(act.conn)
-                    if link is None:
-                        if act.conn not in done:  # the capture began after its HELLO
-                            skipped.add(act.conn)
-                        continue
-                    await link.catch_up(wait_s)
-                    if not link.usable(act.message):
-                        continue  # it never reaches the worker: its step is "not sent"
-                    link.write(act.raw)
-                    matcher.sent(act.conn, act.message)
-                elif isinstance(act, Broken):
-                    # what it showed before is compared, as at a CLOSE; a connection broken
-                    # before its HELLO decoded is a break too, not a connection left out
-                    if act.conn not in done:
-                        matcher.capture_broken(f"c{act.conn}: {act.what}")
-                        await end(act.conn)
-                        done.add(act.conn)  # nothing more of it is sent
-                elif isinstance(act, Close):
-                    await end(act.conn)
-        except CaptureError as e:  # the file breaks part-way: nothing after it is read
-            matcher.capture_broken(str(e))
-        for conn in list(links):  # a capture that ends with connections open
-            await end(conn)
+        for cmd in core.commands():
+            if isinstance(cmd, Connect):
+                links[cmd.conn] = await LiveLink.connect(cmd.conn, host, port, core, wait_s,
+                                                         tls)
+            elif isinstance(cmd, Wait):
+                await links[cmd.conn].wait(wait_s)
+            elif isinstance(cmd, Send):
+                links[cmd.conn].write(cmd.raw)
+            elif isinstance(cmd, Close):
+                await links.pop(cmd.conn).close()
+    except ReplayStopError as e:
+        raise LiveError(f"worker {worker} {e}") from None
     finally:
         for link in links.values():
             await link.close()
-    matcher.report.skipped = len(skipped)
-    return matcher.report
+    return core.report
 
 
 __all__ = ["DEFAULT_WAIT_S", "LiveError", "LiveLink", "replay_live"]

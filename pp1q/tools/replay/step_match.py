@@ -12,11 +12,13 @@ Timing is not the worker's to reproduce, so two things are not divergences:
 - a capture whose answer is incomplete (its frames were lost on the way, or the capture
   ended): the frames it has are compared, the rest is not.
 
-Nor is a captured frame equal to the one captured just before it for the same step: a
-worker never sends one twice (REPLYs are numbered, the terminal frame ends the answer),
-so it is a copy the network made on its way to the verifier (a chaos run's duplicate),
-counted in ``copies``. The live worker is read directly: a copy there is its own, and
-compared.
+Nor is a captured frame equal to the one captured just before it for the same step,
+where the capture recorded the worker's frames after a network (``network_copies``: a
+verifier's capture): a worker never sends one twice (REPLYs are numbered, the terminal
+frame ends the answer), so it is a copy the network made on its way to the verifier (a
+chaos run's duplicate), counted in ``copies``. A worker's capture recorded its frames as
+it sent them, and the live worker is read directly: a repeat there is the worker's own,
+and compared.
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ class StepDivergence:
 
 
 class StepMatch:
-    def __init__(self, conn: int, key: tuple[int, int, int] | None) -> None:
+    def __init__(self, conn: int, key: tuple[int, int, int] | None, *,
+                 network_copies: bool = True) -> None:
         self.conn, self.key = conn, key
+        self.network_copies = network_copies  # a captured repeat is the network's (above)
         self.captured: deque[Answer] = deque()  # not yet compared
         self.live: deque[Answer] = deque()
         self.n_captured = self.n_live = 0
@@ -83,7 +87,7 @@ class StepMatch:
         self._last_captured: Answer | None = None
 
     def add_captured(self, a: Answer) -> None:
-        if a == self._last_captured:
+        if self.network_copies and a == self._last_captured:
             self.copies += 1
             return
         self._last_captured = a
