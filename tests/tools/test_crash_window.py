@@ -5,6 +5,9 @@ scrape outside every crash, or of the verifier (never crashed), still fails it."
 from __future__ import annotations
 
 import http.client
+import random
+import threading
+import time
 from collections import Counter
 from types import SimpleNamespace
 
@@ -110,3 +113,46 @@ def test_a_failed_restart_is_the_soaks_error_not_a_refused_scrape():
                        "not start") as e:
         _raise_chaos_failure(failures, rig)
     assert type(e.value).__name__ == "ChaosError" and "address already in use" in str(e.value)
+
+
+class _SlowRestart(_FailingRestart):
+    """A rig whose worker restart is still under way when the soak ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def restart_worker(self) -> None:
+        self.release.wait(30)
+        raise RuntimeError("worker did not start (no port line within 60 s)")
+
+
+def test_a_restart_still_under_way_at_the_soaks_end_is_the_soaks_error():
+    """The soak's end waits for a restart as long as one can take (the launcher's start
+    and stop bounds: it waited 30 s, half the start's 60), and a chaos thread still alive
+    after that is a ChaosError: the soak went on to its report with the worker
+    half-started, failing on a bare scrape error while the restart's own failure came
+    later, unraised, and a worker started after ``rig.close()`` was left running."""
+    from pp1q.runtime.launcher import STARTUP_TIMEOUT_S
+    from pp1q.tools.chaos.soak import CHAOS_JOIN_S, SoakConfig, _chaos_thread, _stop_chaos
+
+    assert CHAOS_JOIN_S > STARTUP_TIMEOUT_S
+    rig, w, failures = _SlowRestart(), CrashWindow(), []
+    stop = threading.Event()
+    cfg = SoakConfig(seconds=1, crash_every_s=1e-9)
+    chaos = threading.Thread(target=_chaos_thread,
+                             args=(failures, rig, cfg, random.Random(0), stop, [0], w),
+                             daemon=True)
+    chaos.start()
+    try:
+        while not rig.killed:
+            time.sleep(0.001)
+        with pytest.raises(Exception, match="did not stop within 0.05 s") as e:
+            _stop_chaos(chaos, stop, failures, rig, join_s=0.05)
+        assert type(e.value).__name__ == "ChaosError" and "address already in use" in str(e.value)
+    finally:
+        rig.release.set()
+        chaos.join(5)
+    assert len(failures) == 1  # then it failed: raised had the soak waited long enough
+    with pytest.raises(Exception, match="fault injection failed: RuntimeError"):
+        _stop_chaos(chaos, stop, failures, rig, join_s=0.05)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pp1q.core.outcomes import FallbackCause
+from pp1q.runtime.launcher import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S
 from pp1q.tools.chaos.crash_window import RSS_ERRORS, CrashWindow
 from pp1q.tools.chaos.faults import Direction, Rule, random_frame_rules
 from pp1q.tools.chaos.rig import Rig, delta, value
@@ -43,6 +44,9 @@ from pp1q.wire.events import DISCARD_REASONS
 RSS_GROWTH_BOUND_KIB = 32 * 1024  # per daemon, warm-up to end: pools are preallocated
 WARMUP_REQUESTS = 40  # RSS baseline after these (imports, pools, allocator arenas settle)
 SETTLE_S = 10.0  # after the last request: slots must be free by then
+# the chaos thread's end: a worker restart it is in (kill, the new worker's start, each
+# with its own bound: pp1q.runtime.launcher) runs to its end, then a margin
+CHAOS_JOIN_S = 0.5 + STARTUP_TIMEOUT_S + 3 * STOP_TIMEOUT_S + 10.0
 SAMPLE_S = 0.25  # slot gauge sampling period (the high-water mark is a sampled maximum)
 FRAME_FAULT_P = 0.002  # per matching frame and fault kind
 PROPOSAL_FAULT_P = 5 * FRAME_FAULT_P  # one PROPOSAL carries the 5 rows of a step (depth 5)
@@ -256,9 +260,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
             if now >= next_progress:
                 next_progress += cfg.progress_s
                 progress(_progress_line(rig, load, now - t0, restarts[0]))
-        chaos_stop.set()
-        chaos.join(30)
-        _raise_chaos_failure(chaos_failures, rig)
+        _stop_chaos(chaos, chaos_stop, chaos_failures, rig)
         rig.proxy.set_rules([])
         stop.set()
         for t in load.threads:
@@ -297,6 +299,22 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
     finally:
         rig.close()
     return report
+
+
+def _stop_chaos(chaos: threading.Thread, stop: threading.Event,
+                failures: list[BaseException], rig: Rig, join_s: float | None = None) -> None:
+    """Stop the chaos thread and raise its failure. It may be mid-restart (a restart
+    does not heed ``stop``): waited for as long as a restart can take, and a thread
+    still alive then is a ChaosError too, not a soak that goes on with its worker
+    half-started (the next scrape's bare error, the restart's own failure never
+    raised, a worker it starts after ``rig.close()`` left running)."""
+    join_s = CHAOS_JOIN_S if join_s is None else join_s
+    stop.set()
+    chaos.join(join_s)
+    _raise_chaos_failure(failures, rig)
+    if chaos.is_alive():
+        raise ChaosError(f"the soak's fault injection did not stop within {join_s:g} s "
+                         f"(a worker restart under way)\n{rig.logs()}")
 
 
 def _raise_chaos_failure(failures: list[BaseException], rig: Rig) -> None:
