@@ -233,3 +233,34 @@ async def test_a_reset_and_a_new_context_mid_prepare_keep_the_new_prefill_unevic
     finally:
         ticking.cancel()
     assert not conn.proposer._busy
+
+
+@pytest.mark.xfail(strict=True, reason="review77: a prefill whose last chunk ran is "
+                   "counted by what stops it in the pause after that chunk (taken_over, "
+                   "reset, closed), not completed: its end is known only at the next "
+                   "next() of its pieces")
+async def test_a_step_read_during_the_last_chunk_counts_a_completed_prefill():
+    """The STEP read while the prefill's last chunk runs (queued on the loop before the
+    prefill's pause ends, as a read during a real model's chunk is): every chunk ran
+    ahead, so the prefill completed; the STEP's prepare has nothing left to do."""
+    log, conn, t, v, ticking = await _connected(EngineProposer)
+    engine = conn.proposer.drafter
+    extend = engine.extend
+    loop = asyncio.get_running_loop()
+
+    def last_then_step(request, committed):
+        extend(request, committed)
+        if prompt_ids(log) == len(LONG):  # the last chunk: the STEP's bytes arrive now
+            loop.call_soon(feed_buffered, conn, v.send(
+                step_of(0, DEPTH, top_k=TOP_K, prefix=LONG), now=0.0))
+
+    engine.extend = last_then_step
+    try:
+        await until(lambda: prompt_ids(log) == len(LONG) and not conn.drafter.prefills
+                    and not conn.drafter.tasks)
+        events = v.receive_data(t.take(), 0.0)
+    finally:
+        ticking.cancel()
+    assert len(prompt_calls(log, KEY)) == CHUNKS  # every chunk ran ahead, none again
+    _check_drafted(events)
+    _check_counted(conn, log, completed=1)
