@@ -162,9 +162,9 @@ class StepDrafter:
         self._dense_rows = ZeroRows()
 
     def start(self, step: Step) -> None:
-        # the step's prepare goes on from where the prefill stopped
-        self._stop_prefill(step.slot, PrefillOutcome.TAKEN_OVER)
-        task = asyncio.get_running_loop().create_task(self._run(step))
+        # the step's prepare goes on from where the prefill stopped, and counts it
+        ahead = self._halt_prefill(step.slot)
+        task = asyncio.get_running_loop().create_task(self._run(step, ahead))
         self.tasks[step.slot] = task
         task.add_done_callback(lambda t, slot=step.slot: self._done(slot, t))
 
@@ -197,18 +197,23 @@ class StepDrafter:
             self.cancel(slot)
 
     def _stop_prefill(self, slot: int, outcome: PrefillOutcome) -> None:
+        """Stop the slot's prefill now (``_halt_prefill``), counted as ``outcome``."""
+        self._ahead_ended(self._halt_prefill(slot), outcome)
+
+    def _halt_prefill(self, slot: int) -> Ahead | None:
         """Stop the slot's prefill now, between two pieces (each runs whole in one loop
         callback): its pieces are closed here, not when the cancelled task next runs, so
-        a STEP started next finds the drafter's bookkeeping settled. Counted as
-        ``outcome`` if a piece of it ran."""
+        a STEP started next finds the drafter's bookkeeping settled. Not counted yet."""
         ahead = self.prefills.pop(slot, None)
-        if ahead is None:
-            return
-        ahead.task.cancel()
-        close = getattr(ahead.pieces, "close", None)
-        if close is not None:
-            close()
-        if ahead.ran:
+        if ahead is not None:
+            ahead.task.cancel()
+            close = getattr(ahead.pieces, "close", None)
+            if close is not None:
+                close()
+        return ahead
+
+    def _ahead_ended(self, ahead: Ahead | None, outcome: PrefillOutcome) -> None:
+        if ahead is not None and ahead.ran:  # one stopped before its first piece: no work
             self.metrics.prefill_ended(outcome)
 
     async def _prefill(self, slot: int, ahead: Ahead) -> None:
@@ -243,7 +248,11 @@ class StepDrafter:
         if not task.cancelled() and task.exception() is not None:
             log.error("drafting task failed", exc_info=task.exception())
 
-    async def _run(self, step: Step) -> None:
+    async def _run(self, step: Step, ahead: Ahead | None = None) -> None:
+        """Draft ``step``. ``ahead``: the slot's prefill it stopped, counted here once the
+        step's prepare is done: ``completed`` where it left the prepare nothing to do (its
+        last piece ran, its end not yet seen: a STEP read during the last chunk),
+        ``taken_over`` where the prepare ran pieces, or the step stopped first."""
         t0 = time.perf_counter()
         ep = self.endpoint
         self.metrics.steps.inc()
@@ -260,11 +269,16 @@ class StepDrafter:
         try:
             if not ep.is_live(step.slot, step.generation, step.round_id):
                 return  # reset before we first ran: not even a piece of prefill for it
+            left = False  # whether the prefill ahead left the prepare a piece to run
             for ids in self.proposer.prepare(step, prefix):  # a piece done (a prefill chunk)
+                left = True
                 self.metrics.draft_prefill_tokens.inc(ids)
                 await asyncio.sleep(PIECE_PAUSE_S)  # the other slots' STEPs and input run
                 if not ep.is_live(step.slot, step.generation, step.round_id):
                     return  # the next STEP for this slot takes over where this one stopped
+            self._ahead_ended(ahead, PrefillOutcome.TAKEN_OVER if left
+                              else PrefillOutcome.COMPLETED)
+            ahead = None
             resumed, awaited = time.perf_counter(), False
             for index, (token, row) in enumerate(self.proposer.rows(step, prefix), start=1):
                 if awaited and not ep.is_live(step.slot, step.generation, step.round_id):
@@ -300,6 +314,8 @@ class StepDrafter:
             log.exception("drafter failed on slot %d", step.slot)
             self._abort(step, Reason.DRAFTER_FAILED)
             return
+        finally:  # stopped (or failed) before its prepare was done: the STEP took it over
+            self._ahead_ended(ahead, PrefillOutcome.TAKEN_OVER)
         # the whole proposal leaves now: the verifier checks it while we draft the next
         self._flush()
         self.metrics.round_latency.observe(time.perf_counter() - t0)

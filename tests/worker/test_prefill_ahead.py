@@ -235,10 +235,6 @@ async def test_a_reset_and_a_new_context_mid_prepare_keep_the_new_prefill_unevic
     assert not conn.proposer._busy
 
 
-@pytest.mark.xfail(strict=True, reason="review77: a prefill whose last chunk ran is "
-                   "counted by what stops it in the pause after that chunk (taken_over, "
-                   "reset, closed), not completed: its end is known only at the next "
-                   "next() of its pieces")
 async def test_a_step_read_during_the_last_chunk_counts_a_completed_prefill():
     """The STEP read while the prefill's last chunk runs (queued on the loop before the
     prefill's pause ends, as a read during a real model's chunk is): every chunk ran
