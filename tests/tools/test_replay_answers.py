@@ -97,6 +97,36 @@ def test_a_corrupt_captured_payload_is_named():
                    "(checksum_mismatch)"
 
 
+def test_a_payload_corrupted_on_the_way_is_checked_by_its_claimed_checksum():
+    """In a capture made after a network (a verifier's), a captured payload that fails
+    its checksum was corrupted on the way (a chaos bit flip): the live frame is compared
+    by all the rest, its payload by the checksum the captured header claims (the
+    worker's own, intact), and counted. In a worker's capture, or with a live payload
+    that differs, it is still a divergence."""
+    f = _first_reply()
+    raw = bytearray(encode(f.message))
+    raw[-1] ^= 0x40  # the last q byte; the header's checksum now disagrees
+    [bad] = _decoder().feed_frames(bytes(raw))
+    captured, live = answer_of(bad), answer_of(f)
+    assert difference(captured, live, network=True) is None
+    assert difference(captured, live)[1].endswith("payload fails its check (checksum_mismatch)")
+    q = f.message.q.copy()
+    t = f.message.token
+    at = t if f.message.ids is None else int(np.searchsorted(f.message.ids, t))
+    other = (at + 1) % len(q)
+    q[at], q[other] = q[at] - q[at] / 2, q[other] + q[at] / 2  # another valid row
+    _, what = difference(captured, answer_of(_reframed(f, q=q)), network=True)
+    assert what.startswith(f"REPLY #{f.message.index} payload checksum: captured ")
+    _, what = difference(captured, answer_of(_reframed(f, token=(t + 1) % 64)), network=True)
+    assert what.startswith("token: captured ")
+    assert difference(live, captured, network=True) is not None  # a live payload that fails
+    for network in (True, False):  # a step's first frame, through the step's comparison
+        s = StepMatch(1, (0, 1, 1), network_copies=network)
+        s.add_captured(captured)
+        s.add_live(live)
+        assert (s.divergence is None, s.corrupted) == (network, int(network))
+
+
 def test_other_session_limits_are_named_limit_by_limit():
     """Limits travel by position (array-like): a divergence names each member that
     differs, not two unnamed tuples."""

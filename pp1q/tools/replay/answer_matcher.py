@@ -202,6 +202,7 @@ class AnswerMatcher:
 
     def _record(self, s: StepMatch) -> None:
         self.report.copies += s.copies
+        self.report.corrupted += s.corrupted
         outcome = s.finish()
         if s.key is HANDSHAKE and outcome is Outcome.MATCHED:
             return  # a session, not a step: counted only when it differs

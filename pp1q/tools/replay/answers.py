@@ -12,12 +12,14 @@ many rounds is compared without holding its rows.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import msgspec
 import numpy as np
 import xxhash
 
+from pp1q.core.errors import Reason
 from pp1q.core.q import MASS
 from pp1q.wire import Proposal, Refusal, Reply, Status
 from pp1q.wire.framing import Frame
@@ -125,11 +127,28 @@ def _q_count(token: int, ids, q) -> int | None:
     return int(q[at] * MASS) if at < len(ids) and ids[at] == token else None
 
 
-def difference(captured: Answer, live: Answer) -> tuple[int | None, str] | None:
+def corrupted_on_the_way(captured: Answer, live: Answer) -> bool:
+    """A captured frame whose payload failed its checksum where the live one's checks:
+    in a capture made after a network (a verifier's), the network's doing (a chaos
+    run's bit flip), not the captured worker's."""
+    return captured.error == Reason.CHECKSUM_MISMATCH.value and live.error is None
+
+
+def difference(captured: Answer, live: Answer, *, network: bool = False
+               ) -> tuple[int | None, str] | None:
     """None when the frames are the same; else (position or None, what differs), the
-    first difference in the order a reader wants it: kind, tokens, payload, fields."""
+    first difference in the order a reader wants it: kind, tokens, payload, fields.
+    ``network``: the capture recorded the worker's frames after a network; a captured
+    payload corrupted on the way (``corrupted_on_the_way``) is then compared by all the
+    rest, its payload by the checksum its header claims (the worker's, intact: the
+    header and the control part have checksums of their own) against the live one's."""
     if captured == live:
         return None
+    if network and corrupted_on_the_way(captured, live):
+        live = dataclasses.replace(live, error=captured.error, rows=tuple(
+            Row(r.position, r.token, None, None) for r in live.rows))  # as a lost payload
+        if captured == live:
+            return None
     if captured.kind != live.kind:
         return None, f"captured {captured.label()}, live {live.label()}"
     for c, v in zip(captured.rows, live.rows, strict=False):

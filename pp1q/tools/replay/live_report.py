@@ -20,6 +20,7 @@ class LiveReport:
     # or corrupt part-way): compared up to there, not the live worker's doing
     capture_errors: list[str] = field(default_factory=list)
     copies: int = 0  # captured frames the network delivered twice, not compared
+    corrupted: int = 0  # captured payloads the network corrupted, checked by checksum
     notes: list[str] = field(default_factory=list)  # what differed but lost no answer
 
     @property
@@ -62,6 +63,9 @@ class LiveReport:
             text += f"; {self.skipped} connections without their HELLO not replayed"
         if self.copies:
             text += f"; {self.copies} captured frames were network copies, not compared"
+        if self.corrupted:
+            text += (f"; {self.corrupted} captured payloads were corrupted on the way, "
+                     "checked by the checksums their headers claim")
         if self.capture_errors:
             text += "; the capture breaks part-way: compared up to there"
         return text
@@ -75,6 +79,7 @@ class LiveReport:
 
         return {"ok": self.ok, "worker": self.worker, "connections": self.connections,
                 "skipped": self.skipped, "copies": self.copies,
+                "corrupted": self.corrupted,
                 "capture_errors": list(self.capture_errors), "notes": list(self.notes),
                 "steps": {o.value: self.outcomes[o] for o in Outcome},
                 "first_per_slot": [one(d) for d in self.first_per_slot()],

@@ -18,7 +18,10 @@ verifier's capture): a worker never sends one twice (REPLYs are numbered, the te
 frame ends the answer), so it is a copy the network made on its way to the verifier (a
 chaos run's duplicate), counted in ``copies``. A worker's capture recorded its frames as
 it sent them, and the live worker is read directly: a repeat there is the worker's own,
-and compared.
+and compared. In the same captures a captured payload that fails its checksum is the
+network's corruption (a chaos run's bit flip): the frame is compared by everything
+else and its payload by the checksum its intact header claims, counted in
+``corrupted``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
-from pp1q.tools.replay.answers import Answer, difference
+from pp1q.tools.replay.answers import Answer, corrupted_on_the_way, difference
 
 # a step's answer is at most 255 REPLYs and a COMPLETION (depth is a u8): a live worker
 # this far ahead of the capture on one step is not answering it, and what it sends is
@@ -84,6 +87,7 @@ class StepMatch:
         self.sent = key is None  # its STEP went to the live worker (a handshake: its HELLO)
         self.divergence: StepDivergence | None = None
         self.copies = 0  # captured frames the network delivered twice (not compared)
+        self.corrupted = 0  # captured payloads the network corrupted (checked by checksum)
         self._last_captured: Answer | None = None
 
     def add_captured(self, a: Answer) -> None:
@@ -138,10 +142,11 @@ class StepMatch:
             return
         while self.captured and self.live:
             c, v = self.captured.popleft(), self.live.popleft()
-            found = difference(c, v)
+            found = difference(c, v, network=self.network_copies)
             if found is not None:
                 self._diverge(self.n_live - len(self.live), found[0], found[1])
                 return
+            self.corrupted += self.network_copies and corrupted_on_the_way(c, v)
         # a frame past the end of a whole captured answer: never part of it
         if self.captured_ended and self.live and not self.reset:
             self._diverge(self.n_captured + 1, None,
