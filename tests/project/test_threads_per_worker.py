@@ -1,13 +1,14 @@
-"""tests/conftest.py gives each xdist worker its share of the cores as OpenMP threads
-(the workers' spinning threads took the cores from each other), counting the cores this
-process may run on, and leaves a caller's own setting and a run without xdist alone."""
+"""tests/conftest.py (tests/support/worker_threads.py) gives each xdist worker its
+share of the cores as OpenMP threads (the workers' spinning threads took the cores from
+each other), counting the cores this process may run on, and leaves a caller's own
+setting and a run without xdist alone."""
 
 from __future__ import annotations
 
 import os
 
-import conftest
 import pytest
+from worker_threads import threads_per_worker
 
 
 @pytest.mark.parametrize(("workers", "cores", "preset", "want"), [
@@ -28,5 +29,5 @@ def test_each_worker_gets_its_share_of_the_cores_it_may_use(monkeypatch, workers
     # the affinity mask, not the host's count (a 2-core cpuset of a 64-core host)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    conftest._threads_per_worker()
+    threads_per_worker()
     assert os.environ.get("OMP_NUM_THREADS") == want
