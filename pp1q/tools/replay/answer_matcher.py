@@ -234,9 +234,5 @@ class AnswerMatcher:
             self.report.divergences.append(stray)  # their consequence
         self._causes.discard(conn)
 
-    def close_all(self) -> None:
-        for conn in list(self._steps):
-            self.close(conn)
-
 
 __all__ = ["AnswerMatcher"]
