@@ -70,7 +70,9 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_NEW_TOKENS)] = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # the target's top-k (vLLM's extension); -1 or 0: off
+    # the target's top-k (vLLM's extension); -1 or 0: off. Another negative is refused,
+    # as vLLM refuses it: read as off, a client's typo would silently sample untruncated
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] = -1
     stop: _Stop = None
     stop_token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
                               msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None

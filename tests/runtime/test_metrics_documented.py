@@ -1,9 +1,10 @@
-"""docs/operations.md and the metric registries agree, without starting a daemon: every
-family a daemon's registry exports is in the doc's Metrics table for that daemon, every
-family the table lists is exported by the daemon it names, and every `pp1q_...` name
-written anywhere in the doc (prose, tables, label values) is a real family with real
-label values. Both roles' registries are built from pp1q.runtime.metrics, so families
-added there (by either daemon's work) are checked as soon as they exist."""
+"""The docs and the metric registries agree, without starting a daemon: every
+family a daemon's registry exports is in docs/operations.md's Metrics table for that
+daemon with its type and label names, every family the table lists is exported by the
+daemon it names, and every `pp1q_...` name written anywhere in README.md, docs/,
+RELIABILITY.md and BENCHMARKS.md (prose, tables, label values) is a real family with
+real label values. Both roles' registries are built from pp1q.runtime.metrics, so
+families added there (by either daemon's work) are checked as soon as they exist."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ from test_metric_roles import documented
 
 from pp1q.core.errors import Reason
 from pp1q.core.outcomes import FallbackCause, PeerRefusal, PrefillOutcome, RankFailure, StepKind
-from pp1q.runtime.metrics import Metrics
+from pp1q.runtime.metrics import ROLES_OF, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "docs" / "operations.md", ROOT / "RELIABILITY.md"]
+# every page that names metrics: operations.md's table is the reference, the others
+# (security.md's refusal counters, deploy.md's alerts, README) were unchecked and could drift
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "RELIABILITY.md",
+        ROOT / "BENCHMARKS.md"]
+PACKAGES = {"pp1q_kernels"}  # a package named in prose (`pp1q_kernels/`), not a metric
 # a metric name, not a module path such as pp1q_kernels.shard_step
 NAME = re.compile(r"\b(pp1q_[a-z0-9_]++)(?!\.\w)(\{[^}]*\})?")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -67,6 +72,8 @@ def wrong_names(text: str) -> list[str]:
     wrong = []
     for m in NAME.finditer(text):
         name, labels = m.group(1), m.group(2) or ""
+        if name in PACKAGES:
+            continue
         fam = family_of(name, set(families))
         if fam is None:
             wrong.append(name)
@@ -90,3 +97,47 @@ def test_the_check_catches_a_stale_name_and_a_wrong_label():
     assert wrong_names(planted) == [
         "pp1q_fallback_total", "pp1q_fallbacks_total{cause='wachdog_timeout'}",
         "pp1q_steps_total{reason='checksum_mismatch'}"]
+
+
+# a row of the doc's Metrics table: name, its label names in braces, the type column
+TABLE_ROW = re.compile(r"^\| `(pp1q_[a-z0-9_]+)(?:\{([a-z_, ]*)\})?` \| (\w+) \|", re.M)
+
+
+def table_mismatches(table: str) -> list[str]:
+    """Each row of ``table`` whose type column or label names differ from the family
+    the registries export (an info's braces name the keys its daemon sets: not checked)."""
+    kinds, labels = {}, {}
+    for role in ("verifier", "worker"):
+        for fam in Metrics(role).registry.collect():
+            kinds[fam.name] = fam.type
+        labels.update(registry_families(role))
+    wrong = []
+    for name, named, kind in TABLE_ROW.findall(table):
+        fam = family_of(name, set(kinds))
+        if fam is None:
+            wrong.append(f"{name}: not exported")
+            continue
+        if kinds[fam] != kind:
+            wrong.append(f"{name}: type {kind}, exported as {kinds[fam]}")
+        stated = {n.strip() for n in named.split(",") if n.strip()}
+        if kind != "info" and stated != labels[fam]:
+            wrong.append(f"{name}: labels {sorted(stated)}, exported {sorted(labels[fam])}")
+    return wrong
+
+
+def test_the_metrics_table_states_each_family_s_type_and_label_names():
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text.split("\n## Metrics", 1)[1].split("\n## ", 1)[0]
+    assert len(TABLE_ROW.findall(table)) == len(ROLES_OF)  # every family has its row
+    assert table_mismatches(table) == []
+
+
+def test_the_table_check_catches_a_wrong_type_and_a_missing_label():
+    planted = ("| `pp1q_rounds_total` | counter | verifier | no kind label |\n"
+               "| `pp1q_circuit_state` | counter | verifier | a gauge |\n"
+               "| `pp1q_steps_total{reason}` | counter | worker | no such label |\n"
+               "| `pp1q_slots_in_use` | gauge | both | right |\n")
+    assert table_mismatches(planted) == [
+        "pp1q_rounds_total: labels [], exported ['kind']",
+        "pp1q_circuit_state: type counter, exported as gauge",
+        "pp1q_steps_total: labels ['reason'], exported []"]

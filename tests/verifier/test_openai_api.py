@@ -58,6 +58,7 @@ def test_chat_takes_token_id_parts_without_a_tokenizer():
     ({"prompt": [[1], [2]]}, False, 422, "invalid_field"),
     ({"prompt": [1], "top_p": 1.5}, False, 422, "invalid_field"),
     ({"prompt": [1], "temperature": -0.5}, False, 422, "invalid_field"),
+    ({"prompt": [1], "top_k": -2}, False, 422, "invalid_field"),  # only -1 and 0 mean off
     ({"prompt": [1], "model": "gpt-4"}, False, 404, "model_not_found"),
     ({"prompt": [1], "seed": 1 << 64}, False, 422, "invalid_field"),
     ({"prompt": [1], "pp1q": {"draft_top_k": 65}}, False, 422, "top_k_too_large"),
