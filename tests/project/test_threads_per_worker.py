@@ -21,6 +21,10 @@ from worker_threads import threads_per_worker
 ])
 def test_each_worker_gets_its_share_of_the_cores_it_may_use(monkeypatch, workers, cores,
                                                             preset, want):
+    # a copy of the environment for the test: threads_per_worker sets OMP_NUM_THREADS
+    # itself, and monkeypatch restores only what it set (a value left in a -n0 run made
+    # every later daemon's OpenMP setting differ from the test zygote's: exec'd, not forked)
+    monkeypatch.setattr(os, "environ", os.environ.copy())
     for name, value in (("PYTEST_XDIST_WORKER_COUNT", workers), ("OMP_NUM_THREADS", preset)):
         if value is None:
             monkeypatch.delenv(name, raising=False)
