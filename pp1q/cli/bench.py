@@ -6,6 +6,7 @@ import importlib
 import inspect
 import os
 import platform
+import sys
 import time
 
 # As the daemons run (pp1q.cli.verifier): torch's OpenMP workers sleep between ops, so
@@ -60,7 +61,8 @@ def run(args) -> int:
     names = args.suites or [n for n in SUITES if n not in OPT_IN]
     unknown = [n for n in names if n not in SUITES]
     if unknown:
-        print(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(SUITES)}")
+        print(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(SUITES)}",
+              file=sys.stderr)
         return 2
     from pp1q.runtime import malloc
 
