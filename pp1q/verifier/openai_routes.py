@@ -19,7 +19,8 @@ from aiohttp import web
 from pp1q.core.errors import ServiceError
 from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.http import HttpError, as_http, error_body
-from pp1q.verifier.openai_api import Call, IdText, Shape, Stopper, decode_call, sse
+from pp1q.verifier.openai_api import IdText, Shape, Stopper, sse
+from pp1q.verifier.openai_request import Call, decode_call
 from pp1q.verifier.scheduler import Scheduler
 from pp1q.verifier.server import read_body, request_address
 

@@ -10,7 +10,7 @@ import pytest
 
 from pp1q.models.text import TextCodec
 from pp1q.verifier.http import HttpError
-from pp1q.verifier.openai_api import decode_call
+from pp1q.verifier.openai_request import decode_call
 
 jinja2 = pytest.importorskip("jinja2")  # transformers renders chat templates with it
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from pp1q.verifier.http import HttpError
-from pp1q.verifier.openai_api import IdText, Shape, Stopper, decode_call, sse
+from pp1q.verifier.openai_api import IdText, Shape, Stopper, sse
+from pp1q.verifier.openai_request import decode_call
 
 MODEL = "toy"
 
