@@ -152,13 +152,15 @@ def extension(answer: dict) -> dict:
     return {"seed": answer["seed"], "stats": answer["stats"], "elapsed_s": answer["elapsed_s"]}
 
 
-def _choice(chat: bool, text: str, ids: list[int], finish: str | None, stream: bool) -> dict:
+def _choice(chat: bool, text: str, ids: list[int], finish: str | None,
+            message: dict | None = None) -> dict:
+    """One choice; for chat, ``message`` is the delta of a stream's chunk."""
     if not chat:
         return {"index": 0, "text": text, "token_ids": ids, "logprobs": None,
                 "finish_reason": finish}
-    key = "delta" if stream else "message"
-    return {"index": 0, key: {"role": "assistant", "content": text}, "token_ids": ids,
-            "logprobs": None, "finish_reason": finish}
+    key, body = ("message", {"role": "assistant", "content": text}) if message is None else (
+        "delta", message)
+    return {"index": 0, key: body, "token_ids": ids, "logprobs": None, "finish_reason": finish}
 
 
 @dataclass
@@ -169,6 +171,10 @@ class Shape:
     model: str
     id: str = ""
     created: int = 0
+    # a chat stream's first chunk carries the role, the rest only content, as OpenAI's:
+    # clients concatenate each delta's strings (openai's stream helper made a role in
+    # every chunk "assistantassistant...")
+    role_sent: bool = False
 
     def __post_init__(self) -> None:
         self.id = self.id or completion_id(self.chat)
@@ -182,12 +188,15 @@ class Shape:
     def answer(self, call: Call, stopper: Stopper, answer: dict) -> dict:
         finish = "stop" if stopper.stopped else answer["finish_reason"]
         return {**self._env(False), "choices": [_choice(
-            self.chat, stopper.full_text(), stopper.ids, finish, False)],
+            self.chat, stopper.full_text(), stopper.ids, finish)],
             "usage": usage(call, len(stopper.ids)), "pp1q": extension(answer)}
 
     def chunk(self, text: str, ids: list[int], finish: str | None = None,
               answer: dict | None = None) -> dict:
-        out = {**self._env(True), "choices": [_choice(self.chat, text, ids, finish, True)]}
+        delta = {"content": text} if text or not self.role_sent else {}
+        if not self.role_sent:
+            delta, self.role_sent = {"role": "assistant", **delta}, True
+        out = {**self._env(True), "choices": [_choice(self.chat, text, ids, finish, delta)]}
         if answer is not None:
             out["pp1q"] = extension(answer)
         return out

@@ -173,3 +173,22 @@ def test_a_client_that_leaves_frees_its_slot_within_a_round(tmp_path):
         assert len(pair.client().generate(PROMPT, 3)["token_ids"]) == 3
     finally:
         pair.close()
+
+
+def test_the_clients_chat_stream_helper_gets_the_role_once(pair):
+    """openai's ``chat.completions.stream`` accumulates each delta's strings: a role in
+    every chunk came out as "assistantassistant..." (OpenAI sends it in the first only)."""
+    o = _client(pair)
+    model = o.models.list().data[0].id
+    msgs = [{"role": "user", "content": [{"type": "token_ids", "token_ids": PROMPT}]}]
+    opts = {"pp1q": {"speculative": False}}
+    full = o.chat.completions.create(model=model, max_tokens=16, seed=5, messages=msgs,
+                                     extra_body=opts).choices[0].token_ids
+    stop = full[5]
+    with o.chat.completions.stream(model=model, max_tokens=16, seed=5, messages=msgs,
+                                   extra_body={**opts, "stop_token_ids": [stop]}) as s:
+        roles = [e.chunk.choices[0].delta.role for e in s if e.type == "chunk"]
+        final = s.get_final_completion().choices[0]
+    assert roles[0] == "assistant" and set(roles[1:]) <= {None}
+    assert final.message.role == "assistant" and final.finish_reason == "stop"
+    assert final.message.content == "".join(f" {t}" for t in full[: full.index(stop)])

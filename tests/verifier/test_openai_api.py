@@ -135,6 +135,11 @@ def test_chunks_and_events_have_openai_shapes():
     chunk = shape.chunk(" 1", [1])
     assert chunk["object"] == "chat.completion.chunk"
     assert chunk["choices"][0]["delta"] == {"role": "assistant", "content": " 1"}
+    # the role in the first chunk only, and a last chunk without text has an empty delta
+    assert shape.chunk(" 2", [2])["choices"][0]["delta"] == {"content": " 2"}
+    assert shape.chunk("", [], "stop")["choices"][0]["delta"] == {}
+    assert Shape(chat=True, model=MODEL).chunk("", [], "stop")["choices"][0]["delta"] == {
+        "role": "assistant", "content": ""}  # OpenAI's first chunk
     assert sse(chunk).startswith(b"data: {") and sse(chunk).endswith(b"\n\n")
     assert sse("[DONE]") == b"data: [DONE]\n\n"
     assert Shape(chat=False, model=MODEL).chunk("", [])["object"] == "text_completion"
