@@ -18,9 +18,9 @@ from aiohttp import web
 
 from pp1q.core.errors import ServiceError
 from pp1q.verifier.api import GenerateRequest
-from pp1q.verifier.http import HttpError, as_http, error_body
+from pp1q.verifier.http import INTERNAL, HttpError, as_http, error_body
 from pp1q.verifier.openai_api import IdText, Shape, Stopper, sse
-from pp1q.verifier.openai_request import Call, decode_call
+from pp1q.verifier.openai_request import Call, decode_call, fit_open_max
 from pp1q.verifier.scheduler import Scheduler
 from pp1q.verifier.server import read_body, request_address
 
@@ -41,6 +41,7 @@ def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: 
             raw = await read_body(request)
             call = await decoded(decode_call, raw, chat=chat, tokenizer=tokenizer,
                                  model_id=model_id, **decode_kw)
+            fit_open_max(call, scheduler.max_positions)
             call.req = check(call.req)
             shape, stopper = Shape(chat, model_id), Stopper(call, text)
             if not call.body.stream:
@@ -105,8 +106,7 @@ async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape:
 
 def _error_event(e: BaseException) -> dict:
     if isinstance(e, HttpError):
-        return error_body(e.code, e.message)
+        return error_body(e)
     if isinstance(e, ServiceError):
-        h = as_http(e)
-        return error_body(h.code, h.message)
-    return error_body("internal", "internal error; see the verifier log")
+        return error_body(as_http(e))
+    return error_body(INTERNAL)

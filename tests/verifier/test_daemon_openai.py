@@ -192,3 +192,33 @@ def test_the_clients_chat_stream_helper_gets_the_role_once(pair):
     assert roles[0] == "assistant" and set(roles[1:]) <= {None}
     assert final.message.role == "assistant" and final.finish_reason == "stop"
     assert final.message.content == "".join(f" {t}" for t in full[: full.index(stop)])
+
+
+def test_the_clients_nulls_defaults_and_refusals(pair):
+    """What the official client sends: None as null (the field's default), OpenAI's
+    fields we do not implement at their defaults (taken) or otherwise (a 422 naming the
+    field in OpenAI's error object), max_completion_tokens, stream_options alone."""
+    o = _client(pair)
+    model = o.models.list().data[0].id
+    r = o.completions.create(model=model, prompt=PROMPT, max_tokens=None, temperature=None,
+                             top_p=None, n=None, seed=2, presence_penalty=0,
+                             frequency_penalty=0, logit_bias={}, echo=False, best_of=1)
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
+    msgs = [{"role": "user", "content": [{"type": "token_ids", "token_ids": PROMPT}]}]
+    r = o.chat.completions.create(model=model, messages=msgs, max_completion_tokens=3,
+                                  logprobs=False, response_format={"type": "text"})
+    assert r.usage.completion_tokens == 3
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        o.completions.create(model=model, prompt=PROMPT, max_tokens=2, logit_bias={"3": 50})
+    assert (e.value.param, e.value.type, e.value.code) == (
+        "logit_bias", "invalid_request_error", "unsupported_field")
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        o.chat.completions.create(model=model, messages=msgs, max_tokens=2, logprobs=True)
+    assert e.value.param == "logprobs"
+    with pytest.raises(openai.BadRequestError) as e:
+        o.completions.create(model=model, prompt=PROMPT, max_tokens=2,
+                             stream_options={"include_usage": True})
+    assert e.value.param == "stream_options"
+    with pytest.raises(openai.NotFoundError) as e:
+        o.completions.create(model="not-this-one", prompt=PROMPT, max_tokens=2)
+    assert (e.value.param, e.value.code) == ("model", "model_not_found")
