@@ -14,8 +14,13 @@ from dataclasses import dataclass
 
 import msgspec
 
+from pp1q.runtime.settings import MAX_DEPTH
 from pp1q.verifier.detokenize import REPLACEMENT, IncrementalText, followable, unfollowed
 from pp1q.verifier.openai_request import Call, Tokenizer
+
+# the ids one round commits at most (depth + 1); a stop string found only in the
+# answer's whole decode ends the ids within this many of its end
+MAX_ROUND_IDS = MAX_DEPTH + 1
 
 
 class IdText:
@@ -82,6 +87,7 @@ class Stopper:
 
     def feed(self, new: list[int]) -> bool:
         """Take a round's committed tokens; True when the output ended in them."""
+        before = len(self.ids)
         stop_id = False
         for t in new:
             if t in self.stop_ids:
@@ -99,7 +105,21 @@ class Stopper:
             hit = _first(text, self.stop_strs)
             if hit is not None:
                 self._cut, self.stopped = start + hit, True
+                self._end_ids(before)
         return self.stopped
+
+    def _end_ids(self, clear: int) -> None:
+        """Drop the ids after the first one past ``clear`` whose text holds a stop string
+        (a round commits several; target-only sampling would have ended there, so the
+        answer's ids and usage do not depend on where the rounds fell). Once per request,
+        a whole decode per id of the last round (17 at most). The window that followed
+        the dropped ids is no longer compared with the answer (``full_text``)."""
+        end = next((k for k in range(clear + 1, len(self.ids))
+                    if _first(self.text.decode(self.ids[:k]), self.stop_strs) is not None),
+                   len(self.ids))
+        if end < len(self.ids):
+            del self.ids[end:]
+            self._cut = _first(self._decode(), self.stop_strs)
 
     def full_text(self) -> str:
         """The answer's text: the whole decode, cut at the stop string (checked against
@@ -108,7 +128,9 @@ class Stopper:
         if self._checked != len(self.ids):
             self._checked = len(self.ids)
             inc = self._inc
-            if inc is not None and inc.n and self._follow() is not None and inc.whole() != full:
+            # (a window that followed ids since dropped at a stop string is not compared)
+            if (inc is not None and 0 < inc.n <= len(self.ids) and self._follow() is not None
+                    and inc.whole() != full):
                 self._unfollowed(full)
         return full[: self._cut]
 
@@ -118,6 +140,8 @@ class Stopper:
         if self.stop_strs:
             hit = _first(full, self.stop_strs)
             self._cut, self.stopped = hit, self.stopped or hit is not None
+            if hit is not None:  # a decoder no window follows: no round is known
+                self._end_ids(max(0, len(self.ids) - MAX_ROUND_IDS))
 
     def delta(self, final: bool) -> str:
         """Text not yet handed out; before the end, less what a stop string could start

@@ -238,3 +238,21 @@ def test_an_open_chat_takes_what_the_context_leaves():
     c = _call({**chat, "max_tokens": 50}, chat=True)  # a bound the client gave stays
     fit_open_max(c, 20)
     assert c.req.max_tokens == 50
+
+
+def test_a_stop_string_ends_the_ids_at_the_token_completing_it():
+    """A round commits several tokens; the ids after the one that completed a stop
+    string are dropped, as target-only sampling would have stopped there: the answer's
+    token_ids and usage do not depend on where the rounds fell."""
+    tok = CharTokenizer()
+    call = _call({"prompt": [97], "stop": ["bc"]}, tokenizer=tok)
+    for rounds in ([tok.encode("abcde")], [tok.encode("a"), tok.encode("bcd")],
+                   [tok.encode(c) for c in "abcde"]):
+        s = Stopper(call, tok)
+        for new in rounds:
+            if s.feed(new):
+                break
+        assert (s.ids, s.full_text()) == (tok.encode("abc"), "a")
+        shape = Shape(chat=False, model=MODEL)
+        answer = {"finish_reason": "length", "seed": 1, "stats": {}, "elapsed_s": 0.0}
+        assert shape.answer(call, s, answer)["usage"]["completion_tokens"] == 3
