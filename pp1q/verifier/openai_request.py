@@ -186,16 +186,27 @@ def _needs_tokenizer(what: str, param: str) -> HttpError:
                      "(a prompt list of ids; chat: content parts of type token_ids)", param=param)
 
 
+def _template_message(m: Message) -> dict[str, str]:
+    """A message as the chat template takes it: its content as one text (OpenAI's text
+    parts joined by newlines, as vLLM joins them), its ``name`` when given."""
+    if isinstance(m.content, str):
+        content = m.content
+    elif all(isinstance(p, TextPart) for p in m.content):
+        content = "\n".join(p.text for p in m.content)
+    else:
+        raise HttpError(422, "invalid_field", "chat content must be text (a string or "
+                        "parts of type text) for this target", param="messages")
+    return {"role": m.role, "content": content} | ({"name": m.name} if m.name else {})
+
+
 def _chat_prompt(messages: list[Message], tokenizer) -> list[int]:
     if tokenizer is not None and hasattr(tokenizer, "apply_chat_template"):
-        if any(not isinstance(m.content, str) for m in messages):
-            raise HttpError(422, "invalid_field", "chat content must be text for this target")
+        rendered = [_template_message(m) for m in messages]
         if not getattr(tokenizer, "has_chat_template", True):  # TextCodec says so
             raise HttpError(422, "no_chat_template",
                             "the target's tokenizer has no chat template")
         try:
-            return list(tokenizer.apply_chat_template([{"role": m.role, "content": m.content}
-                                                       for m in messages]))
+            return list(tokenizer.apply_chat_template(rendered))
         except ValueError as e:
             raise HttpError(422, "invalid_field", str(e)) from None
     ids: list[int] = []
