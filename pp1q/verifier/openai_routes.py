@@ -51,13 +51,22 @@ def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: 
             return await _stream(request, scheduler, call, shape, stopper)
         return handle
 
+    model = {"id": model_id, "object": "model", "created": created, "owned_by": "pp1q"}
+
     async def models(request: web.Request):
-        return 200, {"object": "list", "data": [
-            {"id": model_id, "object": "model", "created": created, "owned_by": "pp1q"}]}
+        return 200, {"object": "list", "data": [model]}
+
+    async def one_model(request: web.Request):  # the client's models.retrieve
+        name = request.match_info["model"]
+        if name != model_id:
+            raise HttpError(404, "model_not_found", f"model {name!r}: this server serves "
+                            f"{model_id!r}", param="model")
+        return 200, model
 
     return {("POST", "/v1/completions"): handler(False),
             ("POST", "/v1/chat/completions"): handler(True),
-            ("GET", "/v1/models"): models}
+            ("GET", "/v1/models"): models,
+            ("GET", "/v1/models/{model:.+}"): one_model}  # a model id may hold "/"
 
 
 async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape: Shape,

@@ -222,3 +222,14 @@ def test_the_clients_nulls_defaults_and_refusals(pair):
     with pytest.raises(openai.NotFoundError) as e:
         o.completions.create(model="not-this-one", prompt=PROMPT, max_tokens=2)
     assert (e.value.param, e.value.code) == ("model", "model_not_found")
+
+
+def test_the_client_retrieves_the_model(pair):
+    o = _client(pair)
+    listed = o.models.list().data[0]
+    got = o.models.retrieve(listed.id)
+    assert (got.id, got.object, got.owned_by, got.created) == (
+        listed.id, "model", listed.owned_by, listed.created)
+    with pytest.raises(openai.NotFoundError) as e:
+        o.models.retrieve("org/not-this-one")
+    assert e.value.code == "model_not_found"
