@@ -1,17 +1,8 @@
-"""The OpenAI-shaped API: request structs, their translation into a GenerateRequest,
-answers and server-sent-event chunks (no I/O here; pp1q.verifier.openai_routes serves).
+"""The OpenAI-shaped API's answers: where the output stops (Stopper), answers and
+server-sent-event chunks (no I/O here; pp1q.verifier.openai_routes serves,
+pp1q.verifier.openai_request decodes the requests).
 
-Requests are decoded strictly (unknown fields refused, like /v1/generate: a field we
-would silently ignore could change what the client believes it asked for) and then
-translated into a /v1/generate body, so every check of the native API (ids < vocab,
-max_tokens, seed, temperature, proposal support) applies unchanged.
-
-Text: a target with a tokenizer (``encode(str) -> list[int]``, ``decode(list[int]) -> str``,
-optional ``apply_chat_template(messages) -> list[int]``) takes text prompts, chat
-messages and stop strings. A target without one (the toy) takes token-id prompts only:
-a ``prompt`` list of ids, or for chat a message content made of parts
-``{"type": "token_ids", "token_ids": [...]}`` (a pp1q extension; the ids of every message
-are concatenated in order, no template); its ``text`` renders each token as `` <id>``.
+A target without a tokenizer (the toy) renders each token as `` <id>`` (``IdText``).
 Every choice also carries the ``token_ids`` it produced.
 """
 
@@ -20,23 +11,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
 
 import msgspec
 
-from pp1q.verifier.api import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, GenerateRequest, decode_generate
+from pp1q.runtime.settings import MAX_DEPTH
 from pp1q.verifier.detokenize import REPLACEMENT, IncrementalText, followable, unfollowed
-from pp1q.verifier.http import HttpError
+from pp1q.verifier.openai_request import Call, Tokenizer
 
-MAX_STOP = 4  # stop sequences per request, as OpenAI's API
-MAX_STOP_TOKEN_IDS = 64  # stop token ids per request; a handful is the real use
-MAX_MESSAGES = 1024  # chat messages per request; the body size bounds them anyway
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
+# the ids one round commits at most (depth + 1); a stop string found only in the
+# answer's whole decode ends the ids within this many of its end
+MAX_ROUND_IDS = MAX_DEPTH + 1
 
 
 class IdText:
@@ -46,174 +30,6 @@ class IdText:
     @staticmethod
     def decode(ids: list[int]) -> str:
         return "".join(f" {t}" for t in ids)
-
-
-class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
-    include_usage: bool = False
-
-
-class Pp1qOptions(msgspec.Struct, forbid_unknown_fields=True):
-    """The ``pp1q`` extension object (openai client: ``extra_body={"pp1q": {...}}``)."""
-
-    speculative: bool = True
-    draft_temperature: float = 1.0
-    draft_top_k: int | None | msgspec.UnsetType = msgspec.UNSET  # proposal support
-
-
-_Ids = Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
-                 msgspec.Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
-_Stop = str | Annotated[list[str], msgspec.Meta(max_length=MAX_STOP)] | None
-
-
-class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    model: str | None = None
-    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_NEW_TOKENS)] = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    # the target's top-k (vLLM's extension); -1 or 0: off. Another negative is refused,
-    # as vLLM refuses it: read as off, a client's typo would silently sample untruncated
-    top_k: Annotated[int, msgspec.Meta(ge=-1)] = -1
-    stop: _Stop = None
-    stop_token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
-                              msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    seed: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1  # one choice per request
-    user: str | None = None  # accepted and not used
-    pp1q: Pp1qOptions = msgspec.field(default_factory=Pp1qOptions)
-
-
-class CompletionBody(_Common, kw_only=True):
-    prompt: str | _Ids
-
-
-class TokenIdsPart(msgspec.Struct, tag_field="type", tag="token_ids", forbid_unknown_fields=True):
-    token_ids: _Ids
-
-
-class TextPart(msgspec.Struct, tag_field="type", tag="text", forbid_unknown_fields=True):
-    text: str
-
-
-class Message(msgspec.Struct, forbid_unknown_fields=True):
-    role: str
-    content: str | list[TokenIdsPart | TextPart]
-    name: str | None = None
-
-
-class ChatBody(_Common, kw_only=True):
-    messages: Annotated[list[Message], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
-
-
-@dataclass
-class Call:
-    """A decoded OpenAI request: what to run and how to answer."""
-
-    req: GenerateRequest
-    body: _Common
-    stop_ids: frozenset[int]
-    stop_strs: tuple[str, ...]
-    chat: bool
-
-
-def _decode(cls, raw: bytes):
-    try:
-        return msgspec.json.decode(raw, type=cls)
-    except msgspec.ValidationError as e:
-        raise HttpError(422, "invalid_field", str(e)) from None
-    except msgspec.DecodeError as e:
-        raise HttpError(400, "bad_json", str(e)) from None
-
-
-def _needs_tokenizer(what: str) -> HttpError:
-    return HttpError(400, "needs_tokenizer",
-                     f"{what} needs a target with a tokenizer; this target takes token ids "
-                     "(a prompt list of ids; chat: content parts of type token_ids)")
-
-
-def _chat_prompt(messages: list[Message], tokenizer) -> list[int]:
-    if tokenizer is not None and hasattr(tokenizer, "apply_chat_template"):
-        if any(not isinstance(m.content, str) for m in messages):
-            raise HttpError(422, "invalid_field", "chat content must be text for this target")
-        if not getattr(tokenizer, "has_chat_template", True):  # TextCodec says so
-            raise HttpError(422, "no_chat_template",
-                            "the target's tokenizer has no chat template")
-        try:
-            return list(tokenizer.apply_chat_template([{"role": m.role, "content": m.content}
-                                                       for m in messages]))
-        except ValueError as e:
-            raise HttpError(422, "invalid_field", str(e)) from None
-    ids: list[int] = []
-    for m in messages:
-        if isinstance(m.content, str) or any(isinstance(p, TextPart) for p in m.content):
-            raise _needs_tokenizer("chat text")
-        for part in m.content:
-            ids.extend(part.token_ids)
-    if not ids:
-        raise HttpError(422, "invalid_field", "chat messages hold no token ids")
-    return ids
-
-
-def decode_call(raw: bytes, *, chat: bool, tokenizer: Tokenizer | None, model_id: str,
-                vocab: int, default_top_k: int | None, max_support: int,
-                text=None) -> Call:
-    """Decode and check an OpenAI body; every refusal is an HttpError 4xx. The target's
-    processors (temperature, top_p, top_k) are checked by decode_generate (``text``: the
-    target's TextCodec, passed through)."""
-    b = _decode(ChatBody if chat else CompletionBody, raw)
-    if b.model is not None and b.model != model_id:
-        raise HttpError(404, "model_not_found", f"model {b.model!r}: this server serves "
-                                                f"{model_id!r} (GET /v1/models)")
-    stop_strs = (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ())
-    if any(not s for s in stop_strs):
-        raise HttpError(422, "invalid_field", "empty stop string")
-    if stop_strs and tokenizer is None:
-        raise _needs_tokenizer("a stop string")
-    if chat:
-        prompt = _chat_prompt(b.messages, tokenizer)
-    elif isinstance(b.prompt, str):
-        if tokenizer is None:
-            raise _needs_tokenizer("a text prompt")
-        prompt = list(tokenizer.encode(b.prompt))
-    else:
-        prompt = b.prompt
-    bad = next((t for t in b.stop_token_ids or () if t >= vocab), None)
-    if bad is not None:
-        raise HttpError(422, "token_out_of_vocab",
-                        f"stop token id {bad} outside the vocabulary [0, {vocab})")
-    native: dict[str, Any] = {"prompt_token_ids": prompt, "max_tokens": b.max_tokens,
-                              "temperature": b.temperature,
-                              "speculative": b.pp1q.speculative,
-                              "draft_temperature": b.pp1q.draft_temperature}
-    if b.top_p != 1.0:
-        native["top_p"] = b.top_p
-    if b.top_k > 0:  # -1 and 0 mean off, as vLLM's
-        native["target_top_k"] = b.top_k
-    if b.seed is not None:
-        native["seed"] = b.seed
-    if b.pp1q.draft_top_k is not msgspec.UNSET:
-        native["top_k"] = b.pp1q.draft_top_k
-    try:
-        req = decode_generate(msgspec.json.encode(native), vocab=vocab,
-                              default_top_k=default_top_k, max_support=max_support, text=text)
-    except HttpError as e:  # name the field as the client sent it, not its native name
-        raise HttpError(e.status, e.code, _openai_paths(e.message, chat)) from None
-    return Call(req, b, frozenset(b.stop_token_ids or ()), stop_strs, chat)
-
-
-# the native fields decode_generate checks, by the OpenAI body's name for each
-_OPENAI_PATH = {"$.draft_temperature": "$.pp1q.draft_temperature",
-                "$.top_k": "$.pp1q.draft_top_k", "$.target_top_k": "$.top_k"}
-
-
-def _openai_paths(message: str, chat: bool) -> str:
-    """``message`` with each native field path (msgspec's `` `$.name` ``) as the OpenAI
-    body names it."""
-    paths = {**_OPENAI_PATH, "$.prompt_token_ids": "$.messages" if chat else "$.prompt"}
-    for native, openai in paths.items():
-        message = message.replace(f"`{native}`", f"`{openai}`")
-    return message
 
 
 def _first(text: str, stops: tuple[str, ...]) -> int | None:
@@ -271,6 +87,7 @@ class Stopper:
 
     def feed(self, new: list[int]) -> bool:
         """Take a round's committed tokens; True when the output ended in them."""
+        before = len(self.ids)
         stop_id = False
         for t in new:
             if t in self.stop_ids:
@@ -288,7 +105,21 @@ class Stopper:
             hit = _first(text, self.stop_strs)
             if hit is not None:
                 self._cut, self.stopped = start + hit, True
+                self._end_ids(before)
         return self.stopped
+
+    def _end_ids(self, clear: int) -> None:
+        """Drop the ids after the first one past ``clear`` whose text holds a stop string
+        (a round commits several; target-only sampling would have ended there, so the
+        answer's ids and usage do not depend on where the rounds fell). Once per request,
+        a whole decode per id of the last round (17 at most). The window that followed
+        the dropped ids is no longer compared with the answer (``full_text``)."""
+        end = next((k for k in range(clear + 1, len(self.ids))
+                    if _first(self.text.decode(self.ids[:k]), self.stop_strs) is not None),
+                   len(self.ids))
+        if end < len(self.ids):
+            del self.ids[end:]
+            self._cut = _first(self._decode(), self.stop_strs)
 
     def full_text(self) -> str:
         """The answer's text: the whole decode, cut at the stop string (checked against
@@ -297,7 +128,9 @@ class Stopper:
         if self._checked != len(self.ids):
             self._checked = len(self.ids)
             inc = self._inc
-            if inc is not None and inc.n and self._follow() is not None and inc.whole() != full:
+            # (a window that followed ids since dropped at a stop string is not compared)
+            if (inc is not None and 0 < inc.n <= len(self.ids) and self._follow() is not None
+                    and inc.whole() != full):
                 self._unfollowed(full)
         return full[: self._cut]
 
@@ -307,6 +140,8 @@ class Stopper:
         if self.stop_strs:
             hit = _first(full, self.stop_strs)
             self._cut, self.stopped = hit, self.stopped or hit is not None
+            if hit is not None:  # a decoder no window follows: no round is known
+                self._end_ids(max(0, len(self.ids) - MAX_ROUND_IDS))
 
     def delta(self, final: bool) -> str:
         """Text not yet handed out; before the end, less what a stop string could start
@@ -341,13 +176,15 @@ def extension(answer: dict) -> dict:
     return {"seed": answer["seed"], "stats": answer["stats"], "elapsed_s": answer["elapsed_s"]}
 
 
-def _choice(chat: bool, text: str, ids: list[int], finish: str | None, stream: bool) -> dict:
+def _choice(chat: bool, text: str, ids: list[int], finish: str | None,
+            message: dict | None = None) -> dict:
+    """One choice; for chat, ``message`` is the delta of a stream's chunk."""
     if not chat:
         return {"index": 0, "text": text, "token_ids": ids, "logprobs": None,
                 "finish_reason": finish}
-    key = "delta" if stream else "message"
-    return {"index": 0, key: {"role": "assistant", "content": text}, "token_ids": ids,
-            "logprobs": None, "finish_reason": finish}
+    key, body = ("message", {"role": "assistant", "content": text}) if message is None else (
+        "delta", message)
+    return {"index": 0, key: body, "token_ids": ids, "logprobs": None, "finish_reason": finish}
 
 
 @dataclass
@@ -358,6 +195,10 @@ class Shape:
     model: str
     id: str = ""
     created: int = 0
+    # a chat stream's first chunk carries the role, the rest only content, as OpenAI's:
+    # clients concatenate each delta's strings (openai's stream helper made a role in
+    # every chunk "assistantassistant...")
+    role_sent: bool = False
 
     def __post_init__(self) -> None:
         self.id = self.id or completion_id(self.chat)
@@ -371,12 +212,15 @@ class Shape:
     def answer(self, call: Call, stopper: Stopper, answer: dict) -> dict:
         finish = "stop" if stopper.stopped else answer["finish_reason"]
         return {**self._env(False), "choices": [_choice(
-            self.chat, stopper.full_text(), stopper.ids, finish, False)],
+            self.chat, stopper.full_text(), stopper.ids, finish)],
             "usage": usage(call, len(stopper.ids)), "pp1q": extension(answer)}
 
     def chunk(self, text: str, ids: list[int], finish: str | None = None,
               answer: dict | None = None) -> dict:
-        out = {**self._env(True), "choices": [_choice(self.chat, text, ids, finish, True)]}
+        delta = {"content": text} if text or not self.role_sent else {}
+        if not self.role_sent:
+            delta, self.role_sent = {"role": "assistant", **delta}, True
+        out = {**self._env(True), "choices": [_choice(self.chat, text, ids, finish, delta)]}
         if answer is not None:
             out["pp1q"] = extension(answer)
         return out

@@ -18,8 +18,9 @@ from aiohttp import web
 
 from pp1q.core.errors import ServiceError
 from pp1q.verifier.api import GenerateRequest
-from pp1q.verifier.http import HttpError, as_http, error_body
-from pp1q.verifier.openai_api import Call, IdText, Shape, Stopper, decode_call, sse
+from pp1q.verifier.http import INTERNAL, HttpError, as_http, error_body
+from pp1q.verifier.openai_api import IdText, Shape, Stopper, sse
+from pp1q.verifier.openai_request import Call, decode_call, fit_open_max
 from pp1q.verifier.scheduler import Scheduler
 from pp1q.verifier.server import read_body, request_address
 
@@ -40,6 +41,7 @@ def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: 
             raw = await read_body(request)
             call = await decoded(decode_call, raw, chat=chat, tokenizer=tokenizer,
                                  model_id=model_id, **decode_kw)
+            fit_open_max(call, scheduler.max_positions)
             call.req = check(call.req)
             shape, stopper = Shape(chat, model_id), Stopper(call, text)
             if not call.body.stream:
@@ -49,13 +51,22 @@ def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: 
             return await _stream(request, scheduler, call, shape, stopper)
         return handle
 
+    model = {"id": model_id, "object": "model", "created": created, "owned_by": "pp1q"}
+
     async def models(request: web.Request):
-        return 200, {"object": "list", "data": [
-            {"id": model_id, "object": "model", "created": created, "owned_by": "pp1q"}]}
+        return 200, {"object": "list", "data": [model]}
+
+    async def one_model(request: web.Request):  # the client's models.retrieve
+        name = request.match_info["model"]
+        if name != model_id:
+            raise HttpError(404, "model_not_found", f"model {name!r}: this server serves "
+                            f"{model_id!r}", param="model")
+        return 200, model
 
     return {("POST", "/v1/completions"): handler(False),
             ("POST", "/v1/chat/completions"): handler(True),
-            ("GET", "/v1/models"): models}
+            ("GET", "/v1/models"): models,
+            ("GET", "/v1/models/{model:.+}"): one_model}  # a model id may hold "/"
 
 
 async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape: Shape,
@@ -104,8 +115,7 @@ async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape:
 
 def _error_event(e: BaseException) -> dict:
     if isinstance(e, HttpError):
-        return error_body(e.code, e.message)
+        return error_body(e)
     if isinstance(e, ServiceError):
-        h = as_http(e)
-        return error_body(h.code, h.message)
-    return error_body("internal", "internal error; see the verifier log")
+        return error_body(as_http(e))
+    return error_body(INTERNAL)

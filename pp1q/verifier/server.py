@@ -25,7 +25,7 @@ from aiohttp import web
 from pp1q.core.errors import Reason, ServiceError
 from pp1q.runtime.address_counts import client_address
 from pp1q.runtime.settings import DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS, MAX_HTTP_CONNECTIONS
-from pp1q.verifier.http import HttpError, as_http, error_body
+from pp1q.verifier.http import INTERNAL, HttpError, as_http, error_body
 from pp1q.verifier.http_gate import RECLAIM_STALL_S, WRITE_STALL_S, Gate, Gates
 
 log = logging.getLogger("pp1q.http")
@@ -128,20 +128,20 @@ async def _errors(request: web.Request, handler):
     try:
         answer = await handler(request)
     except HttpError as e:
-        return json_response(e.status, error_body(e.code, e.message), e.headers)
+        return json_response(e.status, error_body(e), e.headers)
     except ServiceError as e:
         h = as_http(e)
-        return json_response(h.status, error_body(h.code, h.message))
+        return json_response(h.status, error_body(h))
     except web.HTTPException as e:  # the router's 404/405
         headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
         code = _CODE_OF.get(e.status, "http_error")
-        return json_response(e.status, error_body(code, f"{request.method} {request.path}: "
-                                                        f"{e.reason}"), headers)
+        return json_response(e.status, error_body(HttpError(
+            e.status, code, f"{request.method} {request.path}: {e.reason}")), headers)
     except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception:
         log.exception("handler for %s %s failed", request.method, request.path)
-        return json_response(500, error_body("internal", "internal error; see the verifier log"))
+        return json_response(500, error_body(INTERNAL))
     if isinstance(answer, web.StreamResponse):
         return answer
     status, body = answer

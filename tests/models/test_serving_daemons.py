@@ -99,3 +99,22 @@ def test_a_request_past_the_models_context_is_refused_before_any_prefill(pair, s
         urllib.request.urlopen(req, timeout=120)
     assert e.value.code == 422
     assert json.loads(e.value.read())["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_stop_string_ends_the_ids_where_target_only_sampling_does(pair):
+    """Through the official client: a stop string completed inside a speculative round
+    ends the answer's ids and usage at the token completing it, as target-only sampling
+    (one token a step) does; the text ends before it."""
+    openai = pytest.importorskip("openai")
+    o = openai.OpenAI(base_url=pair.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    model = o.models.list().data[0].id
+    body = dict(model=model, prompt=PROMPT, max_tokens=24, seed=5, temperature=0)
+    text = o.completions.create(**body).choices[0].text
+    stop = text[10:14]  # a stop string inside the greedy answer (" a w" today)
+    got = [o.completions.create(**body, stop=[stop], extra_body={"pp1q": {"speculative": s}})
+           for s in (True, False)]
+    spec, target_only = ((r.choices[0].token_ids, r.usage.completion_tokens,
+                          r.choices[0].text, r.choices[0].finish_reason) for r in got)
+    assert spec == target_only
+    assert spec[2] == text[: text.index(stop)] and spec[3] == "stop"
+    assert got[0].pp1q["stats"]["rounds"] > 0  # it did speculate

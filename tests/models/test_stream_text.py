@@ -11,7 +11,8 @@ import pytest
 from stopper_cases import CountingDecoder, call, check_equivalent, random_rounds, run
 
 from pp1q.models.text import TextCodec
-from pp1q.verifier.openai_api import Stopper, decode_call
+from pp1q.verifier.openai_api import Stopper
+from pp1q.verifier.openai_request import decode_call
 
 pytestmark = pytest.mark.model
 

@@ -10,7 +10,7 @@ import pytest
 
 from pp1q.models.text import TextCodec
 from pp1q.verifier.http import HttpError
-from pp1q.verifier.openai_api import decode_call
+from pp1q.verifier.openai_request import decode_call
 
 jinja2 = pytest.importorskip("jinja2")  # transformers renders chat templates with it
 
@@ -66,3 +66,21 @@ def test_a_template_refusing_the_messages_is_a_422():
         _chat(TemplateTokenizer(refuse=True))
     assert (e.value.status, e.value.code) == (422, "invalid_field")
     assert "roles must alternate" in str(e.value)
+
+
+def test_text_content_parts_and_names_reach_the_template():
+    """OpenAI's content may be a list of text parts (what many clients send): their texts,
+    joined by newlines (as vLLM joins them), are the message's content; a message's
+    ``name`` goes to the template with it."""
+    tok = TemplateTokenizer()
+    body = {"max_tokens": 2, "messages": [
+        {"role": "user", "name": "ann", "content": [{"type": "text", "text": "a"},
+                                                    {"type": "text", "text": "b"}]}]}
+    decode_call(json.dumps(body).encode(), chat=True, tokenizer=TextCodec(tok), model_id="m",
+                vocab=200, default_top_k=None, max_support=64)
+    assert tok.seen[0][0] == [{"role": "user", "content": "a\nb", "name": "ann"}]
+    body["messages"][0]["content"].append({"type": "token_ids", "token_ids": [1]})
+    with pytest.raises(HttpError) as e:  # ids in a text target's chat: which text are they?
+        decode_call(json.dumps(body).encode(), chat=True, tokenizer=TextCodec(tok),
+                    model_id="m", vocab=200, default_top_k=None, max_support=64)
+    assert (e.value.status, e.value.param) == (422, "messages")

@@ -3,7 +3,8 @@
 ``FullDecodeStopper`` is the Stopper as it was before the window (every id decoded each
 round; the stop string looked for in the whole text), with the two fixes a review found
 later (a stop string before a stop id of the same round; the hold-back measured from
-the end of the settled text): the oracle. ``check_equivalent``
+the end of the settled text; the ids ending at the one that completed a stop string):
+the oracle. ``check_equivalent``
 feeds the same ids in the same rounds to both and asserts the same deltas round by
 round, the same end and the same answer; ``CountingDecoder`` counts the ids a decoder is
 given, passed as the Stopper's ``text`` as production passes the tokenizer.
@@ -39,6 +40,7 @@ class FullDecodeStopper:
         return self._text
 
     def feed(self, new):
+        before = len(self.ids)
         for t in new:
             if t in self.stop_ids:
                 self.stopped = True
@@ -46,10 +48,16 @@ class FullDecodeStopper:
             self.ids.append(t)
         if self.stop_strs and self._cut is None:
             full = self._decode()
-            hits = [i for i in (full.find(s) for s in self.stop_strs) if i >= 0]
-            if hits:
-                self._cut, self.stopped = min(hits), True
+            if self._hit(full) is not None:
+                # the ids end at the first one of this round whose text holds a stop string
+                k = next(k for k in range(before + 1, len(self.ids) + 1)
+                         if self._hit(self.text.decode(self.ids[:k])) is not None)
+                del self.ids[k:]
+                self._cut, self.stopped = self._hit(self._decode()), True
         return self.stopped
+
+    def _hit(self, text: str) -> int | None:
+        return min((i for i in (text.find(s) for s in self.stop_strs) if i >= 0), default=None)
 
     def full_text(self) -> str:
         return self._decode()[: self._cut]

@@ -173,3 +173,63 @@ def test_a_client_that_leaves_frees_its_slot_within_a_round(tmp_path):
         assert len(pair.client().generate(PROMPT, 3)["token_ids"]) == 3
     finally:
         pair.close()
+
+
+def test_the_clients_chat_stream_helper_gets_the_role_once(pair):
+    """openai's ``chat.completions.stream`` accumulates each delta's strings: a role in
+    every chunk came out as "assistantassistant..." (OpenAI sends it in the first only)."""
+    o = _client(pair)
+    model = o.models.list().data[0].id
+    msgs = [{"role": "user", "content": [{"type": "token_ids", "token_ids": PROMPT}]}]
+    opts = {"pp1q": {"speculative": False}}
+    full = o.chat.completions.create(model=model, max_tokens=16, seed=5, messages=msgs,
+                                     extra_body=opts).choices[0].token_ids
+    stop = full[5]
+    with o.chat.completions.stream(model=model, max_tokens=16, seed=5, messages=msgs,
+                                   extra_body={**opts, "stop_token_ids": [stop]}) as s:
+        roles = [e.chunk.choices[0].delta.role for e in s if e.type == "chunk"]
+        final = s.get_final_completion().choices[0]
+    assert roles[0] == "assistant" and set(roles[1:]) <= {None}
+    assert final.message.role == "assistant" and final.finish_reason == "stop"
+    assert final.message.content == "".join(f" {t}" for t in full[: full.index(stop)])
+
+
+def test_the_clients_nulls_defaults_and_refusals(pair):
+    """What the official client sends: None as null (the field's default), OpenAI's
+    fields we do not implement at their defaults (taken) or otherwise (a 422 naming the
+    field in OpenAI's error object), max_completion_tokens, stream_options alone."""
+    o = _client(pair)
+    model = o.models.list().data[0].id
+    r = o.completions.create(model=model, prompt=PROMPT, max_tokens=None, temperature=None,
+                             top_p=None, n=None, seed=2, presence_penalty=0,
+                             frequency_penalty=0, logit_bias={}, echo=False, best_of=1)
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
+    msgs = [{"role": "user", "content": [{"type": "token_ids", "token_ids": PROMPT}]}]
+    r = o.chat.completions.create(model=model, messages=msgs, max_completion_tokens=3,
+                                  logprobs=False, response_format={"type": "text"})
+    assert r.usage.completion_tokens == 3
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        o.completions.create(model=model, prompt=PROMPT, max_tokens=2, logit_bias={"3": 50})
+    assert (e.value.param, e.value.type, e.value.code) == (
+        "logit_bias", "invalid_request_error", "unsupported_field")
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        o.chat.completions.create(model=model, messages=msgs, max_tokens=2, logprobs=True)
+    assert e.value.param == "logprobs"
+    with pytest.raises(openai.BadRequestError) as e:
+        o.completions.create(model=model, prompt=PROMPT, max_tokens=2,
+                             stream_options={"include_usage": True})
+    assert e.value.param == "stream_options"
+    with pytest.raises(openai.NotFoundError) as e:
+        o.completions.create(model="not-this-one", prompt=PROMPT, max_tokens=2)
+    assert (e.value.param, e.value.code) == ("model", "model_not_found")
+
+
+def test_the_client_retrieves_the_model(pair):
+    o = _client(pair)
+    listed = o.models.list().data[0]
+    got = o.models.retrieve(listed.id)
+    assert (got.id, got.object, got.owned_by, got.created) == (
+        listed.id, "model", listed.owned_by, listed.created)
+    with pytest.raises(openai.NotFoundError) as e:
+        o.models.retrieve("org/not-this-one")
+    assert e.value.code == "model_not_found"

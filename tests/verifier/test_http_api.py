@@ -156,7 +156,8 @@ async def test_routes_errors_and_keep_alive():
         assert (status, _error(body)) == (404, "not_found")
         (status, body), = _responses(await _raw(s.port, b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n"))
         assert (status, json.loads(body)) == (500, {"error": {
-            "code": "rank_disagreement", "message": "rank 1 refused round"}})
+            "message": "rank 1 refused round", "type": "server_error", "param": None,
+            "code": "rank_disagreement"}})
         # two pipelined requests on one connection: two answers, in order
         got = _responses(await _raw(s.port, b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n" * 2))
         assert [g[0] for g in got] == [200, 200]

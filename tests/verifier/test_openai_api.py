@@ -5,7 +5,8 @@ import json
 import pytest
 
 from pp1q.verifier.http import HttpError
-from pp1q.verifier.openai_api import IdText, Shape, Stopper, decode_call, sse
+from pp1q.verifier.openai_api import IdText, Shape, Stopper, sse
+from pp1q.verifier.openai_request import decode_call
 
 MODEL = "toy"
 
@@ -53,7 +54,7 @@ def test_chat_takes_token_id_parts_without_a_tokenizer():
     ({"prompt": [1], "max_tokens": 0}, False, 422, "invalid_field"),
     ({"prompt": [1], "max_tokens": 4097}, False, 422, "invalid_field"),
     ({"prompt": [1], "n": 2}, False, 422, "invalid_field"),
-    ({"prompt": [1], "logit_bias": {}}, False, 422, "invalid_field"),
+    ({"prompt": [1], "logit_bias": {"1": 5}}, False, 422, "unsupported_field"),
     ({"prompt": [1], "max_tokens": "3"}, False, 422, "invalid_field"),
     ({"prompt": [[1], [2]]}, False, 422, "invalid_field"),
     ({"prompt": [1], "top_p": 1.5}, False, 422, "invalid_field"),
@@ -135,6 +136,124 @@ def test_chunks_and_events_have_openai_shapes():
     chunk = shape.chunk(" 1", [1])
     assert chunk["object"] == "chat.completion.chunk"
     assert chunk["choices"][0]["delta"] == {"role": "assistant", "content": " 1"}
+    # the role in the first chunk only, and a last chunk without text has an empty delta
+    assert shape.chunk(" 2", [2])["choices"][0]["delta"] == {"content": " 2"}
+    assert shape.chunk("", [], "stop")["choices"][0]["delta"] == {}
+    assert Shape(chat=True, model=MODEL).chunk("", [], "stop")["choices"][0]["delta"] == {
+        "role": "assistant", "content": ""}  # OpenAI's first chunk
     assert sse(chunk).startswith(b"data: {") and sse(chunk).endswith(b"\n\n")
     assert sse("[DONE]") == b"data: [DONE]\n\n"
     assert Shape(chat=False, model=MODEL).chunk("", [])["object"] == "text_completion"
+
+
+@pytest.mark.parametrize("body, chat", [
+    # null is OpenAI's "the default" for each nullable field (openai's client sends
+    # ``max_tokens=None`` as null)
+    ({"prompt": [1], "max_tokens": None, "temperature": None, "top_p": None, "n": None,
+      "stream": None, "stream_options": None, "seed": None, "stop": None, "user": None}, False),
+    # OpenAI fields this server does not implement, at the values that change nothing
+    ({"prompt": [1], "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
+      "best_of": 1, "echo": False, "logprobs": None, "suffix": None}, False),
+    ({"messages": [{"role": "user", "content": [{"type": "token_ids", "token_ids": [1]}]}],
+      "frequency_penalty": None, "presence_penalty": 0, "logit_bias": None, "logprobs": False,
+      "top_logprobs": None, "response_format": {"type": "text"}, "tools": None,
+      "tool_choice": "none"}, True),
+])
+def test_defaults_and_neutral_values_are_accepted(body, chat):
+    c = _call(body, chat=chat)
+    # a completion's default max_tokens is 16; a chat's is open (the context bounds it)
+    assert (c.req.max_tokens, c.open_max) == ((4096, True) if chat else (16, False))
+    assert not c.req.greedy and not c.body.stream
+    assert c.req.processors == _call({"prompt": [1]}).req.processors
+
+
+@pytest.mark.parametrize("body, chat, param", [
+    ({"prompt": [1], "frequency_penalty": 0.5}, False, "frequency_penalty"),
+    ({"prompt": [1], "presence_penalty": -1}, False, "presence_penalty"),
+    ({"prompt": [1], "logit_bias": {"3": 100}}, False, "logit_bias"),
+    ({"prompt": [1], "best_of": 2}, False, "best_of"),
+    ({"prompt": [1], "echo": True}, False, "echo"),
+    ({"prompt": [1], "logprobs": 0}, False, "logprobs"),  # 0: the sampled token's logprob
+    ({"prompt": [1], "suffix": "x"}, False, "suffix"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, True, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, True, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_object"}}, True, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, True, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, True,
+     "tool_choice"),
+])
+def test_unimplemented_fields_that_would_change_the_answer_are_refused(body, chat, param):
+    with pytest.raises(HttpError) as e:
+        _call(body, chat=chat, tokenizer=CharTokenizer())
+    assert (e.value.status, e.value.code, e.value.param) == (422, "unsupported_field", param)
+    assert f"`{param}`" in e.value.message
+
+
+def test_max_completion_tokens_is_chats_max_tokens():
+    chat = {"messages": [{"role": "user", "content": [{"type": "token_ids", "token_ids": [1]}]}]}
+    assert _call({**chat, "max_completion_tokens": 5}, chat=True).req.max_tokens == 5
+    assert _call({**chat, "max_completion_tokens": 5, "max_tokens": 5},
+                 chat=True).req.max_tokens == 5
+    with pytest.raises(HttpError) as e:  # two different bounds: which one was meant?
+        _call({**chat, "max_completion_tokens": 5, "max_tokens": 6}, chat=True)
+    assert (e.value.status, e.value.param) == (422, "max_completion_tokens")
+    with pytest.raises(HttpError) as e:  # a chat field only
+        _call({"prompt": [1], "max_completion_tokens": 5})
+    assert e.value.param == "max_completion_tokens"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": [1], "max_tokens": 0}, "max_tokens"),
+    ({"prompt": [1], "pp1q": {"nope": 1}}, "pp1q.nope"),
+    ({"prompt": [1], "whatever": 1}, "whatever"),
+    ({}, "prompt"),
+    ({"prompt": [1], "model": "gpt-4"}, "model"),
+    ({"prompt": [1], "pp1q": {"draft_temperature": 0}}, "pp1q.draft_temperature"),
+])
+def test_a_refusal_names_its_param(body, param):
+    with pytest.raises(HttpError) as e:
+        _call(body)
+    assert e.value.param == param, e.value.message
+
+
+def test_error_bodies_have_openais_shape():
+    from pp1q.verifier.http import error_body
+
+    e = HttpError(422, "invalid_field", "Expected `int` >= 1 - at `$.max_tokens`")
+    assert error_body(e) == {"error": {"message": e.message, "type": "invalid_request_error",
+                                       "param": "max_tokens", "code": "invalid_field"}}
+    assert error_body(HttpError(503, "busy", "queue full"))["error"]["type"] == "server_error"
+
+
+def test_an_open_chat_takes_what_the_context_leaves():
+    from pp1q.verifier.openai_request import fit_open_max
+
+    chat = {"messages": [{"role": "user", "content": [{"type": "token_ids",
+                                                       "token_ids": [1, 2, 3]}]}]}
+    for max_positions, want in [(None, 4096), (10_000, 4096), (100, 97), (3, 1)]:
+        c = _call(chat, chat=True)
+        fit_open_max(c, max_positions)
+        assert c.req.max_tokens == want
+    c = _call({**chat, "max_tokens": 50}, chat=True)  # a bound the client gave stays
+    fit_open_max(c, 20)
+    assert c.req.max_tokens == 50
+
+
+def test_a_stop_string_ends_the_ids_at_the_token_completing_it():
+    """A round commits several tokens; the ids after the one that completed a stop
+    string are dropped, as target-only sampling would have stopped there: the answer's
+    token_ids and usage do not depend on where the rounds fell."""
+    tok = CharTokenizer()
+    call = _call({"prompt": [97], "stop": ["bc"]}, tokenizer=tok)
+    for rounds in ([tok.encode("abcde")], [tok.encode("a"), tok.encode("bcd")],
+                   [tok.encode(c) for c in "abcde"]):
+        s = Stopper(call, tok)
+        for new in rounds:
+            if s.feed(new):
+                break
+        assert (s.ids, s.full_text()) == (tok.encode("abc"), "a")
+        shape = Shape(chat=False, model=MODEL)
+        answer = {"finish_reason": "length", "seed": 1, "stats": {}, "elapsed_s": 0.0}
+        assert shape.answer(call, s, answer)["usage"]["completion_tokens"] == 3
