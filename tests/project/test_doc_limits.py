@@ -20,7 +20,7 @@ from pp1q.runtime.settings import (
     REAL_MODEL_WATCHDOG_MS,
     TOY_WATCHDOG_MS,
 )
-from pp1q.verifier import api, http_gate, link, openai_api, server
+from pp1q.verifier import api, http_gate, link, openai_request, server
 from pp1q.worker import drafting
 from pp1q.worker.connection import WRITE_HIGH_WATER_CAP
 from pp1q.worker.engine_proposer import MAX_OPEN_REQUESTS
@@ -54,10 +54,10 @@ QUOTED = [
           "(`requests_queued_per_address`"),
     (OPS, f"1..{api.MAX_PROMPT_TOKENS} ids"),
     (OPS, f"1..{api.MAX_NEW_TOKENS} new tokens"),
-    (OPS, f"list of up to {openai_api.MAX_STOP} strings"),
-    (OPS, f"list of up to {openai_api.MAX_STOP_TOKEN_IDS} ids < vocab"),
+    (OPS, f"list of up to {openai_request.MAX_STOP} strings"),
+    (OPS, f"list of up to {openai_request.MAX_STOP_TOKEN_IDS} ids < vocab"),
     (OPS, f"up to {api.MAX_STOP_IDS} ids"),
-    (OPS, f"1..{openai_api.MAX_MESSAGES} messages"),
+    (OPS, f"1..{openai_request.MAX_MESSAGES} messages"),
     (OPS, f"[{_n(api.MIN_TEMPERATURE)}, {_n(api.MAX_TEMPERATURE)}]"),
     (OPS, f"prefilled in chunks of {PREFILL_CHUNK} ids (`pp1q.models.engine.PREFILL_CHUNK`)"),
     (OPS, f"{link.DEGRADED_AFTER_FAILURES} or more STEPs in a row gave no proposal"),

@@ -18,7 +18,8 @@ DOTTED = re.compile(r"(?<![\w./-])((?:pp1q|pp1q_kernels)(?:\.[A-Za-z_]\w*)+)")
 # template's name without its suffix, the config file's name, a file:function
 NOT_FILES = {"pp1q/core/__pycache__", "fuzz/corpus", "tests/verifier/test_daemon_",
              "deploy/systemd/pp1q-verifier"}
-NOT_MODULES = {"pp1q.toml"}
+NOT_MODULES = {"pp1q.toml",
+               "pp1q.draft_temperature"}  # a request field's path (the `pp1q` extension object)
 
 
 # pp1q.q, pp1q.rng, ...: `sys.modules[__name__] = _module`, an alias of a core module
