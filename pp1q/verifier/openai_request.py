@@ -71,7 +71,10 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stop: _Stop = None
     stop_token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
                               msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    seed: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # OpenAI's seeds are int64: a negative one is taken as its 64-bit two's complement
+    # (the native seed is unsigned; the answer returns that form, which repeats it). Its
+    # upper bound, 2^64 - 1, is the native request's (msgspec bounds only int64)
+    seed: Annotated[int, msgspec.Meta(ge=-(1 << 63))] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     n: Annotated[int, msgspec.Meta(ge=1, le=1)] | None = None  # one choice per request
@@ -264,7 +267,7 @@ def decode_call(raw: bytes, *, chat: bool, tokenizer: Tokenizer | None, model_id
     if b.top_k > 0:  # -1 and 0 mean off, as vLLM's
         native["target_top_k"] = b.top_k
     if b.seed is not None:
-        native["seed"] = b.seed
+        native["seed"] = b.seed + (1 << 64) if b.seed < 0 else b.seed
     if b.pp1q.draft_top_k is not msgspec.UNSET:
         native["top_k"] = b.pp1q.draft_top_k
     try:

@@ -33,6 +33,9 @@ def test_completion_translates_into_a_generate_request():
     assert (r.prompt, r.max_tokens, r.seed, r.greedy, r.speculative, r.top_k) == (
         [1, 2], 3, 9, True, False, None)
     assert _call({"prompt": [1]}).req.max_tokens == 16  # OpenAI's default
+    # OpenAI's seeds are int64: a negative one is its two's complement, a native seed
+    assert _call({"prompt": [1], "seed": -1}).req.seed == (1 << 64) - 1
+    assert _call({"prompt": [1], "seed": -(1 << 63)}).req.seed == 1 << 63
     assert _call({"prompt": "ab"}, tokenizer=CharTokenizer()).req.prompt == [97, 98]
 
 
@@ -62,6 +65,7 @@ def test_chat_takes_token_id_parts_without_a_tokenizer():
     ({"prompt": [1], "top_k": -2}, False, 422, "invalid_field"),  # only -1 and 0 mean off
     ({"prompt": [1], "model": "gpt-4"}, False, 404, "model_not_found"),
     ({"prompt": [1], "seed": 1 << 64}, False, 422, "invalid_field"),
+    ({"prompt": [1], "seed": -(1 << 63) - 1}, False, 422, "invalid_field"),  # past int64
     ({"prompt": [1], "pp1q": {"draft_top_k": 65}}, False, 422, "top_k_too_large"),
     ({"messages": []}, True, 422, "invalid_field"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, True, 422,
