@@ -38,6 +38,12 @@ def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: 
 
     def handler(chat: bool):
         async def handle(request: web.Request):
+            try:
+                return await answer(request)
+            except (HttpError, ServiceError) as e:
+                raise as_openai(e) from None
+
+        async def answer(request: web.Request):
             raw = await read_body(request)
             call = await decoded(decode_call, raw, chat=chat, tokenizer=tokenizer,
                                  model_id=model_id, **decode_kw)
@@ -111,6 +117,17 @@ async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape:
     finally:
         if not task.done():
             task.cancel()  # the client left: release the slot, RESET the worker
+
+
+def as_openai(e: HttpError | ServiceError) -> HttpError:
+    """The refusal as the OpenAI routes answer it: a field refused is OpenAI's (and vLLM's)
+    400, where ``/v1/generate`` answers 422; the official client raises BadRequestError
+    for it (for a 422 it raised UnprocessableEntityError, which clients written against
+    OpenAI do not catch). Code, message and param are kept."""
+    h = as_http(e) if isinstance(e, ServiceError) else e
+    if h.status != 422:
+        return h
+    return HttpError(400, h.code, h.message, h.headers, param=h.param)
 
 
 def _error_event(e: BaseException) -> dict:
