@@ -157,3 +157,68 @@ async def test_an_answer_cut_at_a_stop_string_its_whole_decode_holds_ends_in_sto
             assert (choice["finish_reason"], answer["usage"]["completion_tokens"]) == (
                 "stop", len(choice["token_ids"])), seed
     assert caught >= 5
+
+
+class Utf8Bytes:
+    """A byte-level decode: one UTF-8 byte an id (ids under 256; others decode to
+    nothing, as a special token), U+FFFD for a character whose bytes are not all in."""
+
+    def encode(self, text):
+        return list(text.encode())
+
+    def decode(self, ids):
+        return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+
+
+TEXT = "Le café 東京 😀 ab abc bcd é!é cd"  # characters of 1 to 4 bytes, repeated pairs
+
+
+def _case(rng: random.Random) -> tuple[list[int], dict, bool]:
+    raw = list(TEXT.encode())
+    n = rng.randint(1, len(raw))
+    start = rng.randrange(len(raw) - n + 1)
+    ids = raw[start:start + n] + [300] * rng.randint(0, 2) + raw[:5]
+    whole = Utf8Bytes().decode(ids)
+    stops = [s for s in (whole[i:i + rng.randint(1, 3)] for i in
+                         (rng.randrange(len(whole)) for _ in range(rng.randint(0, 3)))) if s]
+    body: dict = {"max_tokens": rng.randint(1, len(ids) + 2)}
+    if stops:
+        body["stop"] = stops
+    if rng.random() < 0.3:
+        body["stop_token_ids"] = [rng.choice(ids)]
+    chat = rng.random() < 0.3
+    if chat:
+        body["messages"] = [{"role": "user", "content": [{"type": "token_ids",
+                                                          "token_ids": [1]}]}]
+    else:
+        body["prompt"] = [1]
+    return ids, body, chat
+
+
+def _added_up(events: list, chat: bool) -> tuple[list[int], str, str, int]:
+    if not chat:
+        return _streamed(events)
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert sum("role" in c["choices"][0]["delta"] for c in chunks) == 1  # the first only
+    return ([t for c in chunks for t in c["choices"][0]["token_ids"]],
+            "".join(c["choices"][0]["delta"].get("content", "") for c in chunks),
+            chunks[-1]["choices"][0]["finish_reason"], events[-2]["usage"]["completion_tokens"])
+
+
+async def test_streams_answers_and_rounds_agree():
+    """Stop strings (several; completed by a round's first token, in a character split
+    across rounds), a stop id in the same round, max_tokens within a round, chat and
+    completions: each stream adds up to its JSON answer (ids, text, finish_reason,
+    usage), and rounds of several ids answer as one-id rounds (target-only) do."""
+    rng = random.Random(5)
+    for _ in range(60):
+        ids, body, chat = _case(rng)
+        answers = []
+        for rounds in (random_rounds(rng, ids, 6), [[t] for t in ids]):
+            answer, events = await _serve(rounds, Utf8Bytes(), body, chat=chat)
+            c = answer["choices"][0]
+            got = (c["token_ids"], c["message"]["content"] if chat else c["text"],
+                   c["finish_reason"], answer["usage"]["completion_tokens"])
+            assert _added_up(events, chat) == got, (body, rounds)
+            answers.append(got)
+        assert answers[0] == answers[1], (body, ids)
