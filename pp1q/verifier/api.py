@@ -118,16 +118,21 @@ def decode_generate(body: bytes, *, vocab: int, default_top_k: int | None,
         raise HttpError(422, "invalid_field", f"temperature {b.temperature!r}: 0 (greedy) or "
                         f"at least {MIN_TEMPERATURE:g} - at `$.temperature`")
     prompt = _prompt_ids(b, text)
-    bad = next((t for t in [*prompt, *b.stop_token_ids] if t >= vocab), None)
-    if bad is not None:
-        raise HttpError(422, "token_out_of_vocab",
-                        f"token id {bad} outside the vocabulary [0, {vocab})")
+    # each refusal past the schema names its field as msgspec's do (`$.name`: the error
+    # object's param)
+    for path, ids in (("prompt" if b.prompt is not None else "prompt_token_ids", prompt),
+                      ("stop_token_ids", b.stop_token_ids)):
+        bad = next((t for t in ids if t >= vocab), None)
+        if bad is not None:
+            raise HttpError(422, "token_out_of_vocab",
+                            f"token id {bad} outside the vocabulary [0, {vocab}) - at `$.{path}`")
     top_k = default_top_k if b.top_k is msgspec.UNSET else b.top_k
     if top_k is not None and top_k >= vocab:
         top_k = None  # the k largest of vocab ids, k >= vocab: every id, i.e. dense
     if top_k is not None and top_k > max_support:
+        at = "" if b.top_k is msgspec.UNSET else " - at `$.top_k`"  # else the verifier's own
         raise HttpError(422, "top_k_too_large",
-                        f"top_k {top_k} above the negotiated support bound {max_support}")
+                        f"top_k {top_k} above the negotiated support bound {max_support}{at}")
     greedy = b.temperature == 0.0
     processors = Processors() if greedy else normalised(b.temperature, b.target_top_k,
                                                         b.top_p, vocab)

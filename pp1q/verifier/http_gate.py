@@ -30,6 +30,7 @@ from __future__ import annotations
 import array
 import asyncio
 import fcntl
+import json
 import socket
 import struct
 import sys
@@ -39,6 +40,7 @@ from typing import Protocol
 
 from pp1q.core.errors import Reason
 from pp1q.runtime.address_counts import AddressCounts, client_address
+from pp1q.verifier.http import HttpError, error_body
 
 # a connection with bytes unsent whose client takes none of them for this long is
 # aborted (a client that stopped reading holds its connection for ever otherwise)
@@ -66,8 +68,10 @@ class GateLimits(Protocol):
 
 
 def refusal(message: str) -> bytes:
-    """One whole 503 answer with the API's error body; the connection closes after it."""
-    body = b'{"error":{"code":"busy","message":"%s"}}\n' % message.encode()
+    """One whole 503 answer with the API's error body (OpenAI's error object, as every
+    refusal's); the connection closes after it."""
+    body = json.dumps(error_body(HttpError(503, "busy", message)),
+                      separators=(",", ":")).encode() + b"\n"
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 

@@ -56,13 +56,15 @@ class Stopper:
     round on. One that depends on text further back than the window (no tokenizer we
     know) is caught when the answer's whole decode differs from the window's text: the
     answer is the whole decode's (its stop string looked for there; its stream may have
-    shown the window's text), and every later Stopper on that decoder decodes in full.
+    shown the window's text, and its ids end no earlier than those the stream handed
+    out), and every later Stopper on that decoder decodes in full.
     """
 
     def __init__(self, call: Call, text: Tokenizer | IdText) -> None:
         self.stop_ids, self.stop_strs, self.text = call.stop_ids, call.stop_strs, text
         self.ids: list[int] = []
         self.shown = 0  # characters of the text already handed out
+        self._ids_out = 0  # ids already handed out (a stream's chunks): never taken back
         self.stopped = False
         self._cut: int | None = None  # end of the text when a stop string matched
         self._longest = max(map(len, self.stop_strs), default=0)
@@ -140,8 +142,14 @@ class Stopper:
         if self.stop_strs:
             hit = _first(full, self.stop_strs)
             self._cut, self.stopped = hit, self.stopped or hit is not None
-            if hit is not None:  # a decoder no window follows: no round is known
-                self._end_ids(max(0, len(self.ids) - MAX_ROUND_IDS))
+            if hit is not None:  # a decoder no window follows: no round is known, and
+                # the ids a stream already handed out stay (its chunks add up to its usage)
+                self._end_ids(max(0, self._ids_out - 1, len(self.ids) - MAX_ROUND_IDS))
+
+    def take_ids(self) -> list[int]:
+        """The answer's ids not yet handed out (after ``delta``, which may end them)."""
+        out, self._ids_out = self.ids[self._ids_out:], len(self.ids)
+        return out
 
     def delta(self, final: bool) -> str:
         """Text not yet handed out; before the end, less what a stop string could start
@@ -210,9 +218,9 @@ class Shape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def answer(self, call: Call, stopper: Stopper, answer: dict) -> dict:
+        text = stopper.full_text()  # first: it may find the stop (and end the ids) itself
         finish = "stop" if stopper.stopped else answer["finish_reason"]
-        return {**self._env(False), "choices": [_choice(
-            self.chat, stopper.full_text(), stopper.ids, finish)],
+        return {**self._env(False), "choices": [_choice(self.chat, text, stopper.ids, finish)],
             "usage": usage(call, len(stopper.ids)), "pp1q": extension(answer)}
 
     def chunk(self, text: str, ids: list[int], finish: str | None = None,

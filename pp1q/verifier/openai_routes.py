@@ -87,7 +87,6 @@ async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape:
                                                     request_address(request)))
     task.add_done_callback(lambda _: wake.put_nowait(None))
     resp: web.StreamResponse | None = None
-    sent = 0
     try:
         while True:
             await wake.get()
@@ -100,10 +99,10 @@ async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape:
             if resp is None:
                 resp = web.StreamResponse(headers=SSE_HEADERS)
                 await resp.prepare(request)
-            ids, delta = stopper.ids[sent:], stopper.delta(final=done)
+            delta = stopper.delta(final=done)  # first: the final one may end the ids
+            ids = stopper.take_ids()
             if ids or delta:
                 await resp.write(sse(shape.chunk(delta, ids)))
-                sent += len(ids)
             if done:
                 break
         answer = task.result()

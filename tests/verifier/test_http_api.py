@@ -72,6 +72,19 @@ def test_bad_bodies_are_refused_with_a_code(body, status, code):
     assert (e.value.status, e.value.code) == (status, code)
 
 
+@pytest.mark.parametrize("body, param", [
+    ({"prompt_token_ids": [100], "max_tokens": 1}, "prompt_token_ids"),
+    ({"prompt_token_ids": [1], "max_tokens": 1, "stop_token_ids": [100]}, "stop_token_ids"),
+    ({"prompt_token_ids": [1], "max_tokens": 1, "top_k": 65}, "top_k"),
+])
+def test_a_refusal_past_the_schema_names_its_field(body, param):
+    """OpenAI's error object's ``param``: the field refused, for the checks msgspec's
+    schema does not make too (it was null for these)."""
+    with pytest.raises(HttpError) as e:
+        _decode(body)
+    assert e.value.param == param, e.value.message
+
+
 # -- the server, from outside ---------------------------------------------------------------
 
 

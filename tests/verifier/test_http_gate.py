@@ -315,7 +315,10 @@ async def test_a_refused_connection_is_answered_and_never_reaches_the_handler():
     second.connection_lost(None)
     assert refused == [Reason.TOO_MANY_CONNECTIONS] and len(made) == 1
     assert transport.closed and transport.sent.startswith(b"HTTP/1.1 503 ")
-    assert json.loads(transport.sent.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "busy"
+    # OpenAI's error object, as every other refusal's (the client reads type and param)
+    assert json.loads(transport.sent.split(b"\r\n\r\n", 1)[1]) == {"error": {
+        "message": "too many connections", "type": "server_error", "param": None,
+        "code": "busy"}}
     assert gates.counts.open == 1 and gates.counts.by_address == {"127.0.0.1": 1}
     first.connection_lost(None)
     assert gates.counts.open == 0 and gates.counts.by_address == {}

@@ -215,10 +215,16 @@ def test_max_completion_tokens_is_chats_max_tokens():
     ({}, "prompt"),
     ({"prompt": [1], "model": "gpt-4"}, "model"),
     ({"prompt": [1], "pp1q": {"draft_temperature": 0}}, "pp1q.draft_temperature"),
+    # the checks decode_generate makes past msgspec's name their field too
+    ({"prompt": [100]}, "prompt"),
+    ({"messages": [{"role": "user", "content": [{"type": "token_ids", "token_ids": [100]}]}]},
+     "messages"),
+    ({"prompt": [1], "stop_token_ids": [100]}, "stop_token_ids"),
+    ({"prompt": [1], "pp1q": {"draft_top_k": 65}}, "pp1q.draft_top_k"),
 ])
 def test_a_refusal_names_its_param(body, param):
     with pytest.raises(HttpError) as e:
-        _call(body)
+        _call(body, chat="messages" in body)
     assert e.value.param == param, e.value.message
 
 
