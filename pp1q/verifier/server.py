@@ -163,7 +163,10 @@ class HttpServer:
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_errors])
         self.app[LIMITS] = limits
         for (method, path), handler in routes.items():
-            self.app.router.add_route(method, path, handler)
+            if method == "GET":  # and HEAD, its headers only (health checks send HEAD)
+                self.app.router.add_get(path, handler, allow_head=True)
+            else:
+                self.app.router.add_route(method, path, handler)
         self._runner: web.AppRunner | None = None
         self.gates: Gates | None = None  # the open connections, once started
         self._server: asyncio.base_events.Server | None = None

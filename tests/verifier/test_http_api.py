@@ -174,6 +174,12 @@ async def test_routes_errors_and_keep_alive():
         # two pipelined requests on one connection: two answers, in order
         got = _responses(await _raw(s.port, b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n" * 2))
         assert [g[0] for g in got] == [200, 200]
+        # HEAD of a GET route (load balancers' health checks): its headers, no body
+        raw = await _raw(s.port, b"HEAD /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and body == b""
+        raw = await _raw(s.port, b"HEAD /echo HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert raw.startswith(b"HTTP/1.1 405")  # a POST route has none
 
 
 async def test_size_limits():
