@@ -59,7 +59,7 @@ class WorkerConnection(asyncio.BufferedProtocol):
                                        now=asyncio.get_running_loop().time())
         self.drafter = StepDrafter(self.endpoint, proposer, metrics, self._write,
                                    lambda: self._drain, self._drained, lambda: self._out_bytes,
-                                   self._flush_out)
+                                   self._write_now)
         self._drain: asyncio.Future | None = None
         self._out: list[bytes] = []  # frames of this loop tick, not yet written
         self._out_bytes = 0  # their size
@@ -201,12 +201,22 @@ class WorkerConnection(asyncio.BufferedProtocol):
     def _write(self, data: bytes) -> None:
         """Queue ``data``; everything queued in one loop tick leaves in one writelines
         (one writev: uvloop writes each ``write`` at once, one syscall per frame), or
-        earlier when the drafter flushes a finished proposal (``_flush_out``)."""
+        earlier with a finished proposal (``_write_now``)."""
         if self.transport is not None and not self.transport.is_closing():
             self._out.append(data)
             self._out_bytes += len(data)
             if len(self._out) == 1:
                 asyncio.get_running_loop().call_soon(self._flush_out)
+
+    def _write_now(self, data: bytes) -> None:
+        """``data`` and everything queued before it, handed to the transport now (a
+        step's last frame: the drafter's proposal leaves while it drafts the next). Not
+        through ``_write``: its tick-end flush would then find nothing to write (a loop
+        callback a step for nothing)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._out.append(data)
+            self._out_bytes += len(data)
+            self._flush_out()
 
     def _drained(self) -> bool:
         """Nothing written is still held: none queued for this tick, none in the

@@ -146,14 +146,16 @@ class StepDrafter:
                  writable: Callable[[], asyncio.Future | None],
                  drained: Callable[[], bool] = lambda: False,
                  queued: Callable[[], int] = lambda: 0,
-                 flush: Callable[[], None] = lambda: None) -> None:
+                 write_now: Callable[[bytes], None] | None = None) -> None:
         self.endpoint, self.metrics = endpoint, metrics
         self.proposer = proposer
         self._write = write
         self._writable = writable  # None when the transport accepts more, else a future
         self._drained = drained  # True: every byte written so far has left our buffers
         self._queued = queued  # bytes written this loop tick, not yet handed to the transport
-        self._flush = flush  # hand what is queued to the transport now, not at the tick's end
+        # a step's last frame: handed to the transport now with what is queued before it,
+        # not at the tick's end (None: queued with the others)
+        self._write_now = write if write_now is None else write_now
         self.tasks: dict[int, asyncio.Task] = {}
         # slot -> its prefill ahead of the slot's first STEP, while it runs
         self.prefills: dict[int, Ahead] = {}
@@ -240,7 +242,7 @@ class StepDrafter:
     def detach(self) -> None:
         """The connection is gone: drop its hooks (bound to it: a reference cycle)."""
         self._write, self._writable, self._drained = _drop, _always_writable, _never
-        self._queued, self._flush = _nothing, _nothing_to_flush
+        self._queued, self._write_now = _nothing, _drop
 
     def _done(self, slot: int, task: asyncio.Task) -> None:
         if self.tasks.get(slot) is task:
@@ -301,8 +303,8 @@ class StepDrafter:
                     resumed, awaited = time.perf_counter(), True
             if not ep.is_live(step.slot, step.generation, step.round_id):
                 return
-            self._write(ep.send_proposal(step, tokens, rows) if whole
-                        else ep.send_completion(step.slot))
+            last = (ep.send_proposal(step, tokens, rows) if whole
+                    else ep.send_completion(step.slot))
         except Pp1qError as e:  # the drafter failed or the endpoint refused a row: abort
             # a verifier's STEP can cause it every round (a tiny temperature): counted
             # (drafting aborts), logged once a reason per interval
@@ -317,7 +319,7 @@ class StepDrafter:
         finally:  # stopped (or failed) before its prepare was done: the STEP took it over
             self._ahead_ended(ahead, PrefillOutcome.TAKEN_OVER)
         # the whole proposal leaves now: the verifier checks it while we draft the next
-        self._flush()
+        self._write_now(last)
         self.metrics.round_latency.observe(time.perf_counter() - t0)
 
     def _abort(self, step: Step, reason: Reason) -> None:
@@ -350,7 +352,3 @@ def _never() -> bool:
 
 def _nothing() -> int:
     return 0
-
-
-def _nothing_to_flush() -> None:
-    """A detached drafter's flush: its connection is closed."""

@@ -7,6 +7,8 @@ Driven through the adapter's own hooks (worker_round), no socket."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from wire_helpers import feed_buffered
 from worker_round import SESSION, Canned, connected, kinds, step_of, until
@@ -129,3 +131,27 @@ async def test_a_late_reset_after_the_proposal_left_is_still_safe():
     [ready] = v.receive_data(t.take(), 0.0)
     assert isinstance(ready, ProposalReady) and ready.generation == 2
     assert list(ready.draft_ids) == [tok for tok, _ in proposer.chain]
+
+
+async def test_each_proposal_leaves_in_a_write_of_its_own_with_no_flush_left_for_the_tick(
+        monkeypatch):
+    """A whole PROPOSAL is handed to the transport as its last row is drafted, not queued
+    for the loop tick's end: no tick-end flush is scheduled for it (one ran for each, and
+    found nothing left to write: a loop callback a step for nothing, issue 13)."""
+    conn, t, v = await _connected(Canned(VOCAB, DEPTH, FITS))
+    loop = asyncio.get_running_loop()
+    scheduled, call_soon = [], loop.call_soon
+
+    def counting(callback, *args, **kwargs):
+        scheduled.append(callback)
+        return call_soon(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon", counting)
+    before = len(t.writes)
+    feed_buffered(conn, b"".join(v.send(step_of(s, DEPTH, top_k=FITS), now=0.0)
+                                 for s in range(SLOTS)))
+    await until(lambda: not conn.drafter.tasks)
+    assert [kinds(w) for w in t.writes[before:]] == [[Proposal]] * SLOTS
+    assert conn._flush_out not in scheduled
+    ready = v.receive_data(t.take(), 0.0)
+    assert [type(e) for e in ready] == [ProposalReady] * SLOTS
