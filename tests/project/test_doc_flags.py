@@ -14,9 +14,10 @@ from pp1q.cli import COMMANDS
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "RELIABILITY.md",
         ROOT / "BENCHMARKS.md"]
-# options of the other tools the docs show (pip, pytest, useradd, systemctl, torchrun)
+# options of the other tools the docs show (pip, pytest, useradd, systemctl, torchrun,
+# valgrind)
 OTHER_TOOLS = {"--index-url", "--no-deps", "--pdb", "--runslow", "--dist", "--home-dir",
-               "--shell", "--system", "--now", "--nproc-per-node", "--max-restarts"}
+               "--shell", "--system", "--now", "--nproc-per-node", "--max-restarts", "--tool"}
 OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 # `pp1q CMD ...` inline, or a code-block line (with its backslash continuations)
 INLINE = re.compile(r"`(?:pp1q|python3 -m pp1q\.cli) ([a-z-]+)([^`]*)`")
