@@ -7,6 +7,7 @@ import ctypes
 import gc
 import gzip
 import json
+import logging
 
 import pytest
 
@@ -203,6 +204,22 @@ async def test_size_limits():
             s.port, b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Encoding: gzip\r\n"
                     b"Content-Length: %d\r\n\r\n" % len(bomb) + bomb))
         assert (status, _error(body)) == (413, "body_too_large")
+
+
+@pytest.mark.parametrize("body", [
+    b"abc",  # not gzip at all
+    gzip.compress(b'{"a": 1}', mtime=0) + b"trailing",  # gzip, then bytes after its end
+], ids=["not_gzip", "trailing_bytes"])
+async def test_a_body_that_does_not_inflate_is_a_400_not_a_500(body, caplog):
+    # aiohttp fails the body's read (RequestPayloadError): a client's fault, answered
+    # 400 bad_body; it was a 500 internal and a traceback in the log per request
+    async with _Served(FAST) as s:
+        with caplog.at_level(logging.ERROR, logger="pp1q.http"):
+            (status, answer), = _responses(await _raw(
+                s.port, b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Encoding: gzip\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body))
+        assert (status, _error(answer)) == (400, "bad_body")
+        assert not caplog.records
 
 
 async def test_smuggling_a_request_in_a_refused_body_gets_no_answer():
