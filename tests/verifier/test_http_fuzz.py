@@ -147,4 +147,4 @@ def test_hostile_clients_get_documented_answers(pair):
 
 @pytest.mark.slow
 def test_hostile_clients_get_documented_answers_long(pair):
-    _fuzz(pair, examples=2000)
+    _fuzz(pair, examples=10_000)
