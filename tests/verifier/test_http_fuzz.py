@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from schema_strategy import from_schema, mutated, raw_edit
 
 from pp1q.verifier.api import GenerateBody
-from pp1q.verifier.openai_api import ChatBody, CompletionBody
+from pp1q.verifier.openai_request import ChatBody, CompletionBody
 
 pytestmark = pytest.mark.daemons  # starts real daemon processes
 
@@ -56,7 +56,8 @@ def pair(tmp_path_factory):
 
 
 def _bodies(path: str) -> st.SearchStrategy:
-    return from_schema(msgspec.json.schema(ROUTES[path]), caps={"max_tokens": MAX_TOKENS})
+    return from_schema(msgspec.json.schema(ROUTES[path]),
+                       caps={"max_tokens": MAX_TOKENS, "max_completion_tokens": MAX_TOKENS})
 
 
 @st.composite
