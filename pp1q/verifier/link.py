@@ -378,8 +378,14 @@ class WorkerLink:
         """Invalidate ``generation`` (and older) of ``slot`` on the worker; False if down."""
         if not self._ready:
             return False
-        return self._send_control(Reset(session=self.endpoint.session, slot=slot,
+        sent = self._send_control(Reset(session=self.endpoint.session, slot=slot,
                                         generation=generation, reason=Reason(reason).value))
+        if sent:  # the endpoint discards the slot's reply unread: no event would end its
+            # STEP in flight, whose batch place a request cancelled mid-round (its client
+            # left) then held for ever; two such, and no STEP left again
+            self._resolve(slot, Fallback(FallbackCause.WORKER_UNAVAILABLE, Reason.CANCELLED,
+                                         "reset while in flight"))
+        return sent
 
     def _writable(self) -> bool:
         """Ready and the transport not closing: after a stream error closed it, the session

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from pp1q.core.errors import Reason, ServiceError
 from pp1q.runtime.address_counts import client_address
@@ -99,7 +100,8 @@ def request_address(request: web.Request) -> str:
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The whole body, bounded in size (client_max_size: 413) and in time (408)."""
+    """The whole body, bounded in size (client_max_size: 413) and in time (408); one
+    aiohttp cannot read (its Content-Encoding does not inflate): 400 ``bad_body``."""
     lim = request.app[LIMITS]
     timeout = lim.body_timeout_s
     if (request.content_length or 0) > lim.max_body_bytes:  # refused from the header alone
@@ -118,6 +120,10 @@ async def read_body(request: web.Request) -> bytes:
     except web.HTTPRequestEntityTooLarge:
         raise HttpError(413, "body_too_large",
                         f"body over {lim.max_body_bytes} bytes") from None
+    except RequestPayloadError as e:  # aiohttp could not read it (a Content-Encoding that
+        # does not inflate): the client's fault, not a 500 and a traceback each time
+        why = str(e).split("message:", 1)[-1].strip()  # aiohttp's "400, message:\n  ..."
+        raise HttpError(400, "bad_body", f"the body could not be read: {why}") from None
     finally:
         if watched:
             gate.awaiting_body(False)

@@ -44,6 +44,8 @@ PRELOAD = ("torch", "uvloop", "pp1q.cli", "pp1q.cli.worker", "pp1q.cli.verifier"
            "pp1q.verifier.kernel_rounds")
 REAP_EVERY_S = 0.01  # how soon an exit is reported (a test's wait() sees it this late)
 REQUEST_MAX_BYTES = 1 << 20  # one request: an argv and an environment
+# the checkout these tests belong to: its pp1q is the one under test
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _preload() -> None:
@@ -63,7 +65,7 @@ def _serve(path: str) -> dict | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
-    print("ready", flush=True)
+    print("ready", sys.modules["pp1q"].__file__, flush=True)  # which pp1q it preloaded
     children: dict[int, socket.socket] = {}
     while True:
         readable, _, _ = select.select([listener, sys.stdin], [], [], REAP_EVERY_S)
@@ -140,6 +142,10 @@ def _run_daemon(request: dict) -> None:
 
 
 def main() -> None:
+    # first on the path, as ``python -m`` from the checkout's root puts it: started as a
+    # script, the zygote had its own folder there and preloaded the installed pp1q (an
+    # editable install of another worktree), which every forked daemon then ran
+    sys.path[0] = CHECKOUT
     _preload()
     request = _serve(sys.argv[1])
     if request is not None:
@@ -221,10 +227,11 @@ class Zygote:
             self.proc = subprocess.Popen([sys.executable, __file__, self.path], env=self.env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          text=True)
-            line = self.proc.stdout.readline()
-            if line.strip() != "ready":
+            line = self.proc.stdout.readline().split(maxsplit=1)
+            if line[:1] != ["ready"] or not line[1].strip().startswith(CHECKOUT + os.sep):
                 self.proc.kill()
-                raise RuntimeError(f"the test zygote did not start ({line!r})")
+                raise RuntimeError(f"the test zygote did not start, or preloaded another "
+                                   f"checkout's pp1q than {CHECKOUT}'s ({line!r})")
         return self.proc.poll() is None
 
     def _forkable(self, cmd, kwargs: dict) -> bool:

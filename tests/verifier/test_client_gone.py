@@ -1,7 +1,10 @@
 """Work follows its client: an HTTP client that disconnects, plain or streamed, cancels its
 request in the round it is in (here a round whose STEP hangs on the worker), frees its
 slot and RESETs the worker's state (reason cancelled); and a STEP still queued in the
-link when its request goes never leaves after that RESET."""
+link when its request goes never leaves after that RESET. A STEP in flight when its
+request goes no longer holds its place among the link's in-flight batches: two clients
+leaving mid-round kept both places for ever, and no STEP left the verifier again (every
+speculative request hung; found by fuzzing the HTTP API with abandoned streams)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from pp1q.core.errors import Reason
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier.daemon import routes
+from pp1q.verifier.link import MAX_BATCHES_IN_FLIGHT
 from pp1q.verifier.scheduler import Scheduler
 from pp1q.verifier.server import HttpServer
 
@@ -74,6 +78,58 @@ async def test_a_step_queued_when_its_request_goes_never_leaves(caplog):
             await asyncio.sleep(0.05)
         assert worker.steps == []
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_steps_cancelled_in_flight_free_their_batches():
+    # the scheduler's release path for a request cancelled mid-round: its future
+    # cancelled, then its slot RESET. The worker's replies to a dead generation are
+    # discarded unread, so only the RESET can end the STEP's place in its batch
+    worker = FakeWorker(mode="hang")  # no STEP is ever answered: only RESETs end them
+    async with linked(worker, step_timeout=3600.0) as link:
+        assert await link.wait_ready(WAIT_S)
+        for slot in range(MAX_BATCHES_IN_FLIGHT):
+            step = step_for(link, slot=slot)
+            fut = link.propose(step)
+            await until(lambda n=slot + 1: len(worker.steps) == n, "the STEP never left")
+            fut.cancel()  # its client left mid-round...
+            assert link.reset(step.slot, step.generation, Reason.CANCELLED)  # ...released
+        await until(lambda: len(worker.resets) == MAX_BATCHES_IN_FLIGHT, "RESETs missing")
+        fut = link.propose(step_for(link, slot=MAX_BATCHES_IN_FLIGHT))
+        await until(lambda: len(worker.steps) == MAX_BATCHES_IN_FLIGHT + 1,
+                    "a new request's STEP never left: the cancelled STEPs held the batches")
+        fut.cancel()
+
+
+async def test_clients_leaving_mid_round_leave_speculation_working():
+    # end to end: two HTTP clients leave while their STEPs are out; a third request's
+    # STEP must still reach the worker (it waited for ever behind the two dead batches)
+    worker = FakeWorker(mode="hang")
+    metrics = Metrics("verifier")
+    slots = MAX_BATCHES_IN_FLIGHT + 1
+    async with linked(worker, metrics, step_timeout=3600.0) as link:
+        scheduler = Scheduler(link, FakeDecider(), metrics, slots=slots, depth=3)
+        http = HttpServer(routes(VerifierSettings(), link, scheduler, config(versions=(2,))))
+        clients = []
+        try:
+            port = await http.start("127.0.0.1", 0)
+            assert await link.wait_ready(WAIT_S)
+            path, body = BODIES["streamed"]
+            data = json.dumps(body).encode()
+            for n in range(1, slots + 1):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                clients.append(writer)
+                writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}"
+                             f"\r\n\r\n".encode() + data)
+                await writer.drain()
+                await until(lambda n=n: len(worker.steps) == n,
+                            f"request {n}'s STEP never reached the worker")
+                if n < slots:
+                    writer.close()  # this client goes away mid-round
+                    await until(lambda n=n: len(worker.resets) == n, "no RESET")
+        finally:
+            for writer in clients:
+                writer.close()
+            await http.close()
 
 
 async def test_the_server_closes_while_a_client_leaves_a_large_response_unread():
