@@ -17,7 +17,9 @@ speculation, which takes a second cancel in flight within that moment. When traf
 ebbs nothing reuses the slot. So before the probe, with the faults stopped and the load
 gone, ``LEAVING_CLIENTS`` streamed speculative requests are left one after another, each
 just after its first event (the next round's STEP is out then, most of the time), the
-ebb where the bug above hung every speculative request.
+ebb where the bug above hung every speculative request. ``check`` probes first too, so
+the clients leave while speculation is served (the breaker closed again), not while an
+open breaker sends no STEP to hold a place.
 """
 
 from __future__ import annotations
@@ -91,3 +93,16 @@ def leave_one_by_one(rig: Rig, hang_s: float, count: int = LEAVING_CLIENTS
             return stages, (f"a speculative stream after the load hung, after "
                             f"{sum(stages.values())} left one by one: {e}")
     return stages, ""
+
+
+def check(rig: Rig, hang_s: float) -> tuple[Counter[str], str, float]:
+    """Probe, leave one by one, probe again: (stages the clients left at, '' or the
+    problem, seconds the last probe took to a speculative round)."""
+    problem, took = probe_speculation(rig, hang_s)
+    if problem:
+        return Counter(), f"before the clients left: {problem}", took
+    stages, problem = leave_one_by_one(rig, hang_s)
+    if problem:
+        return stages, problem, 0.0
+    problem, took = probe_speculation(rig, hang_s)
+    return stages, problem, took

@@ -41,10 +41,10 @@ from pathlib import Path
 
 from pp1q.core.outcomes import FallbackCause
 from pp1q.runtime.launcher import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S
+from pp1q.tools.chaos import liveness
 from pp1q.tools.chaos.crash_window import RSS_ERRORS, CrashWindow
 from pp1q.tools.chaos.faults import Direction, Rule, random_frame_rules
 from pp1q.tools.chaos.leave import STAGES
-from pp1q.tools.chaos.liveness import leave_one_by_one, probe_speculation
 from pp1q.tools.chaos.load import Load
 from pp1q.tools.chaos.rig import Rig, delta, value
 from pp1q.wire.events import DISCARD_REASONS
@@ -103,8 +103,8 @@ class SoakReport:
     left_speculative: int = 0  # of them (finished ones aside), speculative requests
     ended_early: int = 0  # requests the verifier counted as error or left_queued
     left_after: dict[str, int] = field(default_factory=dict)  # left one by one after the load
-    probe: str = ""  # the liveness check's problem ('' none; probe_s: when it passed)
-    probe_s: float | None = None  # None: the probe not run (a hang already found)
+    probe: str = ""  # the liveness check's problem ('' none)
+    probe_s: float | None = None  # its last probe's seconds; None: not run (a request hung)
     fallbacks: dict[str, int] = field(default_factory=dict)
     validation: dict[str, int] = field(default_factory=dict)
     injections: dict[str, int] = field(default_factory=dict)
@@ -153,10 +153,10 @@ class SoakReport:
     def _liveness(self) -> str:
         left = ", ".join(f"{k} {v}" for k, v in sorted(self.left_after.items())) or "none"
         if self.probe_s is None:
-            return self.probe or "not checked (a request hung during the load)"
-        return (f"{sum(self.left_after.values())} speculative streams left one by one"
-                f" ({left}), then " + (self.probe or f"a speculative round in"
-                                       f" {self.probe_s:.1f} s"))
+            return "not checked (a request hung during the load)"
+        return self.probe or (f"speculation served; {sum(self.left_after.values())}"
+                              f" speculative streams left one by one ({left}), then a"
+                              f" speculative round in {self.probe_s:.1f} s")
 
     def format(self) -> str:
         def kv(d: dict) -> str:
@@ -281,10 +281,8 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         report.seconds = time.monotonic() - t0
         report.hung = list(load.hung)
         if not report.hung:  # one hung already shows it: the probe would wait as long
-            left_after, report.probe = leave_one_by_one(rig, cfg.hang_s)
+            left_after, report.probe, report.probe_s = liveness.check(rig, cfg.hang_s)
             report.left_after = dict(left_after)
-            if not report.probe:
-                report.probe, report.probe_s = probe_speculation(rig, cfg.hang_s)
         report.slots_left, report.queued_left = _wait_slots_free(rig)
         after = rig.metrics("verifier")
         report.requests, report.tokens, report.failed = load.requests, load.tokens, load.failed
