@@ -26,6 +26,11 @@ def add_arguments(p) -> None:
                    help="simulated target forward pass (40 ms; keeps the soak near one core)")
     p.add_argument("--crash-every-s", type=float, default=300.0,
                    help="kill and restart the worker this often (300 s; 0 = never)")
+    p.add_argument("--abandon-p", type=float, default=None,
+                   help="per request: its client leaves at a random moment, before the "
+                        "answer or mid-stream (0.02; 0 = every request read to its end)")
+    p.add_argument("--hang-s", type=float, default=None,
+                   help="a request this long has hung (30 s; each client's socket timeout)")
     p.add_argument("--seed", type=int, default=1, help="seed of every random choice (1)")
     p.add_argument("--progress-s", type=float, default=None,
                    help="seconds between progress lines (default: a 30th of the run, >= 5)")
@@ -34,8 +39,10 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from pp1q.tools.chaos.soak import (
+        ABANDON_P,
         DEFAULT_TOP_KS,
         DEFAULT_VOCAB,
+        HANG_S,
         STREAMED_SPARSE_TOP_KS,
         STREAMED_SPARSE_VOCAB,
         ChaosError,
@@ -48,18 +55,25 @@ def run(args) -> int:
     if seconds <= 0 or args.concurrency < 1:
         print("pp1q soak: --minutes/--seconds and --concurrency must be positive")
         return 2
+    abandon_p = ABANDON_P if args.abandon_p is None else args.abandon_p
+    hang_s = HANG_S if args.hang_s is None else args.hang_s
+    if not 0.0 <= abandon_p <= 1.0 or not hang_s > 0:
+        print("pp1q soak: --abandon-p must be in [0, 1] and --hang-s positive")
+        return 2
     progress = args.progress_s or max(5.0, seconds / 30)
     streamed = args.streamed_sparse
     vocab = args.vocab or (STREAMED_SPARSE_VOCAB if streamed else DEFAULT_VOCAB)
     cfg = SoakConfig(seconds=seconds, concurrency=args.concurrency, vocab=vocab,
                      top_ks=STREAMED_SPARSE_TOP_KS if streamed else DEFAULT_TOP_KS,
                      watchdog_ms=args.watchdog_ms, target_delay_ms=args.target_delay_ms,
-                     crash_every_s=args.crash_every_s, seed=args.seed, progress_s=progress)
+                     crash_every_s=args.crash_every_s, seed=args.seed, progress_s=progress,
+                     abandon_p=abandon_p, hang_s=hang_s)
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="pp1q-soak-")
     supports = ", ".join("dense" if k is None else f"top {k}" for k in cfg.top_ks)
     print(f"pp1q soak: {seconds:g} s, {cfg.concurrency} concurrent requests, vocab {cfg.vocab}"
           f" ({supports}),"
-          f" watchdog {cfg.watchdog_ms} ms, seed {cfg.seed}; daemon logs in {log_dir}",
+          f" watchdog {cfg.watchdog_ms} ms, clients leave {cfg.abandon_p:g}, seed {cfg.seed};"
+          f" daemon logs in {log_dir}",
           flush=True)
     # SIGTERM unwinds like Ctrl-C, so the daemons are stopped and not left orphaned
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

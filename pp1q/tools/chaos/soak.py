@@ -14,13 +14,19 @@ and proposal supports, all from one seeded generator), and meanwhile:
   steps too large for one PROPOSAL, so they stream sparse REPLY rows and a COMPLETION;
 - a chaos thread injects stream faults at random times (a pause or a blackhole longer
   than the watchdog, a reset of the connection) and, every ``crash_every_s``, kills the
-  worker and starts a new one on the same port.
+  worker and starts a new one on the same port;
+- a request's client may leave (``abandon_p``, its own seeded draws): the connection
+  closed at a random moment, before the answer or mid-stream, plain or streamed,
+  speculative or target-only (pp1q.tools.chaos.leave).
 
-It reports requests completed, fallbacks by cause, validation failures by reason,
+It reports requests completed, hung (taking ``hang_s``) and clients that left by stage,
+fallbacks by cause, validation failures by reason,
 injections by kind, the slot high-water marks (sampled from /metrics), RSS of both
 daemons (/proc/PID/status) at start, after warm-up and at the end, and checks: no
-request failed or came back short, the wire audit found nothing, no slot is held once
-the requests are done, and RSS growth after warm-up stays within ``RSS_GROWTH_BOUND_KIB`` (32 MiB).
+request failed, hung or came back short, speculation still works after the load (a
+speculative round is counted: pp1q.tools.chaos.liveness), the wire audit found nothing,
+no slot is held and no request queued once the requests are done, and RSS growth after
+warm-up stays within ``RSS_GROWTH_BOUND_KIB`` (32 MiB).
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ from pathlib import Path
 
 from pp1q.core.outcomes import FallbackCause
 from pp1q.runtime.launcher import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S
+from pp1q.tools.chaos import liveness
 from pp1q.tools.chaos.crash_window import RSS_ERRORS, CrashWindow
 from pp1q.tools.chaos.faults import Direction, Rule, random_frame_rules
+from pp1q.tools.chaos.leave import STAGES
+from pp1q.tools.chaos.load import Load
 from pp1q.tools.chaos.rig import Rig, delta, value
-from pp1q.tools.client import ApiError
 from pp1q.wire.events import DISCARD_REASONS
 
 RSS_GROWTH_BOUND_KIB = 32 * 1024  # per daemon, warm-up to end: pools are preallocated
@@ -51,6 +59,11 @@ SAMPLE_S = 0.25  # slot gauge sampling period (the high-water mark is a sampled 
 FRAME_FAULT_P = 0.002  # per matching frame and fault kind
 PROPOSAL_FAULT_P = 5 * FRAME_FAULT_P  # one PROPOSAL carries the 5 rows of a step (depth 5)
 STREAM_FAULT_MEAN_S = 8.0  # mean gap between stream faults (exponential)
+ABANDON_P = 0.02  # per request: its client leaves at a random moment (pp1q.tools.chaos.leave)
+# a request the verifier no longer moves: no request of the mix comes near it (4..48
+# tokens at a 40 ms target step each, under faults and a worker restart: a few seconds)
+HANG_S = 30.0
+JOIN_MARGIN_S = 10.0  # past hang_s, for a load thread to end once its request did
 # Proposal supports the requests draw from (None: dense q). At vocabulary 1024 a session's
 # frame bound is 4096 bytes, so depth-5 top-8 and top-32 steps each fit one PROPOSAL.
 DEFAULT_VOCAB = 1024
@@ -74,6 +87,8 @@ class SoakConfig:
     crash_every_s: float = 300.0  # worker kill + restart period (0: never)
     seed: int = 1
     progress_s: float = 10.0
+    abandon_p: float = ABANDON_P  # per request: its client leaves (0: every one read to its end)
+    hang_s: float = HANG_S  # a request this long is hung (each client's socket timeout)
 
 
 @dataclass
@@ -82,6 +97,14 @@ class SoakReport:
     requests: int = 0
     tokens: int = 0
     failed: list[str] = field(default_factory=list)
+    hung: list[str] = field(default_factory=list)  # requests that took hang_s
+    slowest_s: float = 0.0  # of the requests read to their end
+    left: dict[str, int] = field(default_factory=dict)  # clients that left, by stage
+    left_speculative: int = 0  # of them (finished ones aside), speculative requests
+    ended_early: int = 0  # requests the verifier counted as error or left_queued
+    left_after: dict[str, int] = field(default_factory=dict)  # left one by one after the load
+    probe: str = ""  # the liveness check's problem ('' none)
+    probe_s: float | None = None  # its last probe's seconds; None: not run (a request hung)
     fallbacks: dict[str, int] = field(default_factory=dict)
     validation: dict[str, int] = field(default_factory=dict)
     injections: dict[str, int] = field(default_factory=dict)
@@ -98,13 +121,18 @@ class SoakReport:
     audit_violations: list[str] = field(default_factory=list)
     slots_hwm: dict[str, int] = field(default_factory=dict)
     slots_left: dict[str, int] = field(default_factory=dict)
+    queued_left: int = 0  # the verifier's requests waiting for a slot, after the run
     rss_kib: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # start, warm, end
 
     def problems(self) -> list[str]:
         out = [f"request failed: {f}" for f in self.failed[:5]]
+        out += [f"request hung: {h}" for h in self.hung[:5]]
+        out += [f"liveness: {self.probe}"] if self.probe else []
         out += [f"audit: {v}" for v in self.audit_violations[:5]]
         out += [f"{role} holds {n} slots after the run" for role, n in self.slots_left.items()
                 if n]
+        out += [f"verifier queues {self.queued_left} requests after the run"] \
+            if self.queued_left else []
         for role, (_start, warm, end) in self.rss_kib.items():
             if role == "worker" and self.worker_restarts:
                 continue  # the end figure is of a newer worker process
@@ -115,6 +143,21 @@ class SoakReport:
             out.append("no request completed")
         return out
 
+    def _left(self) -> str:
+        stages = ", ".join(f"{s} {self.left.get(s, 0)}" for s in STAGES)
+        return (f"{sum(self.left.get(s, 0) for s in STAGES)} ({stages};"
+                f" {self.left_speculative} speculative), {self.left.get('finished', 0)}"
+                f" streams finished before their client left; the verifier ended"
+                f" {self.ended_early} requests early (error or left_queued)")
+
+    def _liveness(self) -> str:
+        left = ", ".join(f"{k} {v}" for k, v in sorted(self.left_after.items())) or "none"
+        if self.probe_s is None:
+            return "not checked (a request hung during the load)"
+        return self.probe or (f"speculation served; {sum(self.left_after.values())}"
+                              f" speculative streams left one by one ({left}), then a"
+                              f" speculative round in {self.probe_s:.1f} s")
+
     def format(self) -> str:
         def kv(d: dict) -> str:
             return ", ".join(f"{k} {v}" for k, v in sorted(d.items()) if v) or "none"
@@ -122,7 +165,10 @@ class SoakReport:
                         for role, (s, w, e) in self.rss_kib.items())
         lines = [
             f"soak summary: {self.seconds / 60:.1f} min, {self.requests} requests completed,"
-            f" {self.tokens} tokens, {len(self.failed)} failed",
+            f" {self.tokens} tokens, {len(self.failed)} failed, {len(self.hung)} hung"
+            f" (slowest read to its end {self.slowest_s:.1f} s)",
+            f"  clients that left: {self._left()}",
+            f"  liveness after the run: {self._liveness()}",
             f"  verified rounds {self.verified_rounds}; wire audit: {self.audit_commits} commits"
             f" ({self.audit_proposal_commits} by PROPOSAL, {self.audit_streamed_sparse_commits}"
             f" sparse streamed as REPLY rows), {self.audit_sampled_rows} sampled"
@@ -135,7 +181,8 @@ class SoakReport:
             f"  reconnects {self.reconnects}, late frames discarded by reason: "
             f"{kv(self.late_discarded)}",
             f"  slot high-water mark: {kv(self.slots_hwm)}; held after the run: "
-            f"{', '.join(f'{k} {v}' for k, v in self.slots_left.items())}",
+            f"{', '.join(f'{k} {v}' for k, v in self.slots_left.items())};"
+            f" verifier queue {self.queued_left}",
             f"  RSS start -> after warm-up -> end: {rss}"
             + (" (worker: the end figure is of the process started last)"
                if self.worker_restarts else ""),
@@ -149,40 +196,6 @@ def frame_rules(rng: random.Random, watchdog_s: float) -> list[Rule]:
     return random_frame_rules(rng, watchdog_s, row_p=FRAME_FAULT_P, stall_p=FRAME_FAULT_P,
                               proposal_p=PROPOSAL_FAULT_P, disconnect_p=FRAME_FAULT_P / 4,
                               bit_offset=rng.randrange(1 << 16))
-
-
-class _Load:
-    """``concurrency`` client threads, each sending requests until ``stop`` is set."""
-
-    def __init__(self, rig: Rig, cfg: SoakConfig, stop: threading.Event) -> None:
-        self.rig, self.cfg, self.stop = rig, cfg, stop
-        self.lock = threading.Lock()
-        self.requests = self.tokens = 0
-        self.failed: list[str] = []
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
-                        for i in range(cfg.concurrency)]
-
-    def _run(self, i: int) -> None:
-        rng = random.Random(self.cfg.seed * 1000 + i)
-        client = self.rig.client()
-        try:
-            while not self.stop.is_set():
-                prompt = [rng.randrange(self.cfg.vocab) for _ in range(rng.randint(2, 16))]
-                n = rng.randint(4, 48)
-                top_k = rng.choice(self.cfg.top_ks)
-                try:
-                    a = client.generate(prompt, n, seed=rng.getrandbits(64), top_k=top_k)
-                except ApiError as e:
-                    with self.lock:
-                        self.failed.append(str(e))
-                    continue
-                with self.lock:
-                    if len(a["token_ids"]) != n:
-                        self.failed.append(f"{len(a['token_ids'])} tokens, asked {n}")
-                    self.requests += 1
-                    self.tokens += len(a["token_ids"])
-        finally:
-            client.close()
 
 
 class ChaosError(RuntimeError):
@@ -236,7 +249,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         rules = frame_rules(rng, cfg.watchdog_ms / 1000.0)
         rig.proxy.set_rules(rules)
         stop, chaos_stop = threading.Event(), threading.Event()
-        load = _Load(rig, cfg, stop)
+        load = Load(rig.url, cfg, stop)
         restarts, crashes, chaos_failures = [0], CrashWindow(), []
         chaos = threading.Thread(
             target=_chaos_thread,
@@ -263,12 +276,22 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         _stop_chaos(chaos, chaos_stop, chaos_failures, rig)
         rig.proxy.set_rules([])
         stop.set()
-        for t in load.threads:
-            t.join(120)
+        for t in load.threads:  # each request ends within hang_s (its socket timeout)
+            t.join(cfg.hang_s + JOIN_MARGIN_S)
         report.seconds = time.monotonic() - t0
-        report.slots_left = _wait_slots_free(rig)
+        report.hung = list(load.hung)
+        if not report.hung:  # one hung already shows it: the probe would wait as long
+            left_after, report.probe, report.probe_s = liveness.check(rig, cfg.hang_s)
+            report.left_after = dict(left_after)
+        report.slots_left, report.queued_left = _wait_slots_free(rig)
         after = rig.metrics("verifier")
         report.requests, report.tokens, report.failed = load.requests, load.tokens, load.failed
+        report.slowest_s, report.left = load.slowest_s, dict(load.left)
+        report.left_speculative = load.left_speculative
+        # a client gone mid-request: its request cancelled, counted as an error (none
+        # other fails here) or, still waiting for a slot, left_queued
+        report.ended_early = int(sum(delta(after, before, "pp1q_requests_total", outcome=o)
+                                     for o in ("error", "left_queued")))
         report.fallbacks = {c.value: int(delta(after, before, "pp1q_fallbacks_total",
                                                cause=c.value)) for c in FallbackCause}
         report.validation = {dict(k[1])["reason"]: int(v - before.get(k, 0))
@@ -334,17 +357,21 @@ def _sample_slots(rig: Rig, hwm: Counter, crashes: CrashWindow) -> None:
             hwm[role] = max(hwm[role], int(value(sample, "pp1q_slots_in_use")))
 
 
-def _wait_slots_free(rig: Rig) -> dict[str, int]:
+def _wait_slots_free(rig: Rig) -> tuple[dict[str, int], int]:
+    """Slots held by each daemon, and requests the verifier queues for one, once none
+    is (or SETTLE_S passed)."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        held = {r: int(value(rig.metrics(r), "pp1q_slots_in_use"))
-                for r in ("verifier", "worker")}
-        if not any(held.values()) or time.monotonic() > deadline:
-            return held
+        verifier = rig.metrics("verifier")
+        held = {"verifier": int(value(verifier, "pp1q_slots_in_use")),
+                "worker": int(value(rig.metrics("worker"), "pp1q_slots_in_use"))}
+        queued = int(value(verifier, "pp1q_requests_queued"))
+        if not (any(held.values()) or queued) or time.monotonic() > deadline:
+            return held, queued
         time.sleep(SAMPLE_S)
 
 
-def _progress_line(rig: Rig, load: _Load, elapsed: float, restarts: int) -> str:
+def _progress_line(rig: Rig, load: Load, elapsed: float, restarts: int) -> str:
     inj = sum(rig.proxy.injections.values())
     try:
         rss = f"RSS verifier {rig.rss_kib('verifier') / 1024:.0f} MiB, " \
@@ -352,5 +379,6 @@ def _progress_line(rig: Rig, load: _Load, elapsed: float, restarts: int) -> str:
     except (OSError, RuntimeError):
         rss = "RSS n/a"
     return (f"[{elapsed:7.0f} s] {load.requests} requests, {load.tokens} tokens, "
-            f"{len(load.failed)} failed, {inj} faults injected, {restarts} worker restarts, "
+            f"{len(load.failed)} failed, {len(load.hung)} hung, {sum(load.left.values())}"
+            f" clients leaving, {inj} faults injected, {restarts} worker restarts, "
             f"{rss}")
