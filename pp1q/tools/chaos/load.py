@@ -14,18 +14,27 @@ import random
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from pp1q.tools.chaos import leave
 from pp1q.tools.client import ApiError, Client
 
-if TYPE_CHECKING:  # soak imports this module
-    from pp1q.tools.chaos.soak import SoakConfig
+
+class LoadConfig(Protocol):
+    """What the load reads of the soak's SoakConfig (named here, not imported: the soak
+    imports this module)."""
+
+    seed: int
+    concurrency: int
+    vocab: int
+    top_ks: tuple[int | None, ...]
+    abandon_p: float
+    hang_s: float
 
 
 class Load:
-    def __init__(self, url: str, cfg: SoakConfig, stop: threading.Event) -> None:
+    def __init__(self, url: str, cfg: LoadConfig, stop: threading.Event) -> None:
         self.url, self.cfg, self.stop = url, cfg, stop
         parts = urlsplit(url)
         self.host, self.port = parts.hostname, parts.port
