@@ -52,7 +52,7 @@ ROLES_OF: dict[str, frozenset[str]] = {
     "rank_kv_evictions": VERIFIER,
     "steps": WORKER, "context_tokens": VERIFIER, "speculation": BOTH,
     "circuit_trips": VERIFIER, "circuit_state": VERIFIER, "requests_refused": VERIFIER,
-    "requests_queued": VERIFIER, "http_connections_aborted": VERIFIER,
+    "requests_queued": VERIFIER, "steps_in_flight": VERIFIER, "http_connections_aborted": VERIFIER,
     "metrics_connections_refused": BOTH, "metrics_connections_aborted": BOTH,
     "connections_closed": WORKER, "drafting_aborts": WORKER, "draft_kv_evictions": WORKER,
     "draft_prefill_tokens": WORKER, "draft_prefills": WORKER,
@@ -159,6 +159,9 @@ class Metrics:
             ("reason",))
         self.requests_queued = gauge("requests_queued", "Requests waiting for a slot")
         self.slots_in_use = gauge("slots_in_use", "Request slots currently held")
+        self.steps_in_flight = gauge(
+            "steps_in_flight", "STEPs sent to the worker whose outcome is not in yet (their "
+            "places in the link's batches in flight; 0 when no round runs)")
         # verifier ranks (--ranks N)
         self.rank_world_size = gauge("rank_world_size",
                                      "Verifier ranks in this daemon's group (1: no group)")

@@ -229,6 +229,7 @@ class WorkerLink:
                                         "connection lost before the STEP left"))
         self._queued.clear()
         self._batches.clear()
+        self._count_in_flight()
         self._controls.clear()  # the dead session's frames: never written to a new one
         if was_ready and not quiet:
             log.warning("lost the worker session; reconnecting")
@@ -294,6 +295,12 @@ class WorkerLink:
         if any(not b for b in self._batches):
             self._batches = [b for b in self._batches if b]
             self._schedule_flush()
+        self._count_in_flight()
+
+    def _count_in_flight(self) -> None:
+        # a place held with no round running shows (pp1q_steps_in_flight): two such
+        # once stopped every STEP
+        self.metrics.steps_in_flight.set(sum(len(b) for b in self._batches))
 
     # -- operations ----------------------------------------------------------------
 
@@ -369,6 +376,7 @@ class WorkerLink:
         self._queued.clear()
         if batch:
             self._batches.append(batch)
+            self._count_in_flight()
         self._watchdog.arm()
 
     def commit(self, commit: Commit) -> bool:

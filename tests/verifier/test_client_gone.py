@@ -91,8 +91,11 @@ async def test_steps_cancelled_in_flight_free_their_batches():
             step = step_for(link, slot=slot)
             fut = link.propose(step)
             await until(lambda n=slot + 1: len(worker.steps) == n, "the STEP never left")
+            in_flight = link.metrics.steps_in_flight._value.get
+            assert in_flight() == 1  # pp1q_steps_in_flight: the STEP holds its place
             fut.cancel()  # its client left mid-round...
             assert link.reset(step.slot, step.generation, Reason.CANCELLED)  # ...released
+            assert in_flight() == 0
         await until(lambda: len(worker.resets) == MAX_BATCHES_IN_FLIGHT, "RESETs missing")
         fut = link.propose(step_for(link, slot=MAX_BATCHES_IN_FLIGHT))
         await until(lambda: len(worker.steps) == MAX_BATCHES_IN_FLIGHT + 1,

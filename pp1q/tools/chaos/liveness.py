@@ -1,14 +1,15 @@
 """After the soak's load: does speculation still work?
 
-Nothing the verifier exports shows a place held among the worker link's in-flight STEP
-batches (``MAX_BATCHES_IN_FLIGHT``, two): a STEP whose request left mid-round and that no
-event ended held one for ever (fixed by helper-82's 51707f2), and two such left every
-speculative request waiting with nothing in flight, its slot held and no counter moving,
-while target-only ones were still served. So the check is behavioural: with the faults
-stopped, short speculative requests until one round counts as speculative
-(``pp1q_rounds_total{kind="speculative"}`` grows). A request that takes ``hang_s`` is the
-failure; one served target-only meanwhile (the circuit breaker still open after the
-faults, up to ``breaker_open_max_s``) is not, and the next is sent.
+A STEP whose request left mid-round and that no event ended held its place among the
+worker link's in-flight STEP batches (``MAX_BATCHES_IN_FLIGHT``, two) for ever (fixed in
+d71bff0), and two such left every speculative request waiting, its slot held and no
+counter moving, while target-only ones were still served. The check is behavioural:
+with the faults stopped, short speculative requests until one round counts as
+speculative (``pp1q_rounds_total{kind="speculative"}`` grows). A request that takes
+``hang_s`` is the failure; one served target-only meanwhile (the circuit breaker still
+open after the faults, up to ``breaker_open_max_s``) is not, and the next is sent. At
+the end ``pp1q_steps_in_flight`` (the places held) must come back to 0, no request
+running.
 
 Under the soak's full load such a place heals: the slot is reused at once and its next
 STEP, sent in the other place, ends the dead one (``WorkerLink._resolve`` clears a slot
@@ -39,6 +40,7 @@ PROBE_PROMPT = (1, 2, 3)  # modulo the vocabulary
 PROBE_TOKENS = 8  # a couple of rounds
 LEAVING_CLIENTS = 8  # left mid-round one by one: two dead places among them hang the link
 LEAVING_TOKENS = 32  # rounds after the first event: the client leaves mid-request
+PLACES_FREE_S = 5.0  # a request's last outcome frees its place before its answer: margin
 
 
 def _prompt(rig: Rig) -> list[int]:
@@ -105,4 +107,16 @@ def check(rig: Rig, hang_s: float) -> tuple[Counter[str], str, float]:
     if problem:
         return stages, problem, 0.0
     problem, took = probe_speculation(rig, hang_s)
+    if not problem:
+        problem = _no_place_held(rig)
     return stages, problem, took
+
+
+def _no_place_held(rig: Rig) -> str:
+    """With no request running, no STEP holds a place in flight (pp1q_steps_in_flight):
+    a place leaked shows here even while the other place still serves."""
+    deadline = time.monotonic() + PLACES_FREE_S
+    while (held := value(rig.metrics("verifier"), "pp1q_steps_in_flight")) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    return f"{held:g} STEPs still in flight with no request running" if held else ""
