@@ -83,7 +83,12 @@ def warm_up() -> tuple[str, str, float]:
         dense = np.zeros(3, np.float32)
         dense[0] = 1.0
         dense.flags.writeable = False  # read where it is, as a received row's q is
-        rows = (DyadicRow(3, np.zeros(1, np.int32), mass), dense_row_of_valid(dense, 3))
+        received = np.zeros(1, np.int32)
+        received.flags.writeable = False  # a received sparse row's ids, read in place:
+        # another specialization of the residual pick, else compiled by the first rejected
+        # sparse round on the serving loop (~4 s of CPU, every request stalled)
+        rows = (DyadicRow(3, np.zeros(1, np.int32), mass), DyadicRow(3, received, mass),
+                dense_row_of_valid(dense, 3))
         for dtype in (np.float64, np.float32):
             p = np.full((2, 3), 1 / 3, dtype=dtype)
             for q in rows:

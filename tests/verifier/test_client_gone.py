@@ -4,7 +4,9 @@ slot and RESETs the worker's state (reason cancelled); and a STEP still queued i
 link when its request goes never leaves after that RESET. A STEP in flight when its
 request goes no longer holds its place among the link's in-flight batches: two clients
 leaving mid-round kept both places for ever, and no STEP left the verifier again (every
-speculative request hung; found by fuzzing the HTTP API with abandoned streams)."""
+speculative request hung; found by fuzzing the HTTP API with abandoned streams). That
+RESET's resolution of the STEP is nobody's failure: no fallback, nothing fed to the
+breaker or /healthz, no invalidation, and the batch's other STEP stays in flight."""
 
 from __future__ import annotations
 
@@ -20,8 +22,11 @@ from link_harness import PROMPT, WAIT_S, linked, step_for, until
 from wire_helpers import config
 
 from pp1q.core.errors import Reason
+from pp1q.core.outcomes import FallbackCause
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.settings import VerifierSettings
+from pp1q.verifier.api import GenerateRequest
+from pp1q.verifier.breaker import State
 from pp1q.verifier.daemon import routes
 from pp1q.verifier.link import MAX_BATCHES_IN_FLIGHT
 from pp1q.verifier.scheduler import Scheduler
@@ -133,6 +138,37 @@ async def test_clients_leaving_mid_round_leave_speculation_working():
             for writer in clients:
                 writer.close()
             await http.close()
+
+
+async def test_a_request_cancelled_mid_round_is_nobodys_failure():
+    # the RESET that frees a cancelled STEP's place resolves its slot's waiter: the
+    # scheduler's own future, cancelled with its task before the RESET, so nothing reads
+    # that resolution. Not a fallback, nothing fed to the breaker or /healthz, no
+    # invalidation; the other slot's STEP of the same batch stays in flight
+    worker = FakeWorker(mode="hang")
+    metrics = Metrics("verifier")
+    async with linked(worker, metrics, step_timeout=3600.0) as link:
+        decider = FakeDecider()
+        scheduler = Scheduler(link, decider, metrics, slots=2, depth=3)
+        assert await link.wait_ready(WAIT_S)
+        req = GenerateRequest(prompt=list(PROMPT), max_tokens=8, seed=5, speculative=True,
+                              greedy=True, draft_temperature=0.0, top_k=None)
+        left, stays = (asyncio.create_task(scheduler.generate(req)) for _ in range(2))
+        await until(lambda: len(worker.steps) == 2, "the two STEPs never left")
+        left.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await left
+        await until(lambda: worker.resets, "no RESET for the request that left")
+        assert link.circuit.failing == 0 and link.health()["worker"] == "connected"
+        assert link.circuit.breaker.state is State.CLOSED
+        assert sum(metrics.value("pp1q_fallbacks_total", cause=c.value)
+                   for c in FallbackCause) == 0
+        assert [c for c in decider.calls if c[0] == "invalidate"] == []
+        assert not stays.done() and link.metrics.steps_in_flight._value.get() == 1
+        stays.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stays
+        assert link.metrics.steps_in_flight._value.get() == 0 and link.circuit.failing == 0
 
 
 async def test_the_server_closes_while_a_client_leaves_a_large_response_unread():
