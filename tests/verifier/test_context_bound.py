@@ -7,13 +7,13 @@ speculate."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import msgspec
 import pytest
 from fake_decider import FakeDecider
 from fake_worker import FakeWorker
+from http_post import post_json
 from link_harness import WAIT_S, linked
 from wire_helpers import config
 from wire_vectors import LIMITS
@@ -32,14 +32,8 @@ DEPTH = 3
 
 
 async def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
-    data = json.dumps(body).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
-    raw = await asyncio.wait_for(reader.read(), WAIT_S)
-    writer.close()
-    head, _, answer = raw.partition(b"\r\n\r\n")
-    return int(head.split(b" ")[1]), json.loads(answer)
+    status, _, answer = await post_json(port, path, body, WAIT_S)
+    return status, json.loads(answer)
 
 
 def _body(prompt_len: int, max_tokens: int, speculative: bool) -> dict:

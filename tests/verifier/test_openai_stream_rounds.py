@@ -10,6 +10,7 @@ import json
 import random
 
 import pytest
+from http_post import post_json
 from stopper_cases import random_rounds
 
 from pp1q.verifier.api import finish
@@ -75,16 +76,10 @@ async def _inline(fn, *args, **kw):
 
 
 async def _post(port: int, path: str, body: dict) -> tuple[bytes, int]:
-    data = json.dumps(body).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
-    raw = await asyncio.wait_for(reader.read(), WAIT_S)
-    writer.close()
-    head, _, payload = raw.partition(b"\r\n\r\n")
+    status, head, payload = await post_json(port, path, body, WAIT_S)
     if b"chunked" in head.lower():
         payload = _unchunk(payload)
-    return payload, int(head.split(b" ")[1])
+    return payload, status
 
 
 def _unchunk(data: bytes) -> bytes:
