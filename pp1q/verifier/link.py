@@ -9,9 +9,9 @@ endpoint's buffers (asyncio.BufferedProtocol, pp1q.verifier.link_protocol).
 Proposals: ``propose(step)`` returns a future that resolves to the endpoint's
 ``ProposalReady`` or to a ``Fallback`` (cause + reason). STEPs submitted in the same
 loop tick leave in one write (a batch); at most ``MAX_BATCHES_IN_FLIGHT`` batches are
-outstanding, later STEPs wait for one to resolve. ``send_context`` encodes a CONTEXT at
-once; the tick's flush writes it, on the same connection, ahead of that tick's STEPs, so
-it always precedes the STEP that drafts after it.
+outstanding (pp1q.verifier.steps_in_flight), later STEPs wait for one to resolve.
+``send_context`` encodes a CONTEXT at once; the tick's flush writes it, on the same
+connection, ahead of that tick's STEPs, so it always precedes the STEP that drafts after it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pp1q.verifier.breaker import DEFAULT_BREAKER, Breaker, BreakerConfig, State
 from pp1q.verifier.circuit import Circuit
 from pp1q.verifier.link_protocol import WireProtocol
 from pp1q.verifier.outcome import Fallback, classify
+from pp1q.verifier.steps_in_flight import MAX_BATCHES_IN_FLIGHT, StepsInFlight
 from pp1q.verifier.watchdog import Watchdog
 from pp1q.wire import (
     WIRE_V2,
@@ -56,7 +57,6 @@ from pp1q.wire.table import Conn
 
 log = logging.getLogger("pp1q.verifier")
 
-MAX_BATCHES_IN_FLIGHT = 2  # the design's two in-flight STEP batches
 HELLO_TIMEOUT_S = 5.0  # a worker that does not answer HELLO by then is treated as down
 FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_s
 # consecutive failed proposals (refused, invalid, lost) before /healthz says degraded: a
@@ -111,9 +111,8 @@ class WorkerLink:
         self._ready = False
         self._ready_event = asyncio.Event()
         self._started: asyncio.Future | None = None
-        self._waiters: dict[int, asyncio.Future] = {}  # slot -> outcome of its open STEP
         self._queued: list[tuple[Step, asyncio.Future]] = []
-        self._batches: list[set[int]] = []
+        self._in_flight = StepsInFlight(metrics.steps_in_flight)
         self._flush_scheduled = False
         self._controls: list[bytes] = []  # frames sent this tick, written with its STEPs
         self._watchdog = Watchdog(self._on_timeouts)
@@ -228,8 +227,7 @@ class WorkerLink:
                 fut.set_result(Fallback(FallbackCause.CONNECTION_LOST, Reason.CONNECTION_LOST,
                                         "connection lost before the STEP left"))
         self._queued.clear()
-        self._batches.clear()
-        self._count_in_flight()
+        self._in_flight.clear()
         self._controls.clear()  # the dead session's frames: never written to a new one
         if was_ready and not quiet:
             log.warning("lost the worker session; reconnecting")
@@ -287,20 +285,8 @@ class WorkerLink:
         self.on_events(failed)
 
     def _resolve(self, slot: int, outcome) -> None:
-        fut = self._waiters.pop(slot, None)
-        if fut is not None and not fut.done():
-            fut.set_result(outcome)
-        for batch in self._batches:
-            batch.discard(slot)
-        if any(not b for b in self._batches):
-            self._batches = [b for b in self._batches if b]
-            self._schedule_flush()
-        self._count_in_flight()
-
-    def _count_in_flight(self) -> None:
-        # a place held with no round running shows (pp1q_steps_in_flight): two such
-        # once stopped every STEP
-        self.metrics.steps_in_flight.set(sum(len(b) for b in self._batches))
+        if self._in_flight.resolve(slot, outcome):
+            self._schedule_flush()  # a batch's place is free: the queued STEPs may leave
 
     # -- operations ----------------------------------------------------------------
 
@@ -354,14 +340,14 @@ class WorkerLink:
         frames, self._controls = self._controls, []
         if not self._writable():
             return  # a closing transport: _go_down fails the queued STEPs
-        if self._queued and len(self._batches) < MAX_BATCHES_IN_FLIGHT:
+        if self._queued and self._in_flight.has_room:
             self._encode_steps(frames)
         if frames:
             self._proto.transport.write(b"".join(frames))
 
     def _encode_steps(self, frames: list) -> None:
         now = asyncio.get_running_loop().time()
-        batch = set()
+        batch: dict[int, asyncio.Future] = {}
         for step, fut in self._queued:
             if fut.done():  # its request went away (cancelled) and was RESET: never send it
                 continue
@@ -371,12 +357,9 @@ class WorkerLink:
                 log.error("STEP not sent: %s", e)
                 fut.set_result(Fallback(FallbackCause.WORKER_UNAVAILABLE, e.reason, e.detail))
                 continue
-            self._waiters[step.slot] = fut
-            batch.add(step.slot)
+            batch[step.slot] = fut
         self._queued.clear()
-        if batch:
-            self._batches.append(batch)
-            self._count_in_flight()
+        self._in_flight.add(batch)
         self._watchdog.arm()
 
     def commit(self, commit: Commit) -> bool:
