@@ -53,12 +53,13 @@ def run(args) -> int:
     seconds = args.seconds if args.seconds is not None else (
         60.0 * args.minutes if args.minutes is not None else 60.0)
     if seconds <= 0 or args.concurrency < 1:
-        print("pp1q soak: --minutes/--seconds and --concurrency must be positive")
+        print("pp1q soak: --minutes/--seconds and --concurrency must be positive",
+              file=sys.stderr)
         return 2
     abandon_p = ABANDON_P if args.abandon_p is None else args.abandon_p
     hang_s = HANG_S if args.hang_s is None else args.hang_s
     if not 0.0 <= abandon_p <= 1.0 or not hang_s > 0:
-        print("pp1q soak: --abandon-p must be in [0, 1] and --hang-s positive")
+        print("pp1q soak: --abandon-p must be in [0, 1] and --hang-s positive", file=sys.stderr)
         return 2
     progress = args.progress_s or max(5.0, seconds / 30)
     streamed = args.streamed_sparse

@@ -67,10 +67,10 @@ def test_refusals():
     assert r.returncode == 2 and "unknown fault 'explode'" in r.stderr
     assert _run("chaos").returncode == 2
     r = _run("soak", "--seconds", "0")
-    assert r.returncode == 2 and "must be positive" in r.stdout
+    assert r.returncode == 2 and "must be positive" in r.stderr
     for bad in (["--abandon-p", "1.5"], ["--abandon-p", "-0.1"], ["--hang-s", "0"]):
         r = _run("soak", "--seconds", "1", *bad)
-        assert r.returncode == 2 and "--abandon-p must be in [0, 1]" in r.stdout, bad
+        assert r.returncode == 2 and "--abandon-p must be in [0, 1]" in r.stderr, bad
 
 
 def test_checkout_judge_fits_the_exact_marginals_and_rejects_a_shift():
