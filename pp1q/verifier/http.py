@@ -13,9 +13,10 @@ import re
 
 from pp1q.core.errors import Pp1qError, Reason, ServiceError
 
-# where msgspec's refusals name the field: "... - at `$.a.b`" (the path to the value)
-# and "unknown field `x`" / "missing required field `x`" (a key of the object at the path)
-_AT_PATH = re.compile(r"at `\$\.([^`]+)`")
+# where msgspec's refusals name the field: "... - at `$.a.b`" (the path to the value;
+# a dict's key: "at `key` in `$.a`") and "unknown field `x`" / "missing required field
+# `x`" (a key of the object at the path)
+_AT_PATH = re.compile(r"(?:at|in) `\$\.([^`]+)`")
 _KEY = re.compile(r"(?:unknown|missing required) field `([^`]+)`")
 
 

@@ -38,7 +38,10 @@ class Tokenizer(Protocol):
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
-    include_usage: bool = False
+    include_usage: bool | None = None  # None: false
+    # OpenAI pads each chunk with an ``obfuscation`` field against length side channels;
+    # not implemented: taken only as null or false (_check_unimplemented)
+    include_obfuscation: bool | None = None
 
 
 class Pp1qOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -65,9 +68,9 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_tokens: _MaxTokens = None
     temperature: float | None = None  # None: 1
     top_p: float | None = None  # None: 1
-    # the target's top-k (vLLM's extension); -1 or 0: off. Another negative is refused,
-    # as vLLM refuses it: read as off, a client's typo would silently sample untruncated
-    top_k: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    # the target's top-k (vLLM's extension); -1, 0 or None: off. Another negative is
+    # refused, as vLLM refuses it: read as off, a client's typo would sample untruncated
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
     stop: _Stop = None
     stop_token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
                               msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
@@ -108,6 +111,15 @@ class Message(msgspec.Struct, forbid_unknown_fields=True):
     name: str | None = None
 
 
+# metadata: OpenAI's own bounds (it refuses more), so a client's tags fit both servers
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64  # characters
+MAX_METADATA_VALUE = 512  # characters
+_Metadata = Annotated[dict[Annotated[str, msgspec.Meta(max_length=MAX_METADATA_KEY)],
+                           Annotated[str, msgspec.Meta(max_length=MAX_METADATA_VALUE)]],
+                      msgspec.Meta(max_length=MAX_METADATA_PAIRS)]
+
+
 class ChatBody(_Common, kw_only=True):
     messages: Annotated[list[Message], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: _MaxTokens = None  # OpenAI's newer name for a chat's max_tokens
@@ -116,28 +128,65 @@ class ChatBody(_Common, kw_only=True):
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    # OpenAI's newer chat fields (openai 3.63's ``chat.completions.create``). These change
+    # no answer, whatever their value: taken and not used, as ``user``
+    parallel_tool_calls: bool | None = None  # no tool is ever called (tools: [] only)
+    prompt_cache_key: str | None = None  # a cache-routing hint
+    safety_identifier: str | None = None  # an end user's id, as ``user``
+    metadata: _Metadata | None = None  # tags of a stored completion (store: false only)
+    # these ask for something this server does not do: taken at their neutral values
+    # only (_AT_DEFAULT)
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    functions: list[Any] | None = None  # tools' and tool_choice's deprecated names
+    function_call: str | dict[str, Any] | None = None
 
 
 # OpenAI's fields this server does not implement, with the values that ask for nothing
 # (their defaults; null too): taken, as OpenAI takes them. Any other value is refused,
 # since ignoring it would change the answer (a penalty, a bias, log-probabilities, a
-# format, a tool call). A value matches only with its JSON type (completions' logprobs
-# 0 asks for the sampled token's logprob; false is chat's "none").
+# format, a tool call, audio, reasoning) or what the client believes was done for it (a
+# completion stored, a service tier, a prompt cache kept, moderation, an obfuscated
+# stream). A value matches only with its JSON type (completions' logprobs 0 asks for
+# the sampled token's logprob; false is chat's "none"). tool_choice "auto" (and
+# function_call's) with no tools can call none: as "none".
 _AT_DEFAULT: dict[str, tuple] = {
     "frequency_penalty": (0.0,), "presence_penalty": (0.0,), "logit_bias": ({},),
     "best_of": (1,), "echo": (False,), "logprobs": (False,), "suffix": (),
     "top_logprobs": (0,), "response_format": ({"type": "text"},), "tools": ([],),
-    "tool_choice": ("none",)}
+    "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
+    "store": (False,), "service_tier": ("auto", "default"), "reasoning_effort": ("none",),
+    "verbosity": ("medium",), "modalities": (["text"],), "audio": (), "prediction": (),
+    "web_search_options": (), "moderation": (), "prompt_cache_retention": (),
+    "prompt_cache_options": (), "stream_options.include_obfuscation": (False,)}
+
+
+def _field(b: _Common, path: str):
+    """The body's value at ``path`` (``a.b``: a field of the object at ``a``), None
+    where absent."""
+    for name in path.split("."):
+        b = getattr(b, name, None)
+    return b
 
 
 def _check_unimplemented(b: _Common) -> None:
     for name, defaults in _AT_DEFAULT.items():
-        v = getattr(b, name, None)
+        v = _field(b, name)
         if v is not None and not any(type(v) is type(d) and v == d for d in defaults):
             allowed = " or ".join(["null", *(msgspec.json.encode(d).decode() for d in defaults)])
             raise HttpError(422, "unsupported_field",
                             f"`{name}` is not supported by this server (ignoring it would "
-                            f"change the answer): leave it out or send {allowed}", param=name)
+                            f"change the answer or what was done for it): leave it out or "
+                            f"send {allowed}", param=name)
 
 
 @dataclass
@@ -212,8 +261,8 @@ def _chat_prompt(messages: list[Message], tokenizer) -> list[int]:
                             "the target's tokenizer has no chat template")
         try:
             return list(tokenizer.apply_chat_template(rendered))
-        except ValueError as e:
-            raise HttpError(422, "invalid_field", str(e)) from None
+        except ValueError as e:  # the template's refusal of these messages
+            raise HttpError(422, "invalid_field", str(e), param="messages") from None
     ids: list[int] = []
     for m in messages:
         if isinstance(m.content, str) or any(isinstance(p, TextPart) for p in m.content):
@@ -221,7 +270,8 @@ def _chat_prompt(messages: list[Message], tokenizer) -> list[int]:
         for part in m.content:
             ids.extend(part.token_ids)
     if not ids:
-        raise HttpError(422, "invalid_field", "chat messages hold no token ids")
+        raise HttpError(422, "invalid_field", "chat messages hold no token ids",
+                        param="messages")
     return ids
 
 
@@ -264,7 +314,7 @@ def decode_call(raw: bytes, *, chat: bool, tokenizer: Tokenizer | None, model_id
                               "draft_temperature": b.pp1q.draft_temperature}
     if b.top_p is not None and b.top_p != 1.0:
         native["top_p"] = b.top_p
-    if b.top_k > 0:  # -1 and 0 mean off, as vLLM's
+    if b.top_k is not None and b.top_k > 0:  # -1 and 0 mean off, as vLLM's
         native["target_top_k"] = b.top_k
     if b.seed is not None:
         native["seed"] = b.seed + (1 << 64) if b.seed < 0 else b.seed

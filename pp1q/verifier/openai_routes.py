@@ -41,7 +41,7 @@ def openai_routes(scheduler: Scheduler, *, model_id: str, tokenizer, decode_kw: 
             try:
                 return await answer(request)
             except (HttpError, ServiceError) as e:
-                raise as_openai(e) from None
+                raise as_openai(e, chat) from None
 
         async def answer(request: web.Request):
             raw = await read_body(request)
@@ -118,15 +118,27 @@ async def _stream(request: web.Request, scheduler: Scheduler, call: Call, shape:
             task.cancel()  # the client left: release the slot, RESET the worker
 
 
-def as_openai(e: HttpError | ServiceError) -> HttpError:
+def _cause(code: str, chat: bool) -> str | None:
+    """The OpenAI field that caused one of the daemon's own refusals of a decoded request
+    (its ``check``, shared with /v1/generate, whose error objects keep param null), as
+    OpenAI names it: the prompt past the context (a chat's: its messages), a sampled
+    temperature on a greedy (v1) verifier, and the one processor a vocabulary-sharded
+    group bounds (pp1q.verifier.daemon.unsupported_processors: the target top_k)."""
+    return {"context_length_exceeded": "messages" if chat else "prompt",
+            "sampled_on_v1": "temperature", "unsupported_processors": "top_k"}.get(code)
+
+
+def as_openai(e: HttpError | ServiceError, chat: bool) -> HttpError:
     """The refusal as the OpenAI routes answer it: a field refused is OpenAI's (and vLLM's)
     400, where ``/v1/generate`` answers 422; the official client raises BadRequestError
     for it (for a 422 it raised UnprocessableEntityError, which clients written against
-    OpenAI do not catch). Code, message and param are kept."""
+    OpenAI do not catch). Code and message are kept; param too, or where none was named,
+    the field that caused it (``_cause``)."""
     h = as_http(e) if isinstance(e, ServiceError) else e
     if h.status != 422:
         return h
-    return HttpError(400, h.code, h.message, h.headers, param=h.param)
+    param = h.param if h.param is not None else _cause(h.code, chat)
+    return HttpError(400, h.code, h.message, h.headers, param=param)
 
 
 def _error_event(e: BaseException) -> dict:

@@ -58,6 +58,9 @@ QUOTED = [
     (OPS, f"list of up to {openai_request.MAX_STOP_TOKEN_IDS} ids < vocab"),
     (OPS, f"up to {api.MAX_STOP_IDS} ids"),
     (OPS, f"1..{openai_request.MAX_MESSAGES} messages"),
+    (OPS, f"{openai_request.MAX_METADATA_PAIRS} pairs, keys of "
+          f"{openai_request.MAX_METADATA_KEY} characters, values of "
+          f"{openai_request.MAX_METADATA_VALUE}"),
     (OPS, f"[{_n(api.MIN_TEMPERATURE)}, {_n(api.MAX_TEMPERATURE)}]"),
     (OPS, f"prefilled in chunks of {PREFILL_CHUNK} ids (`pp1q.models.engine.PREFILL_CHUNK`)"),
     (OPS, f"{link.DEGRADED_AFTER_FAILURES} or more STEPs in a row gave no proposal"),

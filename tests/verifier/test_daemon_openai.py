@@ -227,6 +227,36 @@ def test_the_clients_nulls_defaults_and_refusals(pair):
     assert (e.value.param, e.value.code) == ("model", "model_not_found")
 
 
+def test_the_clients_newer_chat_fields(pair):
+    """OpenAI's newer chat fields as the official client sends them: those that change no
+    answer taken at any value, the others at their neutral values (a 400 naming the
+    field otherwise); null top_k and include_usage are their defaults; tool_choice
+    "auto" with no tools calls none."""
+    o = _client(pair)
+    model = o.models.list().data[0].id
+    msgs = [{"role": "user", "content": [{"type": "token_ids", "token_ids": PROMPT}]}]
+    r = o.chat.completions.create(
+        model=model, messages=msgs, max_completion_tokens=3, seed=6, store=False,
+        metadata={"run": "pp1q"}, parallel_tool_calls=False, service_tier="auto",
+        reasoning_effort="none", verbosity="medium", modalities=["text"], user="u",
+        prompt_cache_key="k", safety_identifier="s", tool_choice="auto",
+        extra_body={"top_k": None, "pp1q": {"speculative": False}})
+    want = pair.client().generate(PROMPT, 3, seed=6, speculative=False)["token_ids"]
+    assert r.choices[0].token_ids == want
+    chunks = list(o.chat.completions.create(
+        model=model, messages=msgs, max_tokens=3, seed=6, stream=True, tool_choice="none",
+        stream_options={"include_usage": None, "include_obfuscation": False},
+        extra_body={"pp1q": {"speculative": False}}))
+    assert [t for c in chunks for t in c.choices[0].token_ids] == want  # no usage chunk
+    for fields, param in [({"store": True}, "store"), ({"service_tier": "priority"},
+                                                       "service_tier"),
+                          ({"stream": True, "stream_options": {"include_obfuscation": True}},
+                           "stream_options.include_obfuscation")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            o.chat.completions.create(model=model, messages=msgs, max_tokens=2, **fields)
+        assert (e.value.param, e.value.code) == (param, "unsupported_field")
+
+
 def test_the_client_retrieves_the_model(pair):
     o = _client(pair)
     listed = o.models.list().data[0]

@@ -162,6 +162,22 @@ def test_chunks_and_events_have_openai_shapes():
       "frequency_penalty": None, "presence_penalty": 0, "logit_bias": None, "logprobs": False,
       "top_logprobs": None, "response_format": {"type": "text"}, "tools": None,
       "tool_choice": "none"}, True),
+    ({"prompt": [1], "top_k": None}, False),  # null: off, as absent
+    # with no tools, "auto" can call none: OpenAI takes it
+    ({"messages": [{"role": "user", "content": [{"type": "token_ids", "token_ids": [1]}]}],
+      "tools": [], "tool_choice": "auto", "functions": None, "function_call": "auto"}, True),
+    # OpenAI's newer chat fields: those that change nothing, at any value; the others
+    # at the values that ask for nothing
+    ({"messages": [{"role": "user", "content": [{"type": "token_ids", "token_ids": [1]}]}],
+      "user": "u", "safety_identifier": "s", "prompt_cache_key": "k",
+      "parallel_tool_calls": True, "metadata": {"k" * 64: "v" * 512},
+      "store": False, "service_tier": "auto", "reasoning_effort": "none",
+      "verbosity": "medium", "modalities": ["text"], "audio": None, "prediction": None,
+      "web_search_options": None, "moderation": None, "prompt_cache_retention": None,
+      "prompt_cache_options": None, "functions": [], "function_call": "none"}, True),
+    ({"messages": [{"role": "user", "content": [{"type": "token_ids", "token_ids": [1]}]}],
+      "service_tier": "default", "store": None, "metadata": {str(i): "" for i in range(16)},
+      "parallel_tool_calls": False}, True),
 ])
 def test_defaults_and_neutral_values_are_accepted(body, chat):
     c = _call(body, chat=chat)
@@ -185,14 +201,61 @@ def test_defaults_and_neutral_values_are_accepted(body, chat):
       "response_format": {"type": "json_object"}}, True, "response_format"),
     ({"messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "function", "function": {"name": "f"}}]}, True, "tools"),
-    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, True,
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, True,
      "tool_choice"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, True, "tool_choice"),
+    # OpenAI's newer chat fields, asking for what this server does not do
+    *(({"messages": [{"role": "user", "content": "x"}], name: value}, True, name)
+      for name, value in [
+          ("store", True), ("service_tier", "priority"), ("service_tier", "flex"),
+          ("reasoning_effort", "low"), ("verbosity", "high"), ("modalities", ["text", "audio"]),
+          ("audio", {"voice": "alloy", "format": "mp3"}),
+          ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
+          ("moderation", {}), ("prompt_cache_retention", "24h"),
+          ("prompt_cache_options", {"ttl": "1h"}), ("functions", [{"name": "f"}]),
+          ("function_call", {"name": "f"})]),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": True,
+      "stream_options": {"include_obfuscation": True}}, True,
+     "stream_options.include_obfuscation"),
+    ({"prompt": [1], "stream": True, "stream_options": {"include_obfuscation": True}}, False,
+     "stream_options.include_obfuscation"),
 ])
 def test_unimplemented_fields_that_would_change_the_answer_are_refused(body, chat, param):
     with pytest.raises(HttpError) as e:
         _call(body, chat=chat, tokenizer=CharTokenizer())
     assert (e.value.status, e.value.code, e.value.param) == (422, "unsupported_field", param)
     assert f"`{param}`" in e.value.message
+
+
+@pytest.mark.parametrize("stream_options", [
+    {"include_usage": None}, {"include_usage": True, "include_obfuscation": False},
+    {"include_usage": False, "include_obfuscation": None}, {}])
+def test_stream_options_take_null_and_false_as_their_default(stream_options):
+    body = {"prompt": [1], "stream": True, "stream_options": stream_options}
+    assert _call(body).body.stream_options.include_usage in (None, False, True)
+    assert bool(_call(body).body.stream_options.include_usage) == bool(
+        stream_options.get("include_usage"))
+
+
+@pytest.mark.parametrize("metadata, why", [
+    ({str(i): "v" for i in range(17)}, "`object` of length <= 16"),  # OpenAI's 16 pairs
+    ({"k" * 65: "v"}, "`str` of length <= 64"),  # keys: OpenAI's 64 characters at most
+    ({"k": "v" * 513}, "`str` of length <= 512"),  # values: OpenAI's 512 at most
+    ({"k": 1}, "Expected `str`, got `int`"),  # strings only, as OpenAI's
+    (["k", "v"], "got `array`")])
+def test_metadata_is_bounded_as_openais(metadata, why):
+    chat = {"messages": [{"role": "user", "content": [{"type": "token_ids", "token_ids": [1]}]}]}
+    with pytest.raises(HttpError) as e:
+        _call({**chat, "metadata": metadata}, chat=True)
+    assert (e.value.status, e.value.code) == (422, "invalid_field")
+    assert why in e.value.message and e.value.param.startswith("metadata"), e.value.message
+
+
+def test_top_k_null_is_off_and_a_value_still_truncates():
+    off = _call({"prompt": [1]}).req.processors
+    assert _call({"prompt": [1], "top_k": None}).req.processors == off
+    assert _call({"prompt": [1], "top_k": 5}).req.processors != off
 
 
 def test_max_completion_tokens_is_chats_max_tokens():
@@ -221,6 +284,7 @@ def test_max_completion_tokens_is_chats_max_tokens():
      "messages"),
     ({"prompt": [1], "stop_token_ids": [100]}, "stop_token_ids"),
     ({"prompt": [1], "pp1q": {"draft_top_k": 65}}, "pp1q.draft_top_k"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages"),  # no ids in them
 ])
 def test_a_refusal_names_its_param(body, param):
     with pytest.raises(HttpError) as e:
@@ -267,3 +331,33 @@ def test_a_stop_string_ends_the_ids_at_the_token_completing_it():
         shape = Shape(chat=False, model=MODEL)
         answer = {"finish_reason": "length", "seed": 1, "stats": {}, "elapsed_s": 0.0}
         assert shape.answer(call, s, answer)["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_every_field_of_the_official_client_is_known(chat):
+    """Each field the official client's create() sends is decoded (taken or refused by
+    name), none refused as unknown: a client written for OpenAI may send any of them."""
+    import inspect
+
+    from pp1q.verifier.openai_request import ChatBody, CompletionBody, StreamOptions
+
+    openai = pytest.importorskip("openai")
+    resources = openai.resources
+    create = (resources.chat.completions.Completions if chat
+              else resources.completions.Completions).create
+    sent = set(inspect.signature(create).parameters) - {
+        "self", "extra_headers", "extra_query", "extra_body", "timeout"}
+    known = set((ChatBody if chat else CompletionBody).__struct_fields__)
+    assert sent - known == set()
+    options = openai.types.chat.ChatCompletionStreamOptionsParam.__annotations__
+    assert set(options) - set(StreamOptions.__struct_fields__) == set()
+
+
+def test_a_chat_templates_refusal_names_the_messages():
+    class Refusing(CharTokenizer):
+        def apply_chat_template(self, messages):
+            raise ValueError("Conversation roles must alternate user/assistant")
+
+    with pytest.raises(HttpError) as e:
+        _call({"messages": [{"role": "user", "content": "x"}]}, chat=True, tokenizer=Refusing())
+    assert (e.value.code, e.value.param) == ("invalid_field", "messages"), e.value.message
