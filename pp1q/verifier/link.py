@@ -20,7 +20,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import secrets
+import ssl
 from dataclasses import dataclass
 
 from pp1q.core.errors import LocalProtocolError, Reason
@@ -175,8 +177,11 @@ class WorkerLink:
             _, proto = await loop.create_connection(
                 tap(lambda: WireProtocol(self, endpoint), self.capture, Protocol.WIRE),
                 self.host, self.port, **connect_kwargs(self.tls))
-        except OSError as e:  # a failed TLS handshake too (counted by pp1q.runtime.tls)
-            log.debug("worker %s:%d unreachable: %s", self.host, self.port, e)
+        except ssl.SSLError:  # a failed TLS handshake: counted and logged by pp1q.runtime.tls
+            return False
+        except OSError as e:
+            # asyncio's strerror is "Connect call failed (addr)": the errno says why
+            self._no_session("unreachable", os.strerror(e.errno) if e.errno else str(e))
             return False
         self.endpoint, self._proto = endpoint, proto
         self._started = loop.create_future()
@@ -185,7 +190,13 @@ class WorkerLink:
         try:
             done, _ = await asyncio.wait({self._started, proto.closed}, timeout=HELLO_TIMEOUT_S,
                                         return_when=asyncio.FIRST_COMPLETED)
-            if self._started not in done or not self._started.result():
+            if self._started not in done:
+                self._no_session("no_answer", "the connection closed before HELLO was "
+                                 "answered (as a TLS worker closes a plain one)"
+                                 if proto.closed.done()
+                                 else f"no HELLO answer within {HELLO_TIMEOUT_S:g} s")
+                return False
+            if not self._started.result():  # a refusal: logged as it came
                 return False
             self._go_ready()
             stopping = loop.create_task(stop.wait())
@@ -198,6 +209,13 @@ class WorkerLink:
             return not self._ended_by_refusal
         finally:
             self._go_down(quiet=stop.is_set())
+
+    def _no_session(self, kind: str, why: str) -> None:
+        # /healthz says no_session; the log says why, once a kind per 10 s while it lasts
+        # (before, a worker that could not be reached left the journal silent)
+        self.metrics.logs.log(log, logging.WARNING, ("no_session", kind),
+                              "no session with worker %s:%d: %s; retrying (every %g s at "
+                              "most)", self.host, self.port, why, self.reconnect_max_s)
 
     def _go_ready(self) -> None:
         self.sessions_started += 1

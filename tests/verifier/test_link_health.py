@@ -5,6 +5,7 @@ worker."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from fake_worker import FakeWorker
@@ -24,6 +25,44 @@ async def test_no_worker_is_disconnected_no_session():
         await asyncio.sleep(0.1)
         assert link.health() == {"worker": "disconnected", "cause": "no_session",
                                  "detail": f"127.0.0.1:{port}"}
+
+
+def _no_session_lines(caplog, port: int) -> list[str]:
+    head = f"no session with worker 127.0.0.1:{port}: "
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.getMessage().startswith(head)]
+
+
+async def test_no_worker_says_why_in_the_log(caplog):
+    # /healthz said no_session and the journal nothing (the reason was a debug line):
+    # an operator whose verifier could not reach the worker had no line to read
+    worker = FakeWorker()
+    await worker.start()
+    port = worker.port
+    await worker.close()
+    with caplog.at_level(logging.WARNING, logger="pp1q.verifier"):
+        async with running(make_link(port)):
+            await until(lambda: _no_session_lines(caplog, port), "no line said why")
+    line = _no_session_lines(caplog, port)[0]
+    assert "Connection refused" in line and "retrying" in line, line
+
+
+async def test_a_connection_closed_before_the_hello_answer_says_so(caplog):
+    # what a plain verifier sees of a worker that requires TLS: accepted, then closed
+    async def close_at_once(_reader, writer):
+        writer.close()
+
+    server = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with caplog.at_level(logging.WARNING, logger="pp1q.verifier"):
+            async with running(make_link(port)) as link:
+                await until(lambda: _no_session_lines(caplog, port), "no line said why")
+                assert link.health()["cause"] == "no_session"
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert "closed before HELLO was answered" in _no_session_lines(caplog, port)[0]
 
 
 async def test_a_refused_hello_is_disconnected_session_refused():
