@@ -270,7 +270,10 @@ class WorkerLink:
             elif isinstance(ev, SessionStarted):
                 self._check_session(ev)
             elif isinstance(ev, SessionRefused):
-                log.error("worker refused the session (%s): %s", ev.reason.value, ev.detail)
+                # each reconnection is refused alike: a line a reason per interval
+                self.metrics.logs.log(log, logging.ERROR, ("session_refused", ev.reason),
+                                      "worker refused the session (%s): %s",
+                                      ev.reason.value, ev.detail)
                 self.metrics.validation_failure(ev.reason)
                 self.refused = ev.reason
                 if self._started is not None and not self._started.done():

@@ -74,6 +74,19 @@ async def test_a_refused_hello_is_disconnected_session_refused():
         assert h["detail"] == "speculation_not_enabled"
 
 
+async def test_a_worker_refusing_every_hello_logs_a_line_a_reason(caplog):
+    # each reconnection is refused alike: counted each time, logged once an interval
+    # (was: an ERROR line per reconnection, for as long as the pair was mismatched)
+    worker = FakeWorker(versions=(1,))
+    with caplog.at_level(logging.INFO, logger="pp1q.verifier"):
+        async with linked(worker) as link:
+            await until(lambda: link.metrics.value(
+                "pp1q_validation_failures_total", reason="speculation_not_enabled") >= 3,
+                "fewer than 3 HELLOs refused")
+    lines = [r for r in caplog.records if "worker refused the session" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
 async def test_a_worker_refusing_every_step_is_degraded_until_a_proposal_verifies():
     worker = FakeWorker(mode="refuse")
     async with linked(worker) as link:

@@ -252,6 +252,28 @@ async def test_a_flood_of_bad_connections_logs_a_line_a_reason_not_one_each(work
     assert len(lines) == 1, [r.getMessage() for r in lines]
 
 
+async def test_hellos_refused_again_and_again_log_a_line_a_reason(worker, caplog):
+    """A verifier of another model reconnects for ever and is refused each time: each
+    refusal counted, one log line for the reason in the interval (was: a WARNING per
+    HELLO, against operations.md's "one line per reason per 10 s" for what a peer causes
+    once per connection)."""
+    import logging
+
+    other = verifier_config(ToySpec(vocab=VOCAB, seed=1), (2,), 4, 5, 8)  # another model
+    n = 20
+    with caplog.at_level(logging.INFO, logger="pp1q"):
+        for i in range(n):
+            v = VerifierEndpoint(other, session=1000 + i)
+            reader, writer = await worker.connect()
+            writer.write(v.hello())
+            while await asyncio.wait_for(reader.read(65536), TIMEOUT_S):
+                pass
+            writer.close()
+    assert worker.count("pp1q_peers_refused_total", reason="identity_mismatch") == n
+    lines = [r for r in caplog.records if "HELLO refused (wrong_identity)" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
 class _Aborting(Proposer):
     """A drafter that fails mid-proposal (through the serve() proposer seam)."""
 
