@@ -55,6 +55,7 @@ from pp1q.wire.events import (
 )
 from pp1q.wire.pool import PayloadPool
 from pp1q.wire.table import Conn
+from pp1q.wire.validate import identity_named
 
 log = logging.getLogger("pp1q.verifier")
 
@@ -270,10 +271,13 @@ class WorkerLink:
             elif isinstance(ev, SessionStarted):
                 self._check_session(ev)
             elif isinstance(ev, SessionRefused):
-                # each reconnection is refused alike: a line a reason per interval
+                # each reconnection is refused alike: a line a reason per interval; an
+                # identity refusal names the fields, and this end adds its own values
+                ours = (identity_named(self.config.identity, ev.detail)
+                        if ev.reason is Reason.WRONG_IDENTITY else "")
                 self.metrics.logs.log(log, logging.ERROR, ("session_refused", ev.reason),
-                                      "worker refused the session (%s): %s",
-                                      ev.reason.value, ev.detail)
+                                      "worker refused the session (%s): %s%s",
+                                      ev.reason.value, ev.detail, f" ({ours})" if ours else "")
                 self.metrics.validation_failure(ev.reason)
                 self.refused = ev.reason
                 if self._started is not None and not self._started.done():
