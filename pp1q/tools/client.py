@@ -24,7 +24,9 @@ class ApiError(Pp1qError):
     def __init__(self, status: int, code: str, message: str) -> None:
         reason = (Reason.UNREACHABLE if status == 0 else Reason.BAD_RESPONSE
                   if code == "bad_response" else Reason.REQUEST_REFUSED)
-        super().__init__(reason, message, message=f"{status} {code}: {message}")
+        # no status when nothing answered: "unreachable: URL: why", not "0 unreachable"
+        head = code if status == 0 else f"{status} {code}"
+        super().__init__(reason, message, message=f"{head}: {message}")
         self.status, self.code, self.message = status, code, message
 
 

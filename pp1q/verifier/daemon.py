@@ -333,11 +333,17 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
         "greedy": "greedy (v1) speculation; sampled requests are refused (422)",
         "sampled": "sampled (v2) speculation with exact q; greedy requests too"}[
             settings.speculation])
+    def on_ready(http_port: int, metrics_port: int | None) -> None:
+        if group is not None and metrics_port:  # /healthz lists every rank's /metrics
+            group.metrics_at = f"{settings.metrics_host}:{metrics_port}"
+        if ready is not None:
+            ready(http_port, metrics_port)
+
     try:
         banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings.worker}"
         if group is not None:
             banner += f", ranks {group.world}"
-        await serve_until_stopped(metrics, settings, banner, port, stop, ready,
+        await serve_until_stopped(metrics, settings, banner, port, stop, on_ready,
                                   draining=lambda: drain(http, scheduler,
                                                          settings.drain_timeout_s))
     finally:

@@ -20,7 +20,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import secrets
+import ssl
 from dataclasses import dataclass
 
 from pp1q.core.errors import LocalProtocolError, Reason
@@ -54,6 +56,7 @@ from pp1q.wire.events import (
 )
 from pp1q.wire.pool import PayloadPool
 from pp1q.wire.table import Conn
+from pp1q.wire.validate import identity_named
 
 log = logging.getLogger("pp1q.verifier")
 
@@ -174,8 +177,11 @@ class WorkerLink:
             _, proto = await loop.create_connection(
                 tap(lambda: WireProtocol(self, endpoint), self.capture, Protocol.WIRE),
                 self.host, self.port, **connect_kwargs(self.tls))
-        except OSError as e:  # a failed TLS handshake too (counted by pp1q.runtime.tls)
-            log.debug("worker %s:%d unreachable: %s", self.host, self.port, e)
+        except ssl.SSLError:  # a failed TLS handshake: counted and logged by pp1q.runtime.tls
+            return False
+        except OSError as e:
+            # asyncio's strerror is "Connect call failed (addr)": the errno says why
+            self._no_session("unreachable", os.strerror(e.errno) if e.errno else str(e))
             return False
         self.endpoint, self._proto = endpoint, proto
         self._started = loop.create_future()
@@ -184,7 +190,13 @@ class WorkerLink:
         try:
             done, _ = await asyncio.wait({self._started, proto.closed}, timeout=HELLO_TIMEOUT_S,
                                         return_when=asyncio.FIRST_COMPLETED)
-            if self._started not in done or not self._started.result():
+            if self._started not in done:
+                self._no_session("no_answer", "the connection closed before HELLO was "
+                                 "answered (as a TLS worker closes a plain one)"
+                                 if proto.closed.done()
+                                 else f"no HELLO answer within {HELLO_TIMEOUT_S:g} s")
+                return False
+            if not self._started.result():  # a refusal: logged as it came
                 return False
             self._go_ready()
             stopping = loop.create_task(stop.wait())
@@ -197,6 +209,13 @@ class WorkerLink:
             return not self._ended_by_refusal
         finally:
             self._go_down(quiet=stop.is_set())
+
+    def _no_session(self, kind: str, why: str) -> None:
+        # /healthz says no_session; the log says why, once a kind per 10 s while it lasts
+        # (before, a worker that could not be reached left the journal silent)
+        self.metrics.logs.log(log, logging.WARNING, ("no_session", kind),
+                              "no session with worker %s:%d: %s; retrying (every %g s at "
+                              "most)", self.host, self.port, why, self.reconnect_max_s)
 
     def _go_ready(self) -> None:
         self.sessions_started += 1
@@ -250,7 +269,13 @@ class WorkerLink:
             elif isinstance(ev, SessionStarted):
                 self._check_session(ev)
             elif isinstance(ev, SessionRefused):
-                log.error("worker refused the session (%s): %s", ev.reason.value, ev.detail)
+                # each reconnection is refused alike: a line a reason per interval; an
+                # identity refusal names the fields, and this end adds its own values
+                ours = (identity_named(self.config.identity, ev.detail)
+                        if ev.reason is Reason.WRONG_IDENTITY else "")
+                self.metrics.logs.log(log, logging.ERROR, ("session_refused", ev.reason),
+                                      "worker refused the session (%s): %s%s",
+                                      ev.reason.value, ev.detail, f" ({ours})" if ours else "")
                 self.metrics.validation_failure(ev.reason)
                 self.refused = ev.reason
                 if self._started is not None and not self._started.done():

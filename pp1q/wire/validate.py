@@ -9,6 +9,7 @@ callers pass the class as ``err``. Row checks call pp1q.core.q's parsers, which 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -72,6 +73,22 @@ def check_identity(ours: Identity, theirs: Identity, err: type = RemoteProtocolE
     wrong = [f for f in Identity.__struct_fields__ if getattr(ours, f) != getattr(theirs, f)]
     if wrong:
         raise err(Reason.WRONG_IDENTITY, "mismatched " + ", ".join(wrong))
+
+
+def identity_differences(ours: Identity, theirs: Identity) -> str:
+    """Each field that differs, with both values: for the log of the end that compared
+    them (a REFUSAL's detail names the fields only: MAX_DETAIL_CHARS is too short for
+    two model identities, and an operator needs both to see which end to change)."""
+    return "; ".join(f"{f}: here {getattr(ours, f)!r}, the peer's {getattr(theirs, f)!r}"
+                     for f in Identity.__struct_fields__
+                     if getattr(ours, f) != getattr(theirs, f))
+
+
+def identity_named(ours: Identity, detail: str) -> str:
+    """This end's values of the fields a peer's refusal named ("mismatched a, b")."""
+    named = set(re.findall(r"\w+", detail))
+    return "; ".join(f"{f}: here {getattr(ours, f)!r}"
+                     for f in Identity.__struct_fields__ if f in named)
 
 
 def check_answer_limits(offered: Limits, answered: Limits, vocab: int) -> None:
@@ -292,6 +309,6 @@ __all__ = [
     "check_abort_reason", "check_answer_limits", "check_commit", "check_context",
     "check_revision",
     "check_completion", "check_identity", "check_proposal", "check_reply", "check_step",
-    "choose_version", "negotiate",
+    "choose_version", "identity_differences", "identity_named", "negotiate",
     "step_form", "Rows",
 ]

@@ -70,7 +70,7 @@ from pp1q.wire.table import (
     slot_event,
     slot_transition,
 )
-from pp1q.wire.validate import check_commit, check_step, negotiate
+from pp1q.wire.validate import check_commit, check_step, identity_differences, negotiate
 from pp1q.wire.worker_context import check_step_context, receive_context
 from pp1q.wire.worker_sends import (
     book_proposal,
@@ -166,7 +166,10 @@ class WorkerEndpoint(Endpoint):
             self._outbox.append(encode(Refusal(
                 session=hello.session, slot=CONNECTION_SLOT, generation=0, round_id=0,
                 reason=e.reason, detail=e.detail[:200])))
-            events.append(SessionRefused(e.reason, e.detail, by_peer=False))
+            differs = identity_differences(ours.identity, hello.identity)
+            events.append(SessionRefused(e.reason, f"{e.detail} ({differs})" if differs
+                                         and e.reason is Reason.WRONG_IDENTITY else e.detail,
+                                         by_peer=False))
             return
         conn_event(self, Dir.RECV, MsgType.HELLO)
         self._start_session(version, limits, hello.identity)

@@ -186,7 +186,10 @@ class WorkerConnection(asyncio.BufferedProtocol):
                          ev.limits.max_slots, ev.limits.max_depth, ev.limits.max_support,
                          ev.limits.max_context)
             elif isinstance(ev, SessionRefused):
-                log.warning("HELLO refused (%s): %s", ev.reason.value, ev.detail)
+                # once per connection, as often as a peer reconnects: a line a reason
+                # per interval (counted below)
+                self.metrics.logs.log(log, logging.WARNING, ("hello", ev.reason),
+                                      "HELLO refused (%s): %s", ev.reason.value, ev.detail)
                 self.metrics.validation_failure(ev.reason)
                 if not ev.by_peer:  # we refused its HELLO (not its REFUSAL of ours)
                     self.metrics.hello_refused(ev.reason)

@@ -75,7 +75,10 @@ def deployment(tmp_path):
     pair = Pair(tmp_path, verifier_args=["--ranks", "2", "--shard-vocab"])
     prom = None
     try:
-        rank1 = int(pair.client().health()["ranks"]["metrics"][1].rsplit(":", 1)[1])
+        listed = pair.client().health()["ranks"]["metrics"]
+        # every rank's /metrics, rank 0's too (it was null: bound after the group formed)
+        assert listed[0] == f"127.0.0.1:{pair.verifier.metrics_port}", listed
+        rank1 = int(listed[1].rsplit(":", 1)[1])
         _scrape_config(tmp_path, pair.worker.metrics_port, [pair.verifier.metrics_port, rank1])
         port = _free_port()
         log = tmp_path / "prometheus.log"

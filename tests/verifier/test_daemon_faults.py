@@ -120,3 +120,9 @@ def test_mismatched_model_seed_is_refused_at_hello(tmp_path):
         assert value(w, "pp1q_steps_total") == 0
     finally:
         pair.close()
+    # each log says which values differ, not only which fields (was: "mismatched
+    # draft_id, target_id" on both sides, and nothing to compare)
+    logs = {p.name: p.read_text() for p in tmp_path.glob("*.log")}
+    toy = "toy-target-v1:vocab=16:seed="
+    assert f"target_id: here '{toy}0')" in logs["verifier.log"]
+    assert f"target_id: here '{toy}1', the peer's '{toy}0'" in logs["worker0.log"]

@@ -5,6 +5,7 @@ worker."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from fake_worker import FakeWorker
@@ -26,6 +27,44 @@ async def test_no_worker_is_disconnected_no_session():
                                  "detail": f"127.0.0.1:{port}"}
 
 
+def _no_session_lines(caplog, port: int) -> list[str]:
+    head = f"no session with worker 127.0.0.1:{port}: "
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.getMessage().startswith(head)]
+
+
+async def test_no_worker_says_why_in_the_log(caplog):
+    # /healthz said no_session and the journal nothing (the reason was a debug line):
+    # an operator whose verifier could not reach the worker had no line to read
+    worker = FakeWorker()
+    await worker.start()
+    port = worker.port
+    await worker.close()
+    with caplog.at_level(logging.WARNING, logger="pp1q.verifier"):
+        async with running(make_link(port)):
+            await until(lambda: _no_session_lines(caplog, port), "no line said why")
+    line = _no_session_lines(caplog, port)[0]
+    assert "Connection refused" in line and "retrying" in line, line
+
+
+async def test_a_connection_closed_before_the_hello_answer_says_so(caplog):
+    # what a plain verifier sees of a worker that requires TLS: accepted, then closed
+    async def close_at_once(_reader, writer):
+        writer.close()
+
+    server = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with caplog.at_level(logging.WARNING, logger="pp1q.verifier"):
+            async with running(make_link(port)) as link:
+                await until(lambda: _no_session_lines(caplog, port), "no line said why")
+                assert link.health()["cause"] == "no_session"
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert "closed before HELLO was answered" in _no_session_lines(caplog, port)[0]
+
+
 async def test_a_refused_hello_is_disconnected_session_refused():
     worker = FakeWorker(versions=(1,))  # a worker that did not enable sampled speculation
     async with linked(worker) as link:
@@ -33,6 +72,19 @@ async def test_a_refused_hello_is_disconnected_session_refused():
         h = link.health()
         assert (h["worker"], h["cause"]) == ("disconnected", "session_refused")
         assert h["detail"] == "speculation_not_enabled"
+
+
+async def test_a_worker_refusing_every_hello_logs_a_line_a_reason(caplog):
+    # each reconnection is refused alike: counted each time, logged once an interval
+    # (was: an ERROR line per reconnection, for as long as the pair was mismatched)
+    worker = FakeWorker(versions=(1,))
+    with caplog.at_level(logging.INFO, logger="pp1q.verifier"):
+        async with linked(worker) as link:
+            await until(lambda: link.metrics.value(
+                "pp1q_validation_failures_total", reason="speculation_not_enabled") >= 3,
+                "fewer than 3 HELLOs refused")
+    lines = [r for r in caplog.records if "worker refused the session" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
 
 
 async def test_a_worker_refusing_every_step_is_degraded_until_a_proposal_verifies():

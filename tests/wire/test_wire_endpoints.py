@@ -100,6 +100,10 @@ def test_identity_mismatch_names_the_field():
     wev, vev = _handshake(v, w)
     assert vev[0] == SessionRefused(Reason.WRONG_IDENTITY, "mismatched draft_id", by_peer=True)
     assert kinds(wev) == ["SessionRefused"]
+    # the worker's own event (its log line) carries both values; the wire, the names only
+    mine = wire_vectors.IDENTITY.draft_id
+    want = f"mismatched draft_id (draft_id: here 'other-draft', the peer's {mine!r})"
+    assert wev[0].detail == want
 
 
 def test_limits_negotiate_to_the_minimum():

@@ -51,6 +51,14 @@ class Worker:
     async def connect(self):
         return await asyncio.open_connection("127.0.0.1", self.port)
 
+    async def send_until_closed(self, data: bytes) -> None:
+        """A connection that sends ``data`` and reads until the worker closes it."""
+        reader, writer = await self.connect()
+        writer.write(data)
+        while await asyncio.wait_for(reader.read(65536), TIMEOUT_S):
+            pass
+        writer.close()
+
     async def hello(self, session: int):
         """A connection that said HELLO; (reader, writer, events of the answer)."""
         v = VerifierEndpoint(CONFIG, session=session)
@@ -242,13 +250,26 @@ async def test_a_flood_of_bad_connections_logs_a_line_a_reason_not_one_each(work
     n = 50
     with caplog.at_level(logging.INFO, logger="pp1q"):
         for _ in range(n):
-            reader, writer = await worker.connect()
-            writer.write(b"XXXX" + bytes(28))
-            while await asyncio.wait_for(reader.read(65536), TIMEOUT_S):
-                pass
-            writer.close()
+            await worker.send_until_closed(b"XXXX" + bytes(28))
     assert worker.count("pp1q_validation_failures_total", reason="bad_magic") == n
     lines = [r for r in caplog.records if "bad_magic" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+async def test_hellos_refused_again_and_again_log_a_line_a_reason(worker, caplog):
+    """A verifier of another model reconnects for ever and is refused each time: each
+    refusal counted, one log line for the reason in the interval (was: a WARNING per
+    HELLO, against operations.md's "one line per reason per 10 s" for what a peer causes
+    once per connection)."""
+    import logging
+
+    other = verifier_config(ToySpec(vocab=VOCAB, seed=1), (2,), 4, 5, 8)  # another model
+    n = 20
+    with caplog.at_level(logging.INFO, logger="pp1q"):
+        for i in range(n):
+            await worker.send_until_closed(VerifierEndpoint(other, session=1000 + i).hello())
+    assert worker.count("pp1q_peers_refused_total", reason="identity_mismatch") == n
+    lines = [r for r in caplog.records if "HELLO refused (wrong_identity)" in r.getMessage()]
     assert len(lines) == 1, [r.getMessage() for r in lines]
 
 

@@ -144,4 +144,4 @@ class RankedDecider(Decider):
     def health(self) -> dict:
         g = self.group
         return {"world": g.world, "state": "lost" if g.lost else "up",
-                "metrics": [p.get("metrics") for p in g.peers]}
+                "metrics": [g.metrics_at, *(p.get("metrics") for p in g.peers[1:])]}

@@ -84,6 +84,8 @@ class RankGroup:
         self.lost: GroupLostError | None = None
         self.on_lost = None  # callback(GroupLostError) on the loop, set by the daemon
         self.peers: list[dict] = []  # identity records of every rank (healthz)
+        # rank 0's own /metrics, bound after the group formed (its record says None)
+        self.metrics_at: str | None = None
         self.children = None  # launch.Children when rank 0 spawned the others
         self._pending: collections.deque[tuple[Op, asyncio.Future]] = collections.deque()
         self._outbox: list[tuple[Op, asyncio.Future]] = []  # this loop tick's ops
