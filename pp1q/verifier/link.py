@@ -35,12 +35,11 @@ from pp1q.verifier.breaker import DEFAULT_BREAKER, Breaker, BreakerConfig, State
 from pp1q.verifier.circuit import Circuit
 from pp1q.verifier.link_protocol import WireProtocol
 from pp1q.verifier.outcome import Fallback, classify
-from pp1q.verifier.steps_in_flight import MAX_BATCHES_IN_FLIGHT, StepsInFlight
+from pp1q.verifier.steps_in_flight import StepsInFlight, slot_buffers, slot_rows
 from pp1q.verifier.watchdog import Watchdog
 from pp1q.wire import (
     WIRE_V2,
     Commit,
-    Limits,
     Reset,
     Step,
     VerifierEndpoint,
@@ -54,7 +53,6 @@ from pp1q.wire.events import (
     SessionRefused,
     SessionStarted,
 )
-from pp1q.wire.pool import PayloadPool
 from pp1q.wire.table import Conn
 from pp1q.wire.validate import identity_named
 
@@ -65,23 +63,6 @@ FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_
 # consecutive failed proposals (refused, invalid, lost) before /healthz says degraded: a
 # worker refusing every step costs no waiting, but speculation is not happening
 DEGRADED_AFTER_FAILURES = 8
-
-
-def slot_rows(limits: Limits) -> int:
-    """Dense rows two in-flight batches of every slot hold (the seed's 2 x 4 x 5)."""
-    return MAX_BATCHES_IN_FLIGHT * limits.max_slots * limits.max_depth
-
-
-def slot_buffers(limits: Limits, *, allocate: bool = True) -> PayloadPool:
-    """The link's payload buffers, sized from ``limits``: two in-flight batches of every
-    slot's dense rows (2 x 4 x 5 x 517 KB at 129280 tokens), allocated and touched now
-    unless ``allocate`` is False (then ``PayloadPool.preallocate`` later: the link
-    allocates them once a v2 session is negotiated, the design's order). Small rows come
-    from malloc (see PayloadPool)."""
-    pool = PayloadPool(slot_rows(limits) * limits.dense_row_bytes)
-    if allocate:
-        pool.preallocate(limits.dense_row_bytes, slot_rows(limits))
-    return pool
 
 
 def _health(worker: str, cause: str | None, detail: str | None) -> dict:

@@ -4,14 +4,36 @@ rounds in flight: while the verifier decides one batch, the worker drafts the ne
 
 Sans-IO bookkeeping for pp1q.verifier.link: it holds the futures, never writes. A slot's
 outcome (a proposal, a failure, a RESET) frees its place; a batch with no place left is
-gone, and the link may send the STEPs queued behind it.
+gone, and the link may send the STEPs queued behind it. Also the payload buffers those
+batches' replies land in, sized from the negotiated limits (``slot_buffers``).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from pp1q.wire import Limits
+from pp1q.wire.pool import PayloadPool
+
 MAX_BATCHES_IN_FLIGHT = 2  # the design's two in-flight STEP batches
+
+
+
+def slot_rows(limits: Limits) -> int:
+    """Dense rows two in-flight batches of every slot hold (the seed's 2 x 4 x 5)."""
+    return MAX_BATCHES_IN_FLIGHT * limits.max_slots * limits.max_depth
+
+
+def slot_buffers(limits: Limits, *, allocate: bool = True) -> PayloadPool:
+    """The link's payload buffers, sized from ``limits``: two in-flight batches of every
+    slot's dense rows (2 x 4 x 5 x 517 KB at 129280 tokens), allocated and touched now
+    unless ``allocate`` is False (then ``PayloadPool.preallocate`` later: the link
+    allocates them once a v2 session is negotiated, the design's order). Small rows come
+    from malloc (see PayloadPool)."""
+    pool = PayloadPool(slot_rows(limits) * limits.dense_row_bytes)
+    if allocate:
+        pool.preallocate(limits.dense_row_bytes, slot_rows(limits))
+    return pool
 
 
 class StepsInFlight:

@@ -28,9 +28,9 @@ from pp1q.runtime.settings import VerifierSettings
 from pp1q.verifier.api import GenerateRequest
 from pp1q.verifier.breaker import State
 from pp1q.verifier.daemon import routes
-from pp1q.verifier.link import MAX_BATCHES_IN_FLIGHT
 from pp1q.verifier.scheduler import Scheduler
 from pp1q.verifier.server import HttpServer
+from pp1q.verifier.steps_in_flight import MAX_BATCHES_IN_FLIGHT
 
 pytestmark = pytest.mark.daemons  # binds servers on 127.0.0.1
 

@@ -16,7 +16,8 @@ from wire_vectors import LIMITS
 
 from pp1q.core.errors import Reason
 from pp1q.runtime.metrics import Metrics
-from pp1q.verifier.link import MAX_BATCHES_IN_FLIGHT, Needs, WorkerLink, slot_rows
+from pp1q.verifier.link import Needs, WorkerLink
+from pp1q.verifier.steps_in_flight import MAX_BATCHES_IN_FLIGHT, slot_rows
 
 pytestmark = pytest.mark.daemons  # binds a server on 127.0.0.1
 

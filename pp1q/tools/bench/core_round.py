@@ -95,7 +95,7 @@ class _CoreRound:
         from pp1q.core.prefix import Prefix
         from pp1q.models.toy import ToySpec
         from pp1q.verifier.kernel_rounds import KernelRounds
-        from pp1q.verifier.link import slot_buffers
+        from pp1q.verifier.steps_in_flight import slot_buffers
         from pp1q.wire import VerifierEndpoint, WorkerEndpoint, context_of
         from pp1q.wire.pool import ZeroRows
         from pp1q.wire.session_config import DEFAULT_MAX_SUPPORT, verifier_config, worker_config

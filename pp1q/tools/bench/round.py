@@ -141,7 +141,7 @@ def _run_warm(rounds):
 
 def time_ours_two_batches(form: str, rounds: int) -> float:
     """Median ms per batch-round with two batches of 4 requests in flight, as the
-    design sizes the link (``link.MAX_BATCHES_IN_FLIGHT``): while the verifier decides
+    design sizes the link (``steps_in_flight.MAX_BATCHES_IN_FLIGHT``): while the verifier decides
     and commits one batch, the worker drafts the other's rows on the other core.
     Verification and COMMIT included, both ends' default checkers and decision path."""
     return time_ours(form, rounds, batches=2)[1]
