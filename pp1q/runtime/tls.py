@@ -23,7 +23,9 @@ standard event loop and for uvloop alike. See docs/security.md.
 from __future__ import annotations
 
 import logging
+import os
 import ssl
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -122,10 +124,15 @@ def _context(protocol: int, settings: DaemonSettings,
     try:
         check_regular(cert)
         check_regular(key)
+        key_mode = os.stat(key).st_mode
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"tls_cert = {cert!r}, tls_key = {key!r}: {_why(e)}",
                           key="tls_cert") from None
+    if key_mode & stat.S_IRWXO:  # as the draw secret's: a key any local user reads is
+        # anyone's certificate (a group the daemon's user is in may read it: 640)
+        raise ConfigError(f"tls_key = {key!r}: readable by every user (mode "
+                          f"{stat.S_IMODE(key_mode):o}); chmod 600 it", key="tls_key")
     try:
         check_regular(ca)
         ctx.load_verify_locations(cafile=ca)

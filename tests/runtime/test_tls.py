@@ -110,6 +110,19 @@ def test_tls_needs_all_three_files_and_says_which_is_wrong(pki, tmp_path):
                                              "tls_key": str(pki["verifier"].key)}))
 
 
+def test_a_key_every_user_can_read_is_refused_a_group_may_read_it(pki, tmp_path):
+    leaf = pki["worker"]
+    key = tmp_path / "worker.key"
+    key.write_bytes(leaf.key.read_bytes())
+    settings = WorkerSettings(**{**leaf.settings(), "tls_key": str(key)})
+    for mode in (0o644, 0o604):
+        key.chmod(mode)
+        with pytest.raises(ConfigError, match=f"tls_key = .*mode {mode:o}.*chmod 600"):
+            tls.server_context(settings)
+    key.chmod(0o640)
+    assert tls.server_context(settings) is not None
+
+
 @pytest.mark.parametrize("which", ["tls_cert", "tls_key", "tls_ca"])
 def test_a_tls_file_that_is_a_fifo_is_refused_at_once(pki, tmp_path, which):
     """OpenSSL opens the files by name: a FIFO with no writer blocked it for ever."""

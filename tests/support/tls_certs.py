@@ -64,6 +64,7 @@ class Ca:
         leaf = Leaf(self.dir / f"{cn}.crt", self.dir / f"{cn}.key", self.path)
         leaf.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         leaf.key.write_bytes(_pem_key(key))
+        leaf.key.chmod(0o600)  # as security.md asks (tls.py refuses a key others read)
         return leaf
 
 
