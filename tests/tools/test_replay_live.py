@@ -216,6 +216,7 @@ def test_a_worker_behind_mutual_tls_replays_with_a_client_certificate(session, t
         assert rc == 0 and ", 0 diverged, " in out.splitlines()[-1], (out, err)
         rc, out, err = live(session / "verifier.pp1qcap", worker, "--wait-s", "2")
         assert rc == 3 and err.startswith(f"pp1q replay: worker {worker} "), (out, err)
+        assert "before answering the HELLO; a worker serving mutual TLS" in err, err
     with _worker(session, *other.issue("worker", server=True).args()) as worker:
         rc, out, err = live(session / "verifier.pp1qcap", worker, *client.args())
     assert rc == 3 and err.startswith(f"pp1q replay: worker {worker}: TLS handshake "
@@ -340,5 +341,7 @@ def test_network_copies_in_a_chaos_capture_are_not_divergences(tmp_path, live):
         assert rc == 0, (out, err)
         report = json.loads(out)
         assert report["copies"] >= 1 and report["steps"]["diverged"] == 0, report
+        # the same worker: the first replay's close waited for the worker's, which
+        # released the session both captures name (test_replay_live_close)
         rc, out, err = live(tmp_path / "worker.pp1qcap", worker, "--json")
     assert rc == 0 and json.loads(out)["copies"] == 0, (out, err)

@@ -32,6 +32,9 @@ from pp1q.tools.replay.live_script import Close, Send
 DEFAULT_WAIT_S = 5.0  # per wait for owed answers: a toy round takes milliseconds
 READ_BYTES = 1 << 20  # one read's most (a dense row at vocabulary 129280 is 517 KB)
 CLOSE_WAIT_S = 1.0  # for our end of a connection to close
+# for the worker's own close after our half-close: it releases the session then, and a
+# replay of the same capture right after would otherwise meet it live (session_in_use)
+WORKER_CLOSE_WAIT_S = 2.0
 
 
 class LiveError(Exception):
@@ -93,11 +96,25 @@ class LiveLink:
 
     async def close(self) -> None:
         self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self._until_worker_closed()
         self.writer.close()
         with contextlib.suppress(OSError, TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(self.writer.wait_closed(), CLOSE_WAIT_S)
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+
+    async def _until_worker_closed(self) -> None:
+        """Half-close and read (unread: the capture shows nothing more) until the worker
+        closes too, ``WORKER_CLOSE_WAIT_S`` at most. Over TLS there is no half-close: the
+        connection is closed at once, and a replay right after may still meet its
+        session live on a loaded worker."""
+        if self.reader.at_eof() or not self.writer.can_write_eof():
+            return
+        with contextlib.suppress(OSError, TimeoutError):
+            self.writer.write_eof()
+            async with asyncio.timeout(WORKER_CLOSE_WAIT_S):
+                while await self.reader.read(READ_BYTES):
+                    pass
 
 
 async def replay_live(role: Role, records: Iterable[Record], host: str, port: int, *,
@@ -120,7 +137,10 @@ async def replay_live(role: Role, records: Iterable[Record], host: str, port: in
             elif isinstance(cmd, Close):
                 await links.pop(cmd.conn).close()
     except ReplayStopError as e:
-        raise LiveError(f"worker {worker} {e}") from None
+        hint = ("; a worker serving mutual TLS closes a plain connection so: pass "
+                "--tls-cert, --tls-key and --tls-ca" if tls is None
+                and str(e).endswith("before answering the HELLO") else "")
+        raise LiveError(f"worker {worker} {e}{hint}") from None
     finally:
         for link in links.values():
             await link.close()
