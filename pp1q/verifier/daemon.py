@@ -340,7 +340,8 @@ async def serve(settings: VerifierSettings, stop: asyncio.Event, ready=None, *,
             ready(http_port, metrics_port)
 
     try:
-        banner = f"pp1q verifier HTTP on {host}:{port}, worker {settings.worker}"
+        banner = f"pp1q verifier HTTP on {host}:{port}, " + (
+            f"worker {settings.worker}" if speculating else "no worker (speculation off)")
         if group is not None:
             banner += f", ranks {group.world}"
         await serve_until_stopped(metrics, settings, banner, port, stop, on_ready,

@@ -39,6 +39,7 @@ def test_proxy_command_between_real_daemons(tmp_path):
     try:
         banner = proxy.stdout.readline()
         assert banner.startswith("pp1q chaos proxy on 127.0.0.1:"), banner
+        assert ", 1 rule; " in banner, banner  # one --fault
         port = int(banner.split()[4].rsplit(":", 1)[1].rstrip(","))
         verifier = DaemonProcess("verifier", pp1q_command(
             "verifier", "--worker", f"127.0.0.1:{port}", "--http", "127.0.0.1:0", *common),

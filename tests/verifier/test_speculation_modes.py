@@ -93,6 +93,8 @@ def test_speculation_modes(tmp_path, verifier, worker):
             assert refused() == 0
         log = (tmp_path / "verifier.log").read_text()
         assert f"speculation {verifier}:" in log
+        # the banner names the worker only where it is dialled
+        assert ("no worker (speculation off)" in log) == (expect == "off"), log
     finally:
         client.close()
         pair.close()

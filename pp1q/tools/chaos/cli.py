@@ -37,7 +37,8 @@ async def _serve_proxy(host, port, up_host, up_port, rules) -> int:
     proxy = FaultProxy(up_host, up_port)
     proxy.rules = rules
     bound = await proxy.start(host, port)
-    print(f"pp1q chaos proxy on {host}:{bound} -> {up_host}:{up_port}, {len(rules)} rules; "
+    rules_said = f"{len(rules)} rule" + ("" if len(rules) == 1 else "s")
+    print(f"pp1q chaos proxy on {host}:{bound} -> {up_host}:{up_port}, {rules_said}; "
           f"{HELP_LINE}", flush=True)
     loop = asyncio.get_running_loop()
     done = loop.create_future()
