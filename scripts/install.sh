@@ -5,19 +5,24 @@
 #                  SmolLM2-135M model, for `pp1q demo` and serving a real model
 #   test           the same plus the test tools, and Debian's prometheus package (as root)
 # torch: an existing torch (a GPU build, say) is kept. Otherwise torch==2.13.0 is
-# installed; on the reference CPU machines that resolves to the CPU wheel on disk.
-# Elsewhere, install the torch build you want first (CPU:
-#   pip install torch --index-url https://download.pytorch.org/whl/cpu).
+# installed; on the reference CPU machines' Python 3.11 that resolves to the CPU wheel on
+# disk (about 190 MB). Anywhere else (their 3.12 and 3.13 included: no CPU wheel for
+# those on disk) pip takes PyPI's Linux build, the CUDA one: about 4.6 GB with its CUDA
+# libraries and Triton (it runs on a CPU too). For the CPU build, install it first:
+#   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 say() { echo "install.sh: $*"; }
 pipi() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
 if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-    say "torch==2.13.0 (no torch found; a few hundred MB)"
+    say "torch==2.13.0 (no torch found): the CPU wheel where pip's index has one for this"
+    say "  Python (190 MB), else PyPI's CUDA build (4.6 GB with its CUDA libraries; it runs"
+    say "  on a CPU). For the CPU build instead: Ctrl-C, install it first (README), rerun."
     pipi "torch==2.13.0"
 else
-    say "keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
+    # 2>/dev/null: a torch installed before numpy warns on import ("Failed to initialize NumPy")
+    say "keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 fi
 if [ "${1:-}" = "test" ]; then
     say "pp1q (editable) with the extras hf, fast and test"

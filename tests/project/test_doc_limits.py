@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pp1q.models.engine import PREFILL_CHUNK
 from pp1q.runtime import malloc, metrics_http
-from pp1q.runtime.capture.format import MAX_META_BYTES, MAX_OPEN_CONNECTIONS
+from pp1q.runtime.capture.format import MAX_META_BYTES, MAX_META_DEPTH, MAX_OPEN_CONNECTIONS
 from pp1q.runtime.config import MAX_CONFIG_BYTES
 from pp1q.runtime.settings import (
     DEFAULT_HTTP_CONNECTIONS_PER_ADDRESS,
@@ -80,6 +80,8 @@ QUOTED = [
     ("docs/capture.md", f"an OPEN/CLOSE/INFO body at most {MAX_META_BYTES} bytes; at most "
                         f"{MAX_OPEN_CONNECTIONS} connections open at once "
                         "(`MAX_OPEN_CONNECTIONS`"),
+    ("docs/capture.md", f"nested deeper than {MAX_META_DEPTH} `[`/`{{` outside strings, "
+                        "`MAX_META_DEPTH`"),
 ]
 
 

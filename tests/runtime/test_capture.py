@@ -21,6 +21,7 @@ from pp1q.runtime.capture.format import (
     FILE_HEADER_BYTES,
     FORMAT_VERSION,
     MAX_DATA_BYTES,
+    MAX_META_DEPTH,
     RECORD_HEADER_BYTES,
     file_header,
     record_head,
@@ -199,6 +200,30 @@ OPEN = (Kind.OPEN, Direction.NONE, 1, b'{"protocol":"wire"}')
 def test_structural_refusals(tmp_path, records, msg):
     with pytest.raises(CaptureError, match=msg):
         read_capture(_with_records(tmp_path, *records))
+
+
+def _nested(depth: int) -> bytes:
+    """A JSON object ``depth`` levels deep: {"a":{"a":...1...}}."""
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+@pytest.mark.parametrize("body", [
+    # json.loads raised RecursionError on 3.11 and 3.12, "Expecting value" on 3.13
+    b"[" * 4000,
+    _nested(MAX_META_DEPTH + 1),  # valid JSON, within every parser's limit: was read
+], ids=["unterminated", "object"])
+def test_metadata_nesting_is_bounded_on_every_interpreter(tmp_path, body):
+    info = (Kind.INFO, Direction.NONE, 0, body)
+    with pytest.raises(CaptureError, match=rf"nested too deeply \(> {MAX_META_DEPTH}\)"):
+        read_capture(_with_records(tmp_path, info))
+
+
+def test_metadata_brackets_inside_strings_do_not_nest(tmp_path):
+    """Only [ and { outside strings count; the object itself nests exactly to the limit."""
+    peer = b'[{\\"' * 500  # brackets and escaped quotes inside a string
+    body = b'{"peer":"' + peer + b'","deep":' + _nested(MAX_META_DEPTH - 1) + b"}"
+    _, recs = read_capture(_with_records(tmp_path, (Kind.INFO, Direction.NONE, 0, body)))
+    assert recs[0].meta["peer"] == '[{"' * 500 and len(body) <= 4096
 
 
 def test_unknown_kind_and_oversized_length_are_refused_before_reading(tmp_path):

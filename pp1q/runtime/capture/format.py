@@ -51,6 +51,10 @@ RECORD_HEADER_BYTES = RECORD_HEADER.size + CHECKSUM.size
 # -- limits, each with its reason --
 MAX_DATA_BYTES = MAX_PAYLOAD_CAP + HEADER_BYTES + MAX_CONTROL_BYTES  # one largest frame whole
 MAX_META_BYTES = 4096  # OPEN/CLOSE/INFO bodies are small JSON objects, never a data channel
+# [ and { nested in an OPEN/CLOSE/INFO body: the writers nest 2 deep (draw_key); bounded
+# before parsing, because json's own recursion limit differs by interpreter (about 1000
+# levels on 3.11, 1500 on 3.12, 10000 on 3.13: a 4096-byte nest raised on one and not another)
+MAX_META_DEPTH = 16
 MAX_CONN_ID = 0xFFFFFFFF  # the conn field is a u32
 MAX_PROTOCOL_CHARS = 32  # "wire": a short name, not a description
 # connections open at once in one capture: 8x a worker's default max_connections (128);

@@ -24,6 +24,7 @@ from pp1q.runtime.capture.format import (
     FILE_HEADER_BYTES,
     FORMAT_VERSION,
     MAGIC,
+    MAX_META_DEPTH,
     MAX_OPEN_CONNECTIONS,
     RECORD_HEADER,
     RECORD_HEADER_BYTES,
@@ -182,14 +183,40 @@ def _parse_record_head(head: bytes, offset: int, index: int):
     return kind, Direction(direction), conn, time_ns, length
 
 
+def _nesting(body: bytes) -> int:
+    """The deepest [ / { nesting of ``body`` outside JSON strings: never less than the
+    depth json.loads recurses to on it (it reads the same strings, and stops at the
+    first byte that is not JSON)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # a backslash: the next byte is escaped
+                escaped = True
+            elif byte == 0x22:  # "
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
 def _meta(body: bytes, offset: int, index: int) -> dict:
+    # counting brackets first bounds the scan to crafted bodies (the writers' have a few)
+    if body.count(b"[") + body.count(b"{") > MAX_META_DEPTH and \
+            _nesting(body) > MAX_META_DEPTH:
+        raise CaptureError(f"metadata is not JSON: nested too deeply (> {MAX_META_DEPTH})",
+                           offset, index)
     try:
         obj = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CaptureError(f"metadata is not JSON: {e}", offset, index) from None
-    except RecursionError:  # 4096 bytes of "[" nest deeper than the parser recurses
-        raise CaptureError("metadata is not JSON: nested too deeply", offset,
-                           index) from None
     if not isinstance(obj, dict):
         raise CaptureError("metadata is not a JSON object", offset, index)
     return obj
