@@ -23,7 +23,7 @@ from pp1q.tools.realmodel import model_args
 
 pytestmark = [pytest.mark.model, pytest.mark.daemons]
 
-SLOW_SECONDS = 600  # the warm-up (80 requests: ~7 min here), the first crash after it,
+SLOW_SECONDS = 600  # the warm-up (80 requests: 6-9 min here), the first crash after it,
 # and minutes of RSS after it (the operator's 10-minute run)
 
 

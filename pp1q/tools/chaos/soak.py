@@ -27,6 +27,11 @@ request failed, hung or came back short, speculation still works after the load 
 speculative round is counted: pp1q.tools.chaos.liveness), the wire audit found nothing,
 no slot is held and no request queued once the requests are done, and RSS growth after
 warm-up stays within ``RSS_GROWTH_BOUND_KIB`` (32 MiB).
+
+The same runs on a real model (``SoakConfig.model``, the daemons' options naming it;
+its defaults: pp1q.tools.chaos.real_soak): there the first worker kill waits for the
+warm-up's RSS figure, and the first worker's RSS is read just before its kill and
+checked as its end figure (past a restart the toy's worker is not checked).
 """
 
 from __future__ import annotations
