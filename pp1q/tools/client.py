@@ -77,12 +77,14 @@ class Client:
         err = answer.get("error", {}) if isinstance(answer, dict) else {}
         raise ApiError(status, err.get("code", "error"), err.get("message", ""))
 
-    def stream(self, prompt: list[int], max_tokens: int, **body) -> Iterator[dict]:
-        """POST /v1/completions with ``stream: true``; yields each server-sent event's
+    def stream(self, prompt: list[int] | str, max_tokens: int, **body) -> Iterator[dict]:
+        """POST /v1/completions with ``stream: true`` (``prompt``: token ids, or text on
+        a real model); yields each server-sent event's
         JSON (chunks of ``token_ids`` as they are committed; the last one carries
         ``finish_reason`` and ``pp1q`` statistics). ``body``: OpenAI fields (seed,
         temperature, stop_token_ids, pp1q={...})."""
-        payload = json.dumps({"prompt": list(prompt), "max_tokens": max_tokens,
+        payload = json.dumps({"prompt": prompt if isinstance(prompt, str) else list(prompt),
+                              "max_tokens": max_tokens,
                               "stream": True, **body}).encode()
         resp = self._send("POST", "/v1/completions", payload,
                           {"Content-Type": "application/json"})

@@ -72,6 +72,10 @@ def test_refusals():
     for bad in (["--abandon-p", "1.5"], ["--abandon-p", "-0.1"], ["--hang-s", "0"]):
         r = _run("soak", "--seconds", "1", *bad)
         assert r.returncode == 2 and "--abandon-p must be in [0, 1]" in r.stderr, bad
+    # the real-model soak refuses the toy's own options (before it loads anything)
+    for toy in (["--vocab", "16"], ["--streamed-sparse"], ["--target-delay-ms", "5"]):
+        r = _run("soak", "--model", "embedded", "--seconds", "1", *toy)
+        assert r.returncode == 2 and "the toy's options, not the real model's" in r.stderr, toy
 
 
 def test_checkout_judge_fits_the_exact_marginals_and_rejects_a_shift():

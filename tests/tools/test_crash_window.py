@@ -104,7 +104,8 @@ def test_a_failed_restart_is_the_soaks_error_not_a_refused_scrape():
     rig, w, failures = _FailingRestart(), CrashWindow(), []
     stop = SimpleNamespace(wait=lambda s: False)  # never told to stop: the crash comes first
     cfg = SoakConfig(seconds=1, crash_every_s=1e-9)
-    _chaos_thread(failures, rig, cfg, __import__("random").Random(0), stop, [0], w)
+    _chaos_thread(failures, rig, cfg, __import__("random").Random(0), stop, [0], w, [],
+                  threading.Event())
     assert rig.killed == 1 and len(failures) == 1
     assert w.begun == 1 and w.over == 0  # still under way: a worker read now is counted
     assert w.read(_refused) is None and w.raced == 1
@@ -141,7 +142,8 @@ def test_a_restart_still_under_way_at_the_soaks_end_is_the_soaks_error():
     stop = threading.Event()
     cfg = SoakConfig(seconds=1, crash_every_s=1e-9)
     chaos = threading.Thread(target=_chaos_thread,
-                             args=(failures, rig, cfg, random.Random(0), stop, [0], w),
+                             args=(failures, rig, cfg, random.Random(0), stop, [0], w, [],
+                                   threading.Event()),
                              daemon=True)
     chaos.start()
     try:

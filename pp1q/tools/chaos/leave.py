@@ -65,23 +65,32 @@ def draw(rng: random.Random, p: float) -> Plan | None:
                 events=events)
 
 
-def body_of(plan: Plan, prompt: list[int], max_tokens: int, seed: int,
+def body_of(plan: Plan, prompt: list[int] | str, max_tokens: int, seed: int,
             top_k: int | None) -> tuple[str, dict]:
-    """The request's path and JSON body: the native API's fields, or OpenAI's (token-id
-    prompt, seed) with the ``pp1q`` extension for the rest."""
+    """The request's path and JSON body: the native API's fields, or OpenAI's (the
+    prompt, token ids or text, and seed) with the ``pp1q`` extension for the rest."""
     if not plan.streamed:
-        body = {"prompt_token_ids": prompt, "max_tokens": max_tokens, "seed": seed,
+        first = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
+        body = {first: prompt, "max_tokens": max_tokens, "seed": seed,
                 "speculative": plan.speculative}
         if top_k is not None:
             body["top_k"] = top_k
         return "/v1/generate", body
-    ext: dict = {"speculative": plan.speculative}
-    if top_k is not None:
-        ext["draft_top_k"] = top_k
-    # OpenAI's seeds are int64: the soak's 64-bit seed in two's complement
     return "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                               "seed": seed - (1 << 64) if seed >= 1 << 63 else seed,
-                               "pp1q": ext}
+                               "seed": openai_seed(seed),
+                               "pp1q": pp1q_ext(plan.speculative, top_k)}
+
+
+def openai_seed(seed: int) -> int:
+    """OpenAI's seeds are int64: the soak's 64-bit seed in two's complement."""
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def pp1q_ext(speculative: bool, top_k: int | None) -> dict:
+    """The OpenAI routes' ``pp1q`` extension: speculative or not, and the proposal
+    support (absent: the verifier's default, dense in the soak's rig)."""
+    return {"speculative": speculative, **({"draft_top_k": top_k} if top_k is not None
+                                           else {})}
 
 
 def leave(host: str, port: int, plan: Plan, path: str, body: dict, timeout_s: float) -> str:

@@ -1,7 +1,9 @@
 """A worker and a verifier as child processes with the fault proxy between them.
 
-Everything binds 127.0.0.1 with OS-chosen ports (read from each daemon's banner). The
-verifier always dials the proxy, so the worker can be killed and restarted on the same
+Everything binds 127.0.0.1 with OS-chosen ports (read from each daemon's banner). Both
+daemons serve the toy pair, or the real model ``model`` names (the daemons' own options,
+``--model ... --draft ...``: pp1q.tools.realmodel.model_args). The verifier always dials
+the proxy, so the worker can be killed and restarted on the same
 port while the verifier keeps its address. ``metrics`` scrapes /metrics over HTTP;
 ``rss_kib`` reads VmRSS from /proc/PID/status.
 """
@@ -35,12 +37,17 @@ class Rig:
     def __init__(self, log_dir: str | Path, *, vocab: int = 16, model_seed: int = 0,
                  preset: str = "far", watchdog_ms: int = 300, slots: int = 4,
                  top_k: int = 0, target_delay_ms: float = 0.0, audit: bool = True,
-                 verifier_cmd: list[str] | None = None, verifier_args=()) -> None:
+                 verifier_cmd: list[str] | None = None, verifier_args=(),
+                 model: tuple[str, ...] | list[str] = ()) -> None:
+        """``model``: options naming a real model for both daemons (empty: the toy pair
+        at ``vocab``, ``model_seed``, ``preset``, ``target_delay_ms``); ``vocab`` is then
+        the real model's, for the prompts the rig's users draw."""
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.vocab = vocab
-        self._worker_args = ["--vocab", str(vocab), "--model-seed", str(model_seed),
-                             "--draft-preset", preset, "--metrics-port", "0",
+        toy = ["--vocab", str(vocab), "--model-seed", str(model_seed)] if not model else []
+        self._worker_args = [*toy, *(model or ["--draft-preset", preset]),
+                             "--metrics-port", "0",
                              "--speculation", "sampled"]  # explicit on both ends
         secret = self.log_dir / "draw.secret"
         write_secret_file(str(secret))
@@ -50,10 +57,11 @@ class Rig:
         self.proxy = ThreadedProxy(self.worker.port, audit=self.audit)
         self._verifier_cmd = (verifier_cmd or pp1q_command("verifier")) + [
             "--worker", f"127.0.0.1:{self.proxy.port}", "--http", "127.0.0.1:0",
-            "--vocab", str(vocab), "--model-seed", str(model_seed), "--metrics-port", "0",
+            *toy, "--metrics-port", "0",
             "--slots", str(slots), "--top-k", str(top_k), "--watchdog-ms", str(watchdog_ms),
             "--reconnect-max-s", str(RECONNECT_MAX_S),
-            "--target-delay-ms", str(target_delay_ms), "--speculation", "sampled",
+            *(model or ["--target-delay-ms", str(target_delay_ms)]),
+            "--speculation", "sampled",
             "--draw-secret-file", str(secret), *verifier_args]
         self._verifier_starts = 0
         try:

@@ -27,6 +27,11 @@ request failed, hung or came back short, speculation still works after the load 
 speculative round is counted: pp1q.tools.chaos.liveness), the wire audit found nothing,
 no slot is held and no request queued once the requests are done, and RSS growth after
 warm-up stays within ``RSS_GROWTH_BOUND_KIB`` (32 MiB).
+
+The same runs on a real model (``SoakConfig.model``, the daemons' options naming it;
+its defaults: pp1q.tools.chaos.real_soak): there the first worker kill waits for the
+warm-up's RSS figure, and the first worker's RSS is read just before its kill and
+checked as its end figure (past a restart the toy's worker is not checked).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ SETTLE_S = 10.0  # after the last request: slots must be free by then
 # the chaos thread's end: a worker restart it is in (kill, the new worker's start, each
 # with its own bound: pp1q.runtime.launcher) runs to its end, then a margin
 CHAOS_JOIN_S = 0.5 + STARTUP_TIMEOUT_S + 3 * STOP_TIMEOUT_S + 10.0
+WARM_POLL_S = 1.0  # a real model's first crash, due before the warm-up ended: checked again
 SAMPLE_S = 0.25  # slot gauge sampling period (the high-water mark is a sampled maximum)
 FRAME_FAULT_P = 0.002  # per matching frame and fault kind
 PROPOSAL_FAULT_P = 5 * FRAME_FAULT_P  # one PROPOSAL carries the 5 rows of a step (depth 5)
@@ -89,6 +95,13 @@ class SoakConfig:
     progress_s: float = 10.0
     abandon_p: float = ABANDON_P  # per request: its client leaves (0: every one read to its end)
     hang_s: float = HANG_S  # a request this long is hung (each client's socket timeout)
+    # the real-model soak sets these (pp1q.tools.chaos.real_soak); the toy's defaults here
+    model: tuple[str, ...] = ()  # both daemons' real-model options (empty: the toy pair)
+    prompt_ids: tuple[int, int] = (2, 16)  # id prompt lengths, drawn uniformly between
+    max_tokens: tuple[int, int] = (4, 48)  # each request's, drawn uniformly between
+    text_p: float = 0.0  # requests with a text prompt, streamed (a real model only)
+    warmup_requests: int = WARMUP_REQUESTS
+    stream_fault_mean_s: float = STREAM_FAULT_MEAN_S
 
 
 @dataclass
@@ -100,6 +113,9 @@ class SoakReport:
     hung: list[str] = field(default_factory=list)  # requests that took hang_s
     slowest_s: float = 0.0  # of the requests read to their end
     left: dict[str, int] = field(default_factory=dict)  # clients that left, by stage
+    model: bool = False  # a real model's soak (its own summary line)
+    texts: int = 0  # requests read to their end with a text prompt, streamed
+    stopped: int = 0  # requests read to their end that ended early saying "stop"
     left_speculative: int = 0  # of them (finished ones aside), speculative requests
     ended_early: int = 0  # requests the verifier counted as error or left_queued
     left_after: dict[str, int] = field(default_factory=dict)  # left one by one after the load
@@ -123,6 +139,8 @@ class SoakReport:
     slots_left: dict[str, int] = field(default_factory=dict)
     queued_left: int = 0  # the verifier's requests waiting for a slot, after the run
     rss_kib: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # start, warm, end
+    # a real model's first worker just before its kill (after warm-up; None: not read)
+    worker_killed_rss_kib: int | None = None
 
     def problems(self) -> list[str]:
         out = [f"request failed: {f}" for f in self.failed[:5]]
@@ -135,7 +153,9 @@ class SoakReport:
             if self.queued_left else []
         for role, (_start, warm, end) in self.rss_kib.items():
             if role == "worker" and self.worker_restarts:
-                continue  # the end figure is of a newer worker process
+                if self.worker_killed_rss_kib is None:
+                    continue  # the end figure is of a newer worker process
+                end = self.worker_killed_rss_kib  # the first worker's, before its kill
             if end - warm > RSS_GROWTH_BOUND_KIB:
                 out.append(f"{role} RSS grew {(end - warm) / 1024:.1f} MiB after warm-up "
                            f"(bound {RSS_GROWTH_BOUND_KIB / 1024:.0f} MiB)")
@@ -167,6 +187,8 @@ class SoakReport:
             f"soak summary: {self.seconds / 60:.1f} min, {self.requests} requests completed,"
             f" {self.tokens} tokens, {len(self.failed)} failed, {len(self.hung)} hung"
             f" (slowest read to its end {self.slowest_s:.1f} s)",
+            *([f"  real model: {self.texts} text prompts streamed back, {self.stopped}"
+               f" requests ended early by EOS or a stop string"] if self.model else []),
             f"  clients that left: {self._left()}",
             f"  liveness after the run: {self._liveness()}",
             f"  verified rounds {self.verified_rounds}; wire audit: {self.audit_commits} commits"
@@ -185,7 +207,9 @@ class SoakReport:
             f" verifier queue {self.queued_left}",
             f"  RSS start -> after warm-up -> end: {rss}"
             + (" (worker: the end figure is of the process started last)"
-               if self.worker_restarts else ""),
+               if self.worker_restarts else "")
+            + (f"; the first worker before its kill {self.worker_killed_rss_kib / 1024:.1f} MiB"
+               if self.worker_killed_rss_kib is not None else ""),
             f"  result: {'PASS' if not self.problems() else 'FAIL: ' + '; '.join(self.problems())}",
         ]
         return "\n".join(lines)
@@ -211,15 +235,24 @@ def _chaos_thread(failures: list[BaseException], *args) -> None:
 
 
 def _chaos(rig: Rig, cfg: SoakConfig, rng: random.Random, stop: threading.Event,
-           restarts: list[int], crashes: CrashWindow) -> None:
+           restarts: list[int], crashes: CrashWindow, killed_rss: list[int],
+           warmed: threading.Event) -> None:
     hold = 2 * cfg.watchdog_ms / 1000.0
     next_crash = time.monotonic() + cfg.crash_every_s if cfg.crash_every_s else float("inf")
     while True:
-        gap = min(rng.expovariate(1.0 / STREAM_FAULT_MEAN_S), next_crash - time.monotonic())
+        gap = min(rng.expovariate(1.0 / cfg.stream_fault_mean_s), next_crash - time.monotonic())
         if stop.wait(max(0.0, gap)):
             return
+        if time.monotonic() >= next_crash and cfg.model and not warmed.is_set():
+            # a real model's warm-up takes minutes, longer on a slower machine: its first
+            # crash waits for the RSS baseline, so that the first worker's growth after
+            # warm-up is read before its kill, whatever the machine's pace
+            next_crash = time.monotonic() + WARM_POLL_S
+            continue
         if time.monotonic() >= next_crash:
             with crashes.crash():
+                if cfg.model and not restarts[0]:  # the first worker's last figure
+                    killed_rss.append(rig.rss_kib("worker"))
                 rig.crash_worker()
                 stop.wait(0.5)
                 rig.restart_worker()
@@ -240,7 +273,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
              progress: Callable[[str], None] = print) -> SoakReport:
     rng = random.Random(cfg.seed)
     rig = Rig(log_dir, vocab=cfg.vocab, preset="close", watchdog_ms=cfg.watchdog_ms,
-              target_delay_ms=cfg.target_delay_ms)
+              target_delay_ms=cfg.target_delay_ms, model=cfg.model)
     report = SoakReport()
     try:
         roles = ("verifier", "worker")
@@ -250,10 +283,12 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         rig.proxy.set_rules(rules)
         stop, chaos_stop = threading.Event(), threading.Event()
         load = Load(rig.url, cfg, stop)
-        restarts, crashes, chaos_failures = [0], CrashWindow(), []
+        restarts, crashes, chaos_failures, killed_rss = [0], CrashWindow(), [], []
+        warmed = threading.Event()
         chaos = threading.Thread(
             target=_chaos_thread,
-            args=(chaos_failures, rig, cfg, rng, chaos_stop, restarts, crashes), daemon=True)
+            args=(chaos_failures, rig, cfg, rng, chaos_stop, restarts, crashes, killed_rss,
+                  warmed), daemon=True)
         t0 = time.monotonic()
         for t in load.threads:
             t.start()
@@ -265,11 +300,12 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
             time.sleep(SAMPLE_S)
             _raise_chaos_failure(chaos_failures, rig)
             _sample_slots(rig, hwm, crashes)
-            if not warm_rss and load.requests >= WARMUP_REQUESTS and not crashes.begun:
+            if not warm_rss and load.requests >= cfg.warmup_requests and not crashes.begun:
                 # None: the first crash came meanwhile (no warm figure after one)
                 worker_rss = crashes.read(lambda: rig.rss_kib("worker"), RSS_ERRORS)
                 if worker_rss is not None:
                     warm_rss = {"verifier": rig.rss_kib("verifier"), "worker": worker_rss}
+                    warmed.set()
             if now >= next_progress:
                 next_progress += cfg.progress_s
                 progress(_progress_line(rig, load, now - t0, restarts[0]))
@@ -288,6 +324,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         report.requests, report.tokens, report.failed = load.requests, load.tokens, load.failed
         report.slowest_s, report.left = load.slowest_s, dict(load.left)
         report.left_speculative = load.left_speculative
+        report.model, report.texts, report.stopped = bool(cfg.model), load.texts, load.stopped
         # a client gone mid-request: its request cancelled, counted as an error (none
         # other fails here) or, still waiting for a slot, left_queued
         report.ended_early = int(sum(delta(after, before, "pp1q_requests_total", outcome=o)
@@ -317,8 +354,10 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         report.audit_violations = list(audit.violations)
         report.slots_hwm = dict(hwm)
         end_rss = {r: rig.rss_kib(r) for r in roles}
-        warm_rss = warm_rss or start_rss
+        warmed, warm_rss = bool(warm_rss), warm_rss or start_rss
         report.rss_kib = {r: (start_rss[r], warm_rss[r], end_rss[r]) for r in roles}
+        if killed_rss and warmed:
+            report.worker_killed_rss_kib = killed_rss[0]
     finally:
         rig.close()
     return report
