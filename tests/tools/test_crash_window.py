@@ -147,7 +147,9 @@ def test_a_restart_still_under_way_at_the_soaks_end_is_the_soaks_error():
                              daemon=True)
     chaos.start()
     try:
+        deadline = time.monotonic() + 60  # bounded: a chaos thread that never kills fails
         while not rig.killed:
+            assert time.monotonic() < deadline, "the chaos thread never killed the worker"
             time.sleep(0.001)
         with pytest.raises(Exception, match="did not stop within 0.05 s") as e:
             _stop_chaos(chaos, stop, failures, rig, join_s=0.05)
