@@ -16,7 +16,8 @@ from pp1q.runtime.settings import VerifierSettings
 from pp1q.tools.chaos import leave
 from pp1q.tools.chaos.load import Load
 from pp1q.tools.chaos.real_soak import real_config
-from pp1q.tools.chaos.soak import RSS_GROWTH_BOUND_KIB, SoakConfig, SoakReport
+from pp1q.tools.chaos.soak import SoakConfig
+from pp1q.tools.chaos.soak_report import RSS_GROWTH_BOUND_KIB, SoakReport
 from pp1q.tools.chaos.text_mix import TEXTS, TextRequest, draw_text
 from pp1q.tools.client import ApiError
 

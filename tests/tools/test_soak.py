@@ -23,12 +23,12 @@ from pp1q.tools.chaos.matrix import DEPTH
 from pp1q.tools.chaos.soak import (
     DEFAULT_TOP_KS,
     DEFAULT_VOCAB,
-    RSS_GROWTH_BOUND_KIB,
     STREAMED_SPARSE_TOP_KS,
     STREAMED_SPARSE_VOCAB,
     SoakConfig,
     run_soak,
 )
+from pp1q.tools.chaos.soak_report import RSS_GROWTH_BOUND_KIB
 from pp1q.wire.limits import DEFAULT_MAX_SUPPORT
 from pp1q.wire.session_config import verifier_config
 from pp1q.wire.sizes import proposal_fits
