@@ -161,8 +161,10 @@ class WorkerLink:
         except ssl.SSLError:  # a failed TLS handshake: counted and logged by pp1q.runtime.tls
             return False
         except OSError as e:
-            # asyncio's strerror is "Connect call failed (addr)": the errno says why
-            self._no_session("unreachable", os.strerror(e.errno) if e.errno else str(e))
+            # asyncio's strerror is "Connect call failed (addr)": the errno says why; a
+            # resolver's (socket.gaierror: errno < 0, "Unknown error" to os) says it itself
+            self._no_session("unreachable", os.strerror(e.errno) if e.errno and e.errno > 0
+                             else e.strerror or str(e))
             return False
         self.endpoint, self._proto = endpoint, proto
         self._started = loop.create_future()

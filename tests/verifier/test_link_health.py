@@ -54,6 +54,20 @@ async def test_no_worker_says_why_in_the_log(caplog):
     assert "Connection refused" in line and "retrying" in line, line
 
 
+async def test_a_worker_name_that_does_not_resolve_says_why(caplog):
+    # a resolver's failure (socket.gaierror) has a negative errno, which os.strerror
+    # names "Unknown error -2": its own strerror says why ("Name or service not known")
+    link = make_link(1)
+    link.host = "no-such-host.invalid"  # .invalid never resolves (RFC 2606)
+    head = "no session with worker no-such-host.invalid:1: "
+    with caplog.at_level(logging.WARNING, logger="pp1q.verifier"):
+        async with running(link):
+            await until(lambda: any(r.getMessage().startswith(head)
+                                    for r in caplog.records), "no line said why")
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith(head))
+    assert "Unknown error" not in line and "retrying" in line, line
+
+
 async def test_a_connection_closed_before_the_hello_answer_says_so(caplog):
     # what a plain verifier sees of a worker that requires TLS: accepted, then closed
     async def close_at_once(_reader, writer):
