@@ -161,8 +161,10 @@ class WorkerLink:
         except ssl.SSLError:  # a failed TLS handshake: counted and logged by pp1q.runtime.tls
             return False
         except OSError as e:
-            # asyncio's strerror is "Connect call failed (addr)": the errno says why
-            self._no_session("unreachable", os.strerror(e.errno) if e.errno else str(e))
+            # asyncio's strerror is "Connect call failed (addr)": the errno says why; a
+            # resolver's (socket.gaierror: errno < 0, "Unknown error" to os) says it itself
+            self._no_session("unreachable", os.strerror(e.errno) if e.errno and e.errno > 0
+                             else e.strerror or str(e))
             return False
         self.endpoint, self._proto = endpoint, proto
         self._started = loop.create_future()
@@ -172,6 +174,8 @@ class WorkerLink:
             done, _ = await asyncio.wait({self._started, proto.closed}, timeout=HELLO_TIMEOUT_S,
                                         return_when=asyncio.FIRST_COMPLETED)
             if self._started not in done:
+                if proto.rejected is not None:  # its answer was invalid: logged as it came
+                    return False
                 self._no_session("no_answer", "the connection closed before HELLO was "
                                  "answered (as a TLS worker closes a plain one)"
                                  if proto.closed.done()
@@ -251,11 +255,13 @@ class WorkerLink:
                 self._check_session(ev)
             elif isinstance(ev, SessionRefused):
                 # each reconnection is refused alike: a line a reason per interval; an
-                # identity refusal names the fields, and this end adds its own values
+                # identity refusal names the fields, and this end adds its own values.
+                # The detail is the peer's text: quoted and escaped (%r), so a newline in
+                # it cannot begin a line of its own in the journal
                 ours = (identity_named(self.config.identity, ev.detail)
                         if ev.reason is Reason.WRONG_IDENTITY else "")
                 self.metrics.logs.log(log, logging.ERROR, ("session_refused", ev.reason),
-                                      "worker refused the session (%s): %s%s",
+                                      "worker refused the session (%s): %r%s",
                                       ev.reason.value, ev.detail, f" ({ours})" if ours else "")
                 self.metrics.validation_failure(ev.reason)
                 self.refused = ev.reason
@@ -277,8 +283,10 @@ class WorkerLink:
             # session: the rows its limits allow, touched now (later sessions reuse them)
             self.pool.preallocate(ev.limits.dense_row_bytes, slot_rows(ev.limits))
         if short:
-            log.error("worker's limits too small for this verifier (%s); refusing the session",
-                      ", ".join(short))
+            # as a refused HELLO: each reconnection alike, a line per interval
+            self.metrics.logs.log(log, logging.ERROR, ("limits_short",),
+                                  "worker's limits too small for this verifier (%s); "
+                                  "refusing the session", ", ".join(short))
             self.metrics.validation_failure(Reason.UNEXPECTED_SIZE)
             self.metrics.hello_refused(Reason.UNEXPECTED_SIZE)
             self.refused = Reason.UNEXPECTED_SIZE

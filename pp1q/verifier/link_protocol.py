@@ -23,6 +23,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         self.link, self.endpoint = link, endpoint
         self.transport: asyncio.Transport | None = None
         self.closed = asyncio.get_running_loop().create_future()
+        self.rejected: RemoteProtocolError | None = None  # why this end dropped the stream
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -36,7 +37,11 @@ class WireProtocol(asyncio.BufferedProtocol):
         try:
             events = self.endpoint.buffer_updated(nbytes, now)
         except RemoteProtocolError as e:  # the stream is unusable: fail open steps, drop it
-            log.warning("worker sent invalid data (%s); dropping the connection", e)
+            # a peer that answers every reconnection so: a line a reason per interval
+            self.rejected = e
+            self.link.metrics.logs.log(log, logging.WARNING, ("invalid", e.reason),
+                                       "worker sent invalid data (%s); dropping the "
+                                       "connection", e)
             self.link.metrics.validation_failure(e.reason)
             # frames are handled one at a time: a HELLO answer accepted earlier in this
             # read started the session (peer set); a frame after it is not a refused HELLO

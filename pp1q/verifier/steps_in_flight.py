@@ -18,7 +18,6 @@ from pp1q.wire.pool import PayloadPool
 MAX_BATCHES_IN_FLIGHT = 2  # the design's two in-flight STEP batches
 
 
-
 def slot_rows(limits: Limits) -> int:
     """Dense rows two in-flight batches of every slot hold (the seed's 2 x 4 x 5)."""
     return MAX_BATCHES_IN_FLIGHT * limits.max_slots * limits.max_depth

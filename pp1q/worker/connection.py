@@ -188,11 +188,17 @@ class WorkerConnection(asyncio.BufferedProtocol):
             elif isinstance(ev, SessionRefused):
                 # once per connection, as often as a peer reconnects: a line a reason
                 # per interval (counted below)
-                self.metrics.logs.log(log, logging.WARNING, ("hello", ev.reason),
-                                      "HELLO refused (%s): %s", ev.reason.value, ev.detail)
-                self.metrics.validation_failure(ev.reason)
-                if not ev.by_peer:  # we refused its HELLO (not its REFUSAL of ours)
+                if ev.by_peer:  # its REFUSAL: the detail is the peer's text, quoted and
+                    # escaped (%r) so that a newline in it cannot begin a line of its own
+                    self.metrics.logs.log(log, logging.WARNING, ("peer_refused", ev.reason),
+                                          "the verifier refused the session (%s): %r",
+                                          ev.reason.value, ev.detail)
+                else:  # we refused its HELLO: our detail (its identity's values as repr)
+                    self.metrics.logs.log(log, logging.WARNING, ("hello", ev.reason),
+                                          "HELLO refused (%s): %s", ev.reason.value,
+                                          ev.detail)
                     self.metrics.hello_refused(ev.reason)
+                self.metrics.validation_failure(ev.reason)
         out = ep.data_to_send()
         if out:
             self._write(out)

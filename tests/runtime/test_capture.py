@@ -218,6 +218,21 @@ def test_metadata_nesting_is_bounded_on_every_interpreter(tmp_path, body):
         read_capture(_with_records(tmp_path, info))
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le"])
+def test_metadata_nesting_counts_what_json_parses(tmp_path, encoding):
+    """json.loads takes UTF-16 and UTF-32 bytes too: one character whose code units hold
+    the bytes of a quote and a backslash (U+5C22, U+225C) turned a byte scanner's string
+    state over, so the nest after it went uncounted (read on 3.13; 3.11's RecursionError
+    escaped the reader). A body is UTF-8 text, as the writers write it."""
+    fake = "\u5c22" if encoding.endswith("le") else "\u225c"
+    nest = 1000 if encoding.startswith("utf-16") else 480  # within MAX_META_BYTES
+    body = (f'{{"a":"{fake}","b":' + "[" * nest + "]" * nest + "}").encode(encoding)
+    assert len(body) <= 4096
+    info = (Kind.INFO, Direction.NONE, 0, body)
+    with pytest.raises(CaptureError, match="metadata is not JSON"):
+        read_capture(_with_records(tmp_path, info))
+
+
 def test_metadata_brackets_inside_strings_do_not_nest(tmp_path):
     """Only [ and { outside strings count; the object itself nests exactly to the limit."""
     peer = b'[{\\"' * 500  # brackets and escaped quotes inside a string

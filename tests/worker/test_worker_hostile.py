@@ -273,6 +273,26 @@ async def test_hellos_refused_again_and_again_log_a_line_a_reason(worker, caplog
     assert len(lines) == 1, [r.getMessage() for r in lines]
 
 
+async def test_a_peers_refusal_detail_cannot_forge_a_log_line(worker, caplog):
+    """Any peer that passes HELLO may send a REFUSAL; its detail (256 characters, any)
+    was written as it came, so a newline in it began a line of the peer's choosing in
+    the worker's journal."""
+    import logging
+
+    forged = "bye\n2026-12-08 00:00:00 worker CRITICAL pp1q.worker: forged"
+    with caplog.at_level(logging.INFO, logger="pp1q"):
+        reader, writer, events = await worker.hello(77)
+        assert any(isinstance(e, SessionStarted) for e in events)
+        writer.write(encode(Refusal(session=77, slot=-1, generation=0, round_id=0,
+                                    reason=Reason.WRONG_IDENTITY, detail=forged)))
+        while await asyncio.wait_for(reader.read(65536), TIMEOUT_S):
+            pass
+        writer.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert any("forged" in m for m in said), said
+    assert not any("\n" in m for m in said), said
+
+
 class _Aborting(Proposer):
     """A drafter that fails mid-proposal (through the serve() proposer seam)."""
 

@@ -183,38 +183,42 @@ def _parse_record_head(head: bytes, offset: int, index: int):
     return kind, Direction(direction), conn, time_ns, length
 
 
-def _nesting(body: bytes) -> int:
-    """The deepest [ / { nesting of ``body`` outside JSON strings: never less than the
-    depth json.loads recurses to on it (it reads the same strings, and stops at the
-    first byte that is not JSON)."""
+def _nesting(text: str) -> int:
+    """The deepest [ / { nesting of ``text`` outside JSON strings: never less than the
+    depth json.loads recurses to on it (it reads the same characters, and stops at the
+    first one that is not JSON)."""
     depth = deepest = 0
     in_string = escaped = False
-    for byte in body:
+    for ch in text:
         if in_string:
             if escaped:
                 escaped = False
-            elif byte == 0x5C:  # a backslash: the next byte is escaped
+            elif ch == "\\":  # the next character is escaped
                 escaped = True
-            elif byte == 0x22:  # "
+            elif ch == '"':
                 in_string = False
-        elif byte == 0x22:
+        elif ch == '"':
             in_string = True
-        elif byte in b"[{":
+        elif ch in "[{":
             depth += 1
             deepest = max(deepest, depth)
-        elif byte in b"]}":
+        elif ch in "]}":
             depth -= 1
     return deepest
 
 
 def _meta(body: bytes, offset: int, index: int) -> dict:
-    # counting brackets first bounds the scan to crafted bodies (the writers' have a few)
-    if body.count(b"[") + body.count(b"{") > MAX_META_DEPTH and \
-            _nesting(body) > MAX_META_DEPTH:
-        raise CaptureError(f"metadata is not JSON: nested too deeply (> {MAX_META_DEPTH})",
-                           offset, index)
     try:
-        obj = json.loads(body)
+        # UTF-8 first, and the scan and json.loads read the same text: given bytes,
+        # json.loads also takes UTF-16/32, whose code units can hold a quote's byte
+        # (U+5C22) and would turn a byte scanner's string state over
+        text = body.decode("utf-8")
+        # counting brackets first bounds the scan to crafted bodies (the writers' have a few)
+        if text.count("[") + text.count("{") > MAX_META_DEPTH and \
+                _nesting(text) > MAX_META_DEPTH:
+            raise CaptureError(f"metadata is not JSON: nested too deeply "
+                               f"(> {MAX_META_DEPTH})", offset, index)
+        obj = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CaptureError(f"metadata is not JSON: {e}", offset, index) from None
     if not isinstance(obj, dict):
