@@ -31,8 +31,9 @@ from pp1q.core.prefix import Prefix
 from pp1q.runtime.capture import Protocol, tap
 from pp1q.runtime.metrics import Metrics
 from pp1q.runtime.tls import ClientTls, connect_kwargs
-from pp1q.verifier.breaker import DEFAULT_BREAKER, Breaker, BreakerConfig, State
+from pp1q.verifier.breaker import DEFAULT_BREAKER, Breaker, BreakerConfig
 from pp1q.verifier.circuit import Circuit
+from pp1q.verifier.link_health import link_health
 from pp1q.verifier.link_protocol import WireProtocol
 from pp1q.verifier.outcome import Fallback, classify
 from pp1q.verifier.steps_in_flight import StepsInFlight, slot_buffers, slot_rows
@@ -60,13 +61,6 @@ log = logging.getLogger("pp1q.verifier")
 
 HELLO_TIMEOUT_S = 5.0  # a worker that does not answer HELLO by then is treated as down
 FIRST_BACKOFF_S = 0.05  # first reconnection delay; doubles up to reconnect_max_s
-# consecutive failed proposals (refused, invalid, lost) before /healthz says degraded: a
-# worker refusing every step costs no waiting, but speculation is not happening
-DEGRADED_AFTER_FAILURES = 8
-
-
-def _health(worker: str, cause: str | None, detail: str | None) -> dict:
-    return {"worker": worker, "cause": cause, "detail": detail}
 
 
 @dataclass(frozen=True)
@@ -119,20 +113,8 @@ class WorkerLink:
         return self.endpoint.session if self._ready else None
 
     def health(self) -> dict:
-        """What /healthz says of the link: ``worker`` is "connected" only while rounds
-        can speculate; else "degraded" (a session, but no speculation) or "disconnected",
-        with the ``cause`` and a ``detail``."""
-        c = self.circuit
-        if not self._ready:
-            if self.refused is not None:  # the last HELLO (or the session) was refused
-                return _health("disconnected", "session_refused", self.refused.value)
-            return _health("disconnected", "no_session", f"{self.host}:{self.port}")
-        if c.breaker.state is not State.CLOSED:
-            return _health("degraded", "circuit_open", c.breaker.name)
-        if c.failing >= DEGRADED_AFTER_FAILURES:
-            return _health("degraded", "proposals_failing",
-                           f"{c.failing} in a row, the last {c.last_failure}")
-        return _health("connected", None, None)
+        """What /healthz says of the link (pp1q.verifier.link_health)."""
+        return link_health(self._ready, self.refused, f"{self.host}:{self.port}", self.circuit)
 
     async def wait_ready(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):

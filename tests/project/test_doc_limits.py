@@ -20,7 +20,7 @@ from pp1q.runtime.settings import (
     REAL_MODEL_WATCHDOG_MS,
     TOY_WATCHDOG_MS,
 )
-from pp1q.verifier import api, http_gate, link, openai_request, server
+from pp1q.verifier import api, http_gate, link, link_health, openai_request, server
 from pp1q.worker import drafting
 from pp1q.worker.connection import WRITE_HIGH_WATER_CAP
 from pp1q.worker.engine_proposer import MAX_OPEN_REQUESTS
@@ -63,7 +63,7 @@ QUOTED = [
           f"{openai_request.MAX_METADATA_VALUE}"),
     (OPS, f"[{_n(api.MIN_TEMPERATURE)}, {_n(api.MAX_TEMPERATURE)}]"),
     (OPS, f"prefilled in chunks of {PREFILL_CHUNK} ids (`pp1q.models.engine.PREFILL_CHUNK`)"),
-    (OPS, f"{link.DEGRADED_AFTER_FAILURES} or more STEPs in a row gave no proposal"),
+    (OPS, f"{link_health.DEGRADED_AFTER_FAILURES} or more STEPs in a row gave no proposal"),
     (OPS, f"backoff from {_n(link.FIRST_BACKOFF_S * 1000)} ms"),
     (OPS, f"mmap above {malloc.MMAP_THRESHOLD_BYTES // MiB} MiB, "
           f"trim above {malloc.TRIM_THRESHOLD_BYTES // MiB} MiB"),

@@ -15,7 +15,8 @@ from link_harness import WAIT_S, linked, make_link, running, step_for, until
 from wire_vectors import LIMITS
 
 from pp1q.core.errors import Reason
-from pp1q.verifier.link import DEGRADED_AFTER_FAILURES, Fallback
+from pp1q.verifier.link import Fallback
+from pp1q.verifier.link_health import DEGRADED_AFTER_FAILURES
 from pp1q.wire import Refusal
 from pp1q.wire.framing import encode
 from pp1q.wire.messages import CONNECTION_SLOT
