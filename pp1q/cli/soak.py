@@ -91,6 +91,7 @@ def _checked(args, abandon_p: float, hang_s: float) -> str | None:
 
 def _toy_config(args, seconds: float):
     """The toy soak's SoakConfig, or the refusal (a str)."""
+    from pp1q.runtime.settings import MAX_VOCAB, MIN_VOCAB
     from pp1q.tools.chaos.soak import (
         ABANDON_P,
         DEFAULT_TOP_KS,
@@ -104,7 +105,10 @@ def _toy_config(args, seconds: float):
     if (why := _checked(args, ABANDON_P, HANG_S)) is not None:
         return why
     streamed = args.streamed_sparse
-    vocab = args.vocab or (STREAMED_SPARSE_VOCAB if streamed else DEFAULT_VOCAB)
+    vocab = args.vocab if args.vocab is not None else (
+        STREAMED_SPARSE_VOCAB if streamed else DEFAULT_VOCAB)
+    if not MIN_VOCAB <= vocab <= MAX_VOCAB:  # the daemons' own bounds: refused here, at once
+        return f"--vocab must be in {MIN_VOCAB}..{MAX_VOCAB}"
     return SoakConfig(
         seconds=seconds, concurrency=args.concurrency, vocab=vocab,
         top_ks=STREAMED_SPARSE_TOP_KS if streamed else DEFAULT_TOP_KS,
@@ -125,7 +129,8 @@ def _real_config(args, seconds: float):
 
     toy_only = [name for name, given in (("--vocab", args.vocab),
                                          ("--streamed-sparse", args.streamed_sparse),
-                                         ("--target-delay-ms", args.target_delay_ms)) if given]
+                                         ("--target-delay-ms", args.target_delay_ms))
+                if given is not None and given is not False]  # 0 is given too
     if toy_only:
         return f"{', '.join(toy_only)}: the toy's options, not the real model's"
     if (why := _checked(args, REAL_ABANDON_P, REAL_HANG_S)) is not None:

@@ -73,9 +73,13 @@ def test_refusals():
         r = _run("soak", "--seconds", "1", *bad)
         assert r.returncode == 2 and "--abandon-p must be in [0, 1]" in r.stderr, bad
     # the real-model soak refuses the toy's own options (before it loads anything)
-    for toy in (["--vocab", "16"], ["--streamed-sparse"], ["--target-delay-ms", "5"]):
+    for toy in (["--vocab", "16"], ["--streamed-sparse"], ["--target-delay-ms", "5"],
+                ["--target-delay-ms", "0"], ["--vocab", "0"]):  # 0 is given too
         r = _run("soak", "--model", "embedded", "--seconds", "1", *toy)
         assert r.returncode == 2 and "the toy's options, not the real model's" in r.stderr, toy
+    for vocab in ("0", "1"):  # the toy's vocabulary outside the daemons' bounds, at once
+        r = _run("soak", "--seconds", "1", "--vocab", vocab)
+        assert r.returncode == 2 and "--vocab must be in 2.." in r.stderr, r.stderr
 
 
 def test_checkout_judge_fits_the_exact_marginals_and_rejects_a_shift():

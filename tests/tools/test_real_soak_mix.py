@@ -160,6 +160,21 @@ def test_the_first_workers_rss_before_its_kill_is_checked():
     assert "the first worker before its kill" in report.format()
 
 
+def test_rss_growth_is_not_checked_when_the_warm_up_never_ended():
+    """A run shorter than its warm-up (`pp1q soak --model embedded` at the default 60 s
+    completes a few requests) has no baseline: its start figure holds no model's first
+    rounds, and a 1 s run grew 500 MiB from it. Said, not failed; with the warm-up done
+    the same growth fails."""
+    start = 600 * 1024
+    grown = {"verifier": (start, start, start + 500 * 1024)}
+    report = SoakReport(requests=4, rss_kib=grown, warmed=False, warmup_requests=80)
+    assert report.problems() == []
+    assert "growth not checked: the run ended before the warm-up's 80 requests" in (
+        report.format())
+    report.warmed = True
+    assert report.problems() == ["verifier RSS grew 500.0 MiB after warm-up (bound 32 MiB)"]
+
+
 class _CountingEvent(threading.Event):
     """The warm-up's end, counting how often the chaos thread asked for it."""
 

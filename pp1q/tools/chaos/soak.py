@@ -245,6 +245,7 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         end_rss = {r: rig.rss_kib(r) for r in roles}
         warmed, warm_rss = bool(warm_rss), warm_rss or start_rss
         report.rss_kib = {r: (start_rss[r], warm_rss[r], end_rss[r]) for r in roles}
+        report.warmed, report.warmup_requests = warmed, cfg.warmup_requests
         if killed_rss and warmed:
             report.worker_killed_rss_kib = killed_rss[0]
     finally:
