@@ -243,10 +243,11 @@ def run_soak(cfg: SoakConfig, log_dir: str | Path,
         report.audit_violations = list(audit.violations)
         report.slots_hwm = dict(hwm)
         end_rss = {r: rig.rss_kib(r) for r in roles}
-        warmed, warm_rss = bool(warm_rss), warm_rss or start_rss
+        # warmed is set exactly where warm_rss was taken
+        report.warmed, report.warmup_requests = warmed.is_set(), cfg.warmup_requests
+        warm_rss = warm_rss or start_rss
         report.rss_kib = {r: (start_rss[r], warm_rss[r], end_rss[r]) for r in roles}
-        report.warmed, report.warmup_requests = warmed, cfg.warmup_requests
-        if killed_rss and warmed:
+        if killed_rss and report.warmed:
             report.worker_killed_rss_kib = killed_rss[0]
     finally:
         rig.close()
